@@ -1,0 +1,230 @@
+"""The one data model every part of gpumon speaks: samples in, findings out.
+
+All times are seconds on one monotonic clock (``time.monotonic()`` of the process that
+sampled; a trace keeps the wall-clock time of its start in its header so humans can read
+it).  NVML's own sample timestamps are converted to that clock once, in
+``gpumon.sample.nvml``.
+
+"No reading" is ``None``, never 0: the detector must tell an idle GPU from a field the
+card does not support.  Units are in the field names.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+
+class State(StrEnum):
+    """What a GPU (or a run) is doing, as the detector classifies it."""
+
+    HEALTHY = "healthy"
+    STARVED = "starved"
+    SYNC_STALL = "sync_stall"
+    IDLE = "idle"
+    UNKNOWN = "unknown"
+
+
+class Cause(StrEnum):
+    """Why a starved GPU waits, where host data can tell."""
+
+    CPU = "cpu"
+    GIL = "gil"
+    IO = "io"
+    UNKNOWN = "unknown"
+
+
+@dataclass(frozen=True, slots=True)
+class GpuIdentity:
+    """A GPU as discovered once at start-up; keyed by UUID, index kept as a label."""
+
+    index: int
+    uuid: str
+    name: str | None = None
+    pci_bus_id: str | None = None
+    mem_total_bytes: int | None = None
+    power_limit_watts: float | None = None  # nvmlDeviceGetEnforcedPowerLimit at discovery
+
+
+@dataclass(frozen=True, slots=True)
+class UtilPoint:
+    """One sample from the driver's utilisation buffer (nvmlDeviceGetSamples).
+
+    ``util_pct`` is the share of the driver's sample period (1/6 s to 1 s, by product)
+    during which any kernel ran.  ``t_s`` is the end of that period on gpumon's clock.
+    """
+
+    t_s: float
+    util_pct: float
+
+
+@dataclass(frozen=True, slots=True)
+class GpuProcess:
+    """A process holding a CUDA context on a GPU (nvmlDeviceGetComputeRunningProcesses)."""
+
+    pid: int
+    used_mem_bytes: int | None = None
+    sm_util_pct: float | None = None  # nvmlDeviceGetProcessUtilization, where supported
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSample:
+    """Everything read from one GPU in one tick."""
+
+    t_s: float
+    gpu: int  # NVML index (a label; identity is the uuid)
+    uuid: str
+    # Driver buffer samples recorded since the previous tick, oldest first.  Empty when the
+    # buffer had nothing new (NVML's NotFound) or is unsupported.
+    util_samples: tuple[UtilPoint, ...] = ()
+    util_pct: float | None = None  # nvmlDeviceGetUtilizationRates().gpu (utilization.gpu)
+    mem_util_pct: float | None = None  # ...().memory (utilization.memory)
+    mem_used_bytes: int | None = None  # memory.used
+    mem_total_bytes: int | None = None  # memory.total
+    power_watts: float | None = None  # power.draw
+    power_limit_watts: float | None = None  # enforced.power.limit
+    sm_clock_mhz: int | None = None  # clocks.sm
+    clock_event_reasons: int | None = None  # clocks_event_reasons.active (bitmask)
+    pcie_rx_bytes_per_s: float | None = None
+    pcie_tx_bytes_per_s: float | None = None
+    temperature_c: float | None = None  # temperature.gpu
+    processes: tuple[GpuProcess, ...] | None = None  # None: could not be read
+    lost: bool = False  # NVML said GpuIsLost: the GPU fell off the bus
+    # Fields NVML reported as NotSupported on this GPU (asked again only rarely).
+    unsupported: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class HostSample:
+    """Machine-wide CPU, iowait, load and memory over the last tick (psutil)."""
+
+    t_s: float
+    cpu_pct_per_core: tuple[float, ...] = ()
+    cpu_pct: float | None = None  # mean over all cores, 0-100
+    iowait_pct: float | None = None  # share of all-core time in iowait, 0-100
+    load_1m: float | None = None
+    load_5m: float | None = None
+    load_15m: float | None = None
+    mem_used_bytes: int | None = None
+    mem_total_bytes: int | None = None
+    disk_read_bytes_per_s: float | None = None
+    disk_write_bytes_per_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessSample:
+    """One process of the watched tree over the last tick."""
+
+    pid: int
+    ppid: int | None
+    name: str | None
+    cpu_pct: float | None  # percent of one core (200 = two cores busy)
+    num_threads: int | None
+    read_bytes_per_s: float | None
+    write_bytes_per_s: float | None
+    status: str | None  # psutil status: running, sleeping, disk-sleep, zombie, ...
+
+
+@dataclass(frozen=True, slots=True)
+class ProcTreeSample:
+    """The watched process and all its descendants (DataLoader workers included)."""
+
+    t_s: float
+    root_pid: int
+    processes: tuple[ProcessSample, ...] = ()
+    root_alive: bool = True
+
+    @property
+    def root(self) -> ProcessSample | None:
+        return next((p for p in self.processes if p.pid == self.root_pid), None)
+
+    @property
+    def workers(self) -> tuple[ProcessSample, ...]:
+        return tuple(p for p in self.processes if p.pid != self.root_pid)
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """One tick: every GPU, the host and the watched tree, on one clock."""
+
+    t_s: float
+    gpus: tuple[GpuSample, ...] = ()
+    host: HostSample | None = None
+    tree: ProcTreeSample | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TraceHeader:
+    """What a trace (or a live session) knows about where its samples came from."""
+
+    version: int
+    source: str  # "gpumon", "nvidia-smi-csv", "dmon", "nvidia-smi-table", "csv"
+    hostname: str | None = None
+    started_wall_s: float | None = None  # Unix time when t_s == started_mono_s
+    started_mono_s: float | None = None
+    interval_s: float | None = None
+    driver_version: str | None = None
+    nvml_version: str | None = None
+    cpu_count: int | None = None
+    watched_pid: int | None = None
+    command: tuple[str, ...] | None = None
+    gpus: tuple[GpuIdentity, ...] = ()
+    extra: dict[str, object] = field(default_factory=dict)
+
+
+# --- What the detector says -------------------------------------------------------------
+#
+# Evidence is a flat mapping of named numbers (JSON-friendly, so analyze --json, the log
+# file and the summary carry it unchanged).  Keys the detector fills where it can, all in
+# base units: duty_cycle (0-1), burst_p50_s, burst_p90_s, gap_p50_s, gap_p90_s, period_s,
+# power_watts, power_peak_watts, power_limit_watts, power_share_of_peak, skew_s,
+# effective_gpus, main_cpu_pct, workers_cpu_pct, workers, host_cpu_pct, iowait_pct,
+# read_bytes_per_s, mem_used_bytes, mem_total_bytes, mem_headroom_ratio, sample_period_s,
+# samples.  A key that could not be measured is absent, never 0.
+Evidence = dict[str, float | int | str | None]
+
+
+@dataclass(frozen=True, slots=True)
+class Episode:
+    """A stretch of time one GPU (or the run, gpu=None) spent in one state."""
+
+    gpu: int | None
+    uuid: str | None
+    state: State
+    cause: Cause | None
+    start_s: float
+    end_s: float | None  # None while the episode is still open
+    evidence: Evidence = field(default_factory=dict)
+    advice: tuple[str, ...] = ()
+    note: str | None = None  # e.g. "start-up", or why the state is unknown
+
+    @property
+    def duration_s(self) -> float | None:
+        return None if self.end_s is None else self.end_s - self.start_s
+
+
+@dataclass(frozen=True, slots=True)
+class GpuVerdict:
+    """The detector's current view of one GPU."""
+
+    gpu: int
+    uuid: str
+    state: State
+    cause: Cause | None
+    since_s: float | None
+    evidence: Evidence = field(default_factory=dict)
+    advice: tuple[str, ...] = ()
+    note: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """The detector's current view of the run: every GPU and the run as a whole."""
+
+    t_s: float | None
+    state: State
+    cause: Cause | None
+    gpus: tuple[GpuVerdict, ...] = ()
+    evidence: Evidence = field(default_factory=dict)
+    advice: tuple[str, ...] = ()
+    note: str | None = None

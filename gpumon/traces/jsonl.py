@@ -1,0 +1,256 @@
+"""gpumon's own trace format: versioned JSON lines, a header then one line per tick.
+
+Documented in ``docs/trace-format.md``.  Writing then reading a trace gives back equal
+``Snapshot`` objects: every field is written, ``None`` by omission, and floats through
+``repr`` (which JSON keeps exactly).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import fields
+from typing import IO, Any
+
+from gpumon.errors import TraceFormatError
+from gpumon.model import (
+    GpuIdentity,
+    GpuProcess,
+    GpuSample,
+    HostSample,
+    ProcessSample,
+    ProcTreeSample,
+    Snapshot,
+    TraceHeader,
+    UtilPoint,
+)
+
+FORMAT_NAME = "gpumon-trace"
+FORMAT_VERSION = 1
+
+
+# --- encoding ---------------------------------------------------------------------------
+
+
+def _plain(obj: Any, skip: tuple[str, ...] = ()) -> dict[str, Any]:
+    """A dataclass as a dict of its set fields (None and empty tuples omitted)."""
+    out: dict[str, Any] = {}
+    for f in fields(obj):
+        if f.name in skip:
+            continue
+        value = getattr(obj, f.name)
+        if value is None or value == () or value is False:
+            continue
+        out[f.name] = list(value) if isinstance(value, tuple) else value
+    return out
+
+
+def encode_gpu(sample: GpuSample) -> dict[str, Any]:
+    out = _plain(sample, skip=("util_samples", "processes", "t_s"))
+    if sample.util_samples:
+        out["util_samples"] = [[p.t_s, p.util_pct] for p in sample.util_samples]
+    if sample.processes is not None:
+        out["processes"] = [_plain(p) for p in sample.processes]
+    return out
+
+
+def encode_snapshot(snapshot: Snapshot) -> dict[str, Any]:
+    """One tick as a JSON object.  GPU samples share the tick's time unless they differ."""
+    out: dict[str, Any] = {"t": snapshot.t_s}
+    gpus = []
+    for g in snapshot.gpus:
+        encoded = encode_gpu(g)
+        if g.t_s != snapshot.t_s:
+            encoded["t_s"] = g.t_s
+        gpus.append(encoded)
+    if gpus:
+        out["gpus"] = gpus
+    if snapshot.host is not None:
+        host = _plain(snapshot.host, skip=("t_s",))
+        if snapshot.host.t_s != snapshot.t_s:
+            host["t_s"] = snapshot.host.t_s
+        out["host"] = host
+    if snapshot.tree is not None:
+        tree = _plain(snapshot.tree, skip=("t_s", "processes", "root_alive"))
+        tree["root_alive"] = snapshot.tree.root_alive
+        tree["processes"] = [_plain(p) for p in snapshot.tree.processes]
+        if snapshot.tree.t_s != snapshot.t_s:
+            tree["t_s"] = snapshot.tree.t_s
+        out["tree"] = tree
+    return out
+
+
+def encode_header(header: TraceHeader) -> dict[str, Any]:
+    body = _plain(header, skip=("gpus", "extra", "version"))
+    body["gpus"] = [_plain(g) for g in header.gpus]
+    if header.extra:
+        body["extra"] = header.extra
+    return {"format": FORMAT_NAME, "version": FORMAT_VERSION, "header": body}
+
+
+def _dumps(obj: dict[str, Any]) -> str:
+    return json.dumps(obj, separators=(",", ":"), allow_nan=False)
+
+
+class TraceWriter:
+    """Appends ticks to a trace file, flushing each so a crash loses at most one tick.
+
+    A write that fails (full disk) raises ``OSError`` to the caller; nothing already
+    written is touched.
+    """
+
+    def __init__(self, stream: IO[str], header: TraceHeader, *, fsync: bool = False):
+        self._stream = stream
+        self._fsync = fsync
+        self._write_line(_dumps(encode_header(header)))
+
+    @classmethod
+    def open(cls, path: str | os.PathLike[str], header: TraceHeader, **kw: Any) -> TraceWriter:
+        return cls(open(path, "w", encoding="utf-8"), header, **kw)  # noqa: SIM115
+
+    def write(self, snapshot: Snapshot) -> None:
+        self._write_line(_dumps(encode_snapshot(snapshot)))
+
+    def write_event(self, t_s: float, event: str, **data: Any) -> None:
+        """A marker line (a phase label, a note); readers skip what they don't know."""
+        self._write_line(_dumps({"t": t_s, "event": event, **data}))
+
+    def _write_line(self, line: str) -> None:
+        self._stream.write(line + "\n")
+        self._stream.flush()
+        if self._fsync:
+            os.fsync(self._stream.fileno())
+
+    def close(self) -> None:
+        self._stream.close()
+
+    def __enter__(self) -> TraceWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+# --- decoding ---------------------------------------------------------------------------
+
+
+def _tuple_fields(obj: dict[str, Any], names: tuple[str, ...]) -> dict[str, Any]:
+    for name in names:
+        if name in obj:
+            obj[name] = tuple(obj[name])
+    return obj
+
+
+def decode_gpu(obj: dict[str, Any], t_s: float) -> GpuSample:
+    obj = dict(obj)
+    obj.setdefault("t_s", t_s)
+    if "util_samples" in obj:
+        obj["util_samples"] = tuple(UtilPoint(t, v) for t, v in obj["util_samples"])
+    if "processes" in obj:
+        obj["processes"] = tuple(GpuProcess(**p) for p in obj["processes"])
+    _tuple_fields(obj, ("unsupported",))
+    return GpuSample(**obj)
+
+
+def decode_snapshot(obj: dict[str, Any]) -> Snapshot:
+    t_s = obj["t"]
+    if not isinstance(t_s, int | float):
+        raise ValueError("'t' must be a number")
+    gpus = tuple(decode_gpu(g, t_s) for g in obj.get("gpus", ()))
+    host = None
+    if "host" in obj:
+        h = _tuple_fields(dict(obj["host"]), ("cpu_pct_per_core",))
+        h.setdefault("t_s", t_s)
+        host = HostSample(**h)
+    tree = None
+    if "tree" in obj:
+        tr = dict(obj["tree"])
+        tr.setdefault("t_s", t_s)
+        tr["processes"] = tuple(_process(p) for p in tr.get("processes", ()))
+        tree = ProcTreeSample(**tr)
+    return Snapshot(t_s=t_s, gpus=gpus, host=host, tree=tree)
+
+
+def _process(obj: dict[str, Any]) -> ProcessSample:
+    values = {f.name: None for f in fields(ProcessSample)}
+    values.update(obj)
+    return ProcessSample(**values)
+
+
+def decode_header(obj: dict[str, Any]) -> TraceHeader:
+    if obj.get("format") != FORMAT_NAME:
+        raise ValueError(f"not a gpumon trace (first line lacks \"format\": \"{FORMAT_NAME}\")")
+    version = obj.get("version")
+    if not isinstance(version, int) or version < 1:
+        raise ValueError(f"unknown trace version {version!r}")
+    if version > FORMAT_VERSION:
+        raise ValueError(
+            f"trace version {version} is newer than this gpumon reads ({FORMAT_VERSION}); "
+            "upgrade gpumon"
+        )
+    body = dict(obj.get("header", {}))
+    body["gpus"] = tuple(GpuIdentity(**g) for g in body.get("gpus", ()))
+    _tuple_fields(body, ("command",))
+    return TraceHeader(version=version, **body)
+
+
+class TraceReader:
+    """Reads a gpumon trace lazily: ``header`` first, then iterate for snapshots.
+
+    A malformed line raises ``TraceFormatError`` naming the file and line, after every
+    valid snapshot before it has been yielded.  A final line cut short without its newline
+    (the recorder was killed mid-write) is skipped with a warning instead, since that is
+    how a crash is supposed to look.
+    """
+
+    def __init__(self, path: str | os.PathLike[str]):
+        self.path = os.fspath(path)
+        self.warnings: list[str] = []
+        self.events: list[dict[str, Any]] = []
+        self._stream = open(self.path, encoding="utf-8", newline="")  # noqa: SIM115
+        first = self._stream.readline()
+        try:
+            self.header = decode_header(json.loads(first))
+        except (ValueError, TypeError, KeyError) as exc:
+            self._stream.close()
+            raise TraceFormatError(str(exc), path=self.path, line=1) from None
+
+    def __iter__(self) -> Iterator[Snapshot]:
+        line_no = 1
+        with self._stream:
+            for line in self._stream:
+                line_no += 1
+                if not line.strip():
+                    continue
+                try:
+                    obj = json.loads(line)
+                    if "event" in obj:
+                        self.events.append(obj)
+                        continue
+                    snapshot = decode_snapshot(obj)
+                except (ValueError, TypeError, KeyError, AttributeError) as exc:
+                    if not line.endswith("\n"):
+                        self.warnings.append(
+                            f"{self.path}:{line_no}: last line is incomplete (the recorder "
+                            "stopped mid-write); ignored"
+                        )
+                        return
+                    raise TraceFormatError(
+                        f"malformed trace line ({_describe(exc)})", path=self.path, line=line_no
+                    ) from None
+                yield snapshot
+
+
+def _describe(exc: Exception) -> str:
+    if isinstance(exc, json.JSONDecodeError):
+        return f"invalid JSON at column {exc.colno}: {exc.msg}"
+    if isinstance(exc, KeyError):
+        return f"missing field {exc}"
+    return str(exc)
+
+
+def read_trace(path: str | os.PathLike[str]) -> tuple[TraceHeader, list[Snapshot]]:
+    """Read a whole trace into memory (tests, small files)."""
+    reader = TraceReader(path)
+    return reader.header, list(reader)
