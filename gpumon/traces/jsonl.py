@@ -107,7 +107,7 @@ class TraceWriter:
 
     @classmethod
     def open(cls, path: str | os.PathLike[str], header: TraceHeader, **kw: Any) -> TraceWriter:
-        return cls(open(path, "w", encoding="utf-8"), header, **kw)  # noqa: SIM115
+        return cls(open(path, "w", encoding="utf-8"), header, **kw)
 
     def write(self, snapshot: Snapshot) -> None:
         self._write_line(_dumps(encode_snapshot(snapshot)))
@@ -180,7 +180,7 @@ def _process(obj: dict[str, Any]) -> ProcessSample:
 
 def decode_header(obj: dict[str, Any]) -> TraceHeader:
     if obj.get("format") != FORMAT_NAME:
-        raise ValueError(f"not a gpumon trace (first line lacks \"format\": \"{FORMAT_NAME}\")")
+        raise ValueError(f'not a gpumon trace (first line lacks "format": "{FORMAT_NAME}")')
     version = obj.get("version")
     if not isinstance(version, int) or version < 1:
         raise ValueError(f"unknown trace version {version!r}")

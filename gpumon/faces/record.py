@@ -1,0 +1,77 @@
+"""`gpumon record`: write everything sampled to a trace for `gpumon analyze` later.
+
+Each tick is flushed as it is written, so a crash loses at most the last interval; the
+recording ends when the duration is over, on Ctrl-C/SIGTERM, or when the watched pid
+exits.  A write that fails (full disk) stops the recording with a clear message and
+leaves what was written intact.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from gpumon.errors import GpumonError
+from gpumon.faces.common import build_monitor, positive_float
+from gpumon.monitor import StopFlag, paced
+from gpumon.traces.jsonl import TraceWriter
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "record",
+        help="record GPU, host and process-tree samples to a trace file",
+        description="Record every GPU's driver utilisation samples, memory, power and "
+        "processes, host CPU and (with --pid) the process tree, as JSON lines.",
+    )
+    p.add_argument("-o", "--output", required=True, help="trace file to write (JSON lines)")
+    p.add_argument(
+        "--interval",
+        type=positive_float,
+        default=1.0,
+        metavar="S",
+        help="seconds between ticks (default 1; the driver's sub-second samples "
+        "between ticks are kept whatever the interval)",
+    )
+    p.add_argument("--duration", type=positive_float, metavar="S", help="stop after S seconds")
+    p.add_argument(
+        "--pid", type=int, help="also record this process and its descendants; stop when it exits"
+    )
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    monitor = build_monitor(pid=args.pid, interval_s=args.interval)
+    stop = StopFlag().install()
+    ticks = 0
+    try:
+        try:
+            writer = TraceWriter.open(args.output, monitor.header())
+        except OSError as exc:
+            raise GpumonError(f"cannot write {args.output}: {exc.strerror or exc}.") from None
+        with writer:
+            for _ in paced(args.interval, stop.event, duration_s=args.duration):
+                tick = monitor.tick()
+                _write(writer, tick.snapshot, args.output)
+                ticks += 1
+                if args.pid is not None and not tick.snapshot.tree.root_alive:
+                    print(f"gpumon: process {args.pid} exited; recording stopped.", file=sys.stderr)
+                    break
+            else:
+                # One last tick so the driver samples since the previous one are kept.
+                _write(writer, monitor.tick().snapshot, args.output)
+                ticks += 1
+    finally:
+        stop.restore()
+    print(f"gpumon: wrote {ticks} ticks to {args.output}", file=sys.stderr)
+    return 0
+
+
+def _write(writer: TraceWriter, snapshot, path: str) -> None:  # type: ignore[no-untyped-def]
+    try:
+        writer.write(snapshot)
+    except OSError as exc:
+        raise GpumonError(
+            f"writing {path} failed ({exc.strerror or exc}); the ticks before this one are "
+            "intact in the file."
+        ) from None

@@ -1,0 +1,388 @@
+"""The NVML sampler: the only module in gpumon that imports ``pynvml``.
+
+It never loads CUDA and never creates a context: NVML alone reads the driver's counters.
+``nvmlInit`` runs once per process (``nvml_init``); devices are discovered once and keyed
+by UUID, their index kept as a label.  Each tick reads, per GPU, the driver's utilisation
+sample buffer since the previous tick (``nvmlDeviceGetSamples`` with ``lastSeenTimeStamp``,
+so no sub-second burst or gap between ticks is lost) and the other fields gpumon needs.
+
+Faults are contained per field and per GPU: ``NotSupported`` marks the field absent and it
+is asked again only every ``retry_unsupported_s``; ``GpuIsLost`` marks that GPU lost while
+the others keep being sampled; any other NVML error leaves that field ``None`` for the
+tick and is counted by kind (the daemon exports the counts).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import pynvml
+
+from gpumon.errors import NoDriverError
+from gpumon.model import GpuIdentity, GpuProcess, GpuSample, UtilPoint
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+_init_lock = threading.Lock()
+_init_done = False
+
+# NVML error codes that mean "there is no usable driver here".
+_NO_DRIVER = {
+    pynvml.NVML_ERROR_LIBRARY_NOT_FOUND: "no NVIDIA driver found (libnvidia-ml.so.1, the "
+    "driver's NVML library, cannot be loaded); run gpumon on a machine with an NVIDIA GPU "
+    "and driver, or try `gpumon demo` to see it work on a recorded trace",
+    pynvml.NVML_ERROR_DRIVER_NOT_LOADED: "the NVIDIA kernel driver is not loaded "
+    "(nvidia-smi would fail too); load it or run gpumon on a GPU node",
+    pynvml.NVML_ERROR_NO_PERMISSION: "no permission to talk to the NVIDIA driver; check "
+    "access to /dev/nvidia*",
+    pynvml.NVML_ERROR_FUNCTION_NOT_FOUND: "the NVIDIA driver is too old for these NVML "
+    "bindings",
+}
+
+# Bits of nvmlDeviceGetCurrentClocksEventReasons, for display.
+CLOCK_EVENT_GPU_IDLE = 0x1
+CLOCK_EVENT_SW_POWER_CAP = 0x4
+
+
+def nvml_init() -> None:
+    """Initialise NVML once per process; later calls are free.
+
+    Raises ``NoDriverError`` with one clear sentence when there is no usable driver.
+    """
+    global _init_done
+    with _init_lock:
+        if _init_done:
+            return
+        try:
+            pynvml.nvmlInit()
+        except pynvml.NVMLError as exc:
+            reason = _NO_DRIVER.get(exc.value, f"NVML failed to start ({exc})")
+            raise NoDriverError(f"cannot read GPUs: {reason}.") from None
+        _init_done = True
+
+
+def _error_kind(exc: pynvml.NVMLError) -> str:
+    """A stable, label-friendly name for an NVML error ('not_supported', 'gpu_is_lost')."""
+    name = type(exc).__name__.removeprefix("NVMLError_")
+    if name == "NVMLError":
+        return f"code_{exc.value}"
+    return "".join("_" + c.lower() if c.isupper() else c for c in name).lstrip("_")
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else value
+
+
+class SampleClock:
+    """Converts NVML sample timestamps (µs on some CPU clock) to gpumon's monotonic clock.
+
+    NVML documents the timestamps only as "CPU timestamp in microseconds"; drivers have
+    been seen using CLOCK_REALTIME and CLOCK_BOOTTIME.  The clock is chosen from the first
+    samples (the one whose 'now' is just after the newest sample), re-chosen if converted
+    times land in the future; if none fits, the newest sample is anchored to 'now'.
+    """
+
+    _CLOCKS: tuple[tuple[str, int], ...] = (
+        ("realtime", time.CLOCK_REALTIME),
+        ("monotonic", time.CLOCK_MONOTONIC),
+        ("boottime", getattr(time, "CLOCK_BOOTTIME", 7)),
+    )
+    # A buffered sample can be up to ~20 s old (120 samples at 1/6 s); allow slack.
+    _MAX_AGE_S = 120.0
+    _MAX_AHEAD_S = 1.0
+
+    def __init__(self) -> None:
+        self.clock_name: str | None = None
+        self._clock_id: int | None = None
+        self._anchor_offset_s: float | None = None
+
+    def offset_s(self, newest_ts_us: int) -> float:
+        """Seconds to subtract from ``ts_us / 1e6`` to land on time.monotonic()."""
+        newest_s = newest_ts_us / 1e6
+        if self._clock_id is not None:
+            offset = time.clock_gettime(self._clock_id) - time.monotonic()
+            if newest_s - offset <= time.monotonic() + self._MAX_AHEAD_S:
+                return offset
+            self._clock_id = None  # the clock jumped or was misjudged: choose again
+        elif self._anchor_offset_s is not None:
+            return self._anchor_offset_s
+        for name, clock_id in self._CLOCKS:
+            age = time.clock_gettime(clock_id) - newest_s
+            if -self._MAX_AHEAD_S <= age <= self._MAX_AGE_S:
+                self.clock_name, self._clock_id = name, clock_id
+                return time.clock_gettime(clock_id) - time.monotonic()
+        self.clock_name = "anchored"
+        self._anchor_offset_s = newest_s - time.monotonic()
+        return self._anchor_offset_s
+
+
+@dataclass
+class _GpuState:
+    """Per-GPU sampling state: handle, buffer cursor, unsupported fields, lost flag."""
+
+    identity: GpuIdentity
+    handle: Any
+    last_sample_ts_us: int = 0
+    last_proc_ts_us: int = 0
+    lost: bool = False
+    unsupported_until: dict[str, float] = field(default_factory=dict)
+    pcie: tuple[float | None, float | None] = (None, None)
+    pcie_read_at: float = float("-inf")
+    clock: SampleClock = field(default_factory=SampleClock)
+    processes_fn: Callable[[Any], Any] | None = None
+
+
+class NvmlSampler:
+    """Reads every GPU once per ``sample()`` call.
+
+    ``start_s`` (monotonic) drops samples the driver buffered before monitoring began,
+    so a trace starts when the recording does.
+    """
+
+    def __init__(
+        self,
+        *,
+        retry_unsupported_s: float = 60.0,
+        pcie_every_s: float = 5.0,
+        start_s: float | None = None,
+    ) -> None:
+        nvml_init()
+        self.retry_unsupported_s = retry_unsupported_s
+        # nvmlDeviceGetPcieThroughput measures over a 20 ms window per call, so reading it
+        # every tick on 8 GPUs would cost 320 ms; it is read at most every pcie_every_s.
+        self.pcie_every_s = pcie_every_s
+        self.start_s = time.monotonic() if start_s is None else start_s
+        self.errors: Counter[str] = Counter()
+        self.driver_version = self._system_text(pynvml.nvmlSystemGetDriverVersion)
+        self.nvml_version = self._system_text(pynvml.nvmlSystemGetNVMLVersion)
+        self._gpus = self._discover()
+
+    # --- discovery --------------------------------------------------------------------
+
+    def _system_text(self, fn: Callable[[], bytes | str]) -> str | None:
+        try:
+            return _text(fn())
+        except pynvml.NVMLError as exc:
+            self.errors[_error_kind(exc)] += 1
+            return None
+
+    def _discover(self) -> list[_GpuState]:
+        try:
+            count = pynvml.nvmlDeviceGetCount()
+        except pynvml.NVMLError as exc:
+            raise NoDriverError(f"cannot count GPUs: NVML says {exc}.") from None
+        states = []
+        for index in range(count):
+            try:
+                handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+                uuid = _text(pynvml.nvmlDeviceGetUUID(handle))
+            except pynvml.NVMLError as exc:
+                self.errors[_error_kind(exc)] += 1
+                log.warning("GPU %d cannot be opened (%s); it is reported as lost", index, exc)
+                lost = GpuIdentity(index=index, uuid=f"unknown-gpu-{index}")
+                states.append(_GpuState(identity=lost, handle=None, lost=True))
+                continue
+            state = _GpuState(identity=GpuIdentity(index=index, uuid=uuid), handle=handle)
+            name = self._read(state, "name", pynvml.nvmlDeviceGetName, handle)
+            pci = self._read(state, "pci", pynvml.nvmlDeviceGetPciInfo, handle)
+            mem = self._read(state, "memory", pynvml.nvmlDeviceGetMemoryInfo, handle)
+            limit = self._read(state, "power_limit", pynvml.nvmlDeviceGetEnforcedPowerLimit, handle)
+            state.identity = GpuIdentity(
+                index=index,
+                uuid=uuid,
+                name=None if name is None else _text(name),
+                pci_bus_id=None if pci is None else _text(pci.busId),
+                mem_total_bytes=None if mem is None else int(mem.total),
+                power_limit_watts=None if limit is None else limit / 1000.0,
+            )
+            states.append(state)
+        return states
+
+    @property
+    def gpus(self) -> tuple[GpuIdentity, ...]:
+        return tuple(s.identity for s in self._gpus)
+
+    # --- one NVML call, with every fault contained ------------------------------------
+
+    def _read(self, state: _GpuState, name: str, fn: Callable[..., T], *args: Any) -> T | None:
+        """Call ``fn``; None when unsupported (and remember it), lost, or failing."""
+        if self._skip(state, name):
+            return None
+        try:
+            return fn(*args)
+        except pynvml.NVMLError as exc:
+            self._fault(state, name, exc)
+            return None
+
+    def _skip(self, state: _GpuState, name: str) -> bool:
+        """True while the GPU is lost or ``name`` is known unsupported and not due a retry."""
+        if state.lost:
+            return True
+        retry_at = state.unsupported_until.get(name)
+        if retry_at is None:
+            return False
+        if time.monotonic() < retry_at:
+            return True
+        del state.unsupported_until[name]
+        return False
+
+    def _fault(self, state: _GpuState, name: str, exc: pynvml.NVMLError) -> None:
+        """Record one failed read: unsupported, lost, or an error counted by kind."""
+        if isinstance(exc, pynvml.NVMLError_NotSupported):
+            if name not in state.unsupported_until:
+                log.debug("GPU %d: %s is not supported", state.identity.index, name)
+            state.unsupported_until[name] = time.monotonic() + self.retry_unsupported_s
+        elif isinstance(exc, pynvml.NVMLError_GpuIsLost):
+            self._mark_lost(state)
+        else:
+            kind = _error_kind(exc)
+            if self.errors[kind] == 0:
+                log.warning("GPU %d: reading %s failed: %s", state.identity.index, name, exc)
+            self.errors[kind] += 1
+
+    def _mark_lost(self, state: _GpuState) -> None:
+        if not state.lost:
+            log.error(
+                "GPU %d (%s) fell off the bus (NVML GpuIsLost); the other GPUs are still read",
+                state.identity.index,
+                state.identity.uuid,
+            )
+            self.errors["gpu_is_lost"] += 1
+        state.lost = True
+
+    # --- the tick ---------------------------------------------------------------------
+
+    def sample(self) -> tuple[GpuSample, ...]:
+        """Read every GPU once.  Never raises for a fault confined to one GPU or field."""
+        t_s = time.monotonic()
+        return tuple(self._sample_gpu(state, t_s) for state in self._gpus)
+
+    def _sample_gpu(self, st: _GpuState, t_s: float) -> GpuSample:
+        ident = st.identity
+        if st.lost:
+            return GpuSample(t_s=t_s, gpu=ident.index, uuid=ident.uuid, lost=True)
+        h = st.handle
+        util_samples = self._util_samples(st)
+        rates = self._read(st, "utilization", pynvml.nvmlDeviceGetUtilizationRates, h)
+        mem = self._read(st, "memory", pynvml.nvmlDeviceGetMemoryInfo, h)
+        power_mw = self._read(st, "power", pynvml.nvmlDeviceGetPowerUsage, h)
+        limit_mw = self._read(st, "power_limit", pynvml.nvmlDeviceGetEnforcedPowerLimit, h)
+        sm_clock = self._read(st, "clocks", pynvml.nvmlDeviceGetClockInfo, h, pynvml.NVML_CLOCK_SM)
+        reasons = self._read(st, "clock_reasons", pynvml.nvmlDeviceGetCurrentClocksEventReasons, h)
+        temp = self._read(
+            st, "temperature", pynvml.nvmlDeviceGetTemperature, h, pynvml.NVML_TEMPERATURE_GPU
+        )
+        rx, tx = self._pcie(st, t_s)
+        processes = self._processes(st)
+        if st.lost:  # a call above found the GPU gone: report it lost, not half-read
+            return GpuSample(t_s=t_s, gpu=ident.index, uuid=ident.uuid, lost=True)
+        return GpuSample(
+            t_s=t_s,
+            gpu=ident.index,
+            uuid=ident.uuid,
+            util_samples=util_samples,
+            util_pct=None if rates is None else float(rates.gpu),
+            mem_util_pct=None if rates is None else float(rates.memory),
+            mem_used_bytes=None if mem is None else int(mem.used),
+            mem_total_bytes=None if mem is None else int(mem.total),
+            power_watts=None if power_mw is None else power_mw / 1000.0,
+            power_limit_watts=None if limit_mw is None else limit_mw / 1000.0,
+            sm_clock_mhz=sm_clock,
+            clock_event_reasons=reasons,
+            pcie_rx_bytes_per_s=rx,
+            pcie_tx_bytes_per_s=tx,
+            temperature_c=None if temp is None else float(temp),
+            processes=processes,
+            unsupported=tuple(st.unsupported_until),
+        )
+
+    def _util_samples(self, st: _GpuState) -> tuple[UtilPoint, ...]:
+        if self._skip(st, "samples"):
+            return ()
+        try:
+            _, raw = pynvml.nvmlDeviceGetSamples(
+                st.handle, pynvml.NVML_GPU_UTILIZATION_SAMPLES, st.last_sample_ts_us
+            )
+        except pynvml.NVMLError_NotFound:
+            return ()  # nothing new since lastSeenTimeStamp: not an error
+        except pynvml.NVMLError as exc:
+            # Unsupported (MIG), lost, or failing; util_pct from GetUtilizationRates
+            # still carries the duty cycle.
+            self._fault(st, "samples", exc)
+            return ()
+        if not raw:
+            return ()
+        newest = max(s.timeStamp for s in raw)
+        offset = st.clock.offset_s(newest)
+        first_call = st.last_sample_ts_us == 0
+        st.last_sample_ts_us = max(st.last_sample_ts_us, newest)
+        points = sorted(
+            (s.timeStamp / 1e6 - offset, float(s.sampleValue.uiVal)) for s in raw if s.timeStamp > 0
+        )
+        start = self.start_s if first_call else float("-inf")
+        return tuple(UtilPoint(t, v) for t, v in points if t >= start)
+
+    def _pcie(self, st: _GpuState, t_s: float) -> tuple[float | None, float | None]:
+        if t_s - st.pcie_read_at >= self.pcie_every_s:
+            st.pcie_read_at = t_s
+            rx = self._read(
+                st,
+                "pcie",
+                pynvml.nvmlDeviceGetPcieThroughput,
+                st.handle,
+                pynvml.NVML_PCIE_UTIL_RX_BYTES,
+            )
+            tx = self._read(
+                st,
+                "pcie",
+                pynvml.nvmlDeviceGetPcieThroughput,
+                st.handle,
+                pynvml.NVML_PCIE_UTIL_TX_BYTES,
+            )
+            st.pcie = (None if rx is None else rx * 1024.0, None if tx is None else tx * 1024.0)
+        return st.pcie
+
+    def _processes(self, st: _GpuState) -> tuple[GpuProcess, ...] | None:
+        if st.processes_fn is None:
+            st.processes_fn = pynvml.nvmlDeviceGetComputeRunningProcesses
+        try:
+            raw = self._read(st, "processes", st.processes_fn, st.handle)
+        except pynvml.NVMLLibraryMismatchError:
+            # Driver lacks the _v3 symbol (not an NVMLError subclass): use _v2 from now on.
+            st.processes_fn = pynvml.nvmlDeviceGetComputeRunningProcesses_v2
+            raw = self._read(st, "processes", st.processes_fn, st.handle)
+        if raw is None:
+            return None
+        sm_by_pid = self._process_sm_util(st) if raw else {}
+        return tuple(
+            GpuProcess(
+                pid=int(p.pid),
+                used_mem_bytes=None if p.usedGpuMemory is None else int(p.usedGpuMemory),
+                sm_util_pct=sm_by_pid.get(int(p.pid)),
+            )
+            for p in raw
+        )
+
+    def _process_sm_util(self, st: _GpuState) -> dict[int, float]:
+        if self._skip(st, "process_utilization"):
+            return {}
+        try:
+            raw = pynvml.nvmlDeviceGetProcessUtilization(st.handle, st.last_proc_ts_us)
+        except pynvml.NVMLError_NotFound:
+            return {}
+        except pynvml.NVMLError as exc:
+            self._fault(st, "process_utilization", exc)
+            return {}
+        out: dict[int, float] = {}
+        for s in raw:
+            st.last_proc_ts_us = max(st.last_proc_ts_us, int(s.timeStamp))
+            out[int(s.pid)] = float(s.smUtil)
+        return out
