@@ -17,7 +17,7 @@ from gpumon import __version__
 from gpumon.errors import GpumonError
 
 # Order is the order of `gpumon --help`.
-FACES: tuple[str, ...] = ("record", "analyze")
+FACES: tuple[str, ...] = ("watch", "record", "analyze", "serve", "dstat", "demo")
 
 
 def build_parser() -> argparse.ArgumentParser:
