@@ -1,0 +1,132 @@
+"""The host sampler against a real process tree the test starts."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gpumon.errors import ProcessGoneError
+from gpumon.sample.host import HostSampler, ProcessTreeSampler, cpu_busy_pct, rate
+
+PROCTREE = Path(__file__).parent / "helpers" / "proctree.py"
+
+
+class Tree:
+    def __init__(self, proc: subprocess.Popen[str], workers: list[int]) -> None:
+        self.proc = proc
+        self.pid = proc.pid
+        self.workers = workers
+
+
+def start_tree(*args: object) -> Tree:
+    proc = subprocess.Popen(
+        [sys.executable, str(PROCTREE), *map(str, args)], stdout=subprocess.PIPE, text=True
+    )
+    line = proc.stdout.readline().split()  # type: ignore[union-attr]
+    assert line[0] == "ready"
+    return Tree(proc, [int(x) for x in line[1:]])
+
+
+@pytest.fixture
+def tree() -> Iterator[Tree]:
+    t = start_tree(2, 1, 30)
+    yield t
+    t.proc.terminate()
+    t.proc.wait(5)
+
+
+def test_tree_cpu_is_attributed_to_the_burning_workers(tree: Tree) -> None:
+    sampler = ProcessTreeSampler(tree.pid)
+    first = sampler.sample()
+    assert {p.pid for p in first.processes} == {tree.pid, *tree.workers}
+    assert all(p.cpu_pct is None for p in first.processes)  # baseline tick has no rates
+    time.sleep(1.0)
+    second = sampler.sample()
+    by_pid = {p.pid: p for p in second.processes}
+    burners, sleeper = tree.workers[:2], tree.workers[2]
+    # The burners get real CPU; the parent and the sleeping worker next to nothing.  The
+    # comparison is relative: the machine may be shared, so a burner's absolute share varies.
+    idle_cpu = max(by_pid[sleeper].cpu_pct, by_pid[tree.pid].cpu_pct)
+    for pid in burners:
+        assert by_pid[pid].cpu_pct is not None and by_pid[pid].cpu_pct > 10.0
+        assert by_pid[pid].cpu_pct > 5 * idle_cpu
+        assert by_pid[pid].ppid == tree.pid
+    assert idle_cpu < 5.0
+    assert second.root is not None and second.root.pid == tree.pid
+    assert {p.pid for p in second.workers} == set(tree.workers)
+    assert second.root_alive
+
+
+def test_worker_exiting_mid_run_does_not_break_sampling() -> None:
+    t = start_tree(1, 1, 30, 0.6)  # the burner exits after 0.6 s
+    try:
+        sampler = ProcessTreeSampler(t.pid)
+        sampler.sample()
+        time.sleep(1.2)
+        later = sampler.sample()
+        pids = {p.pid for p in later.processes}
+        assert t.workers[0] not in pids
+        assert t.workers[1] in pids
+        assert later.root_alive
+    finally:
+        t.proc.terminate()
+        t.proc.wait(5)
+
+
+def test_new_descendants_are_picked_up_and_root_exit_is_seen() -> None:
+    parent = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.7)"])
+    sampler = ProcessTreeSampler(parent.pid)
+    assert sampler.sample().root_alive
+    parent.wait(5)
+    gone = sampler.sample()
+    assert not gone.root_alive
+    assert gone.processes == ()
+
+
+def test_missing_pid_is_a_clear_error() -> None:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    with pytest.raises(ProcessGoneError, match=f"no process with pid {proc.pid}"):
+        ProcessTreeSampler(proc.pid)
+
+
+def test_host_sample_sees_busy_cores(tree: Tree) -> None:
+    sampler = HostSampler()
+    time.sleep(0.8)
+    host = sampler.sample()
+    assert host.cpu_pct is not None and host.cpu_pct > 20.0
+    assert len(host.cpu_pct_per_core) >= 1
+    assert host.iowait_pct is not None
+    assert host.mem_total_bytes and host.mem_used_bytes
+
+
+class Times(tuple):
+    """A stand-in for psutil's scputimes namedtuple in the pure arithmetic tests."""
+
+    _fields = ("user", "system", "idle", "iowait")
+
+    def __new__(cls, user: float, system: float, idle: float, iowait: float) -> Times:
+        return super().__new__(cls, (user, system, idle, iowait))
+
+    user = property(lambda s: s[0])
+    system = property(lambda s: s[1])
+    idle = property(lambda s: s[2])
+    iowait = property(lambda s: s[3])
+
+
+def test_cpu_busy_pct_arithmetic() -> None:
+    busy, iowait = cpu_busy_pct(Times(10, 0, 10, 0), Times(15, 0, 13, 2))
+    assert busy == pytest.approx(50.0)
+    assert iowait == pytest.approx(20.0)
+    assert cpu_busy_pct(Times(1, 1, 1, 1), Times(1, 1, 1, 1)) == (None, None)
+
+
+def test_rate_clamps_counter_resets() -> None:
+    assert rate(100.0, 50.0, 1.0) == 0.0
+    assert rate(None, 50.0, 1.0) is None
+    assert rate(0.0, 50.0, 0.5) == 100.0
