@@ -1,0 +1,388 @@
+"""Replay a recorded trace through the live pipeline: stand-ins for the three samplers.
+
+``gpumon demo`` (and tests) hand a ``Monitor`` these stand-ins instead of ``NvmlSampler``,
+``HostSampler`` and ``ProcessTreeSampler``; the Monitor, the detector and every face then
+run unchanged on recorded data.  Nothing here imports ``pynvml`` or needs a GPU.
+
+Time.  The trace plays in real time scaled by ``speed``: after ``w`` wall seconds the
+replay has reached trace time ``t0 + w * speed``.  Sample times are re-based onto the live
+monotonic clock *without* scaling (``t_live = live0 + (t - t0)``), so the detector sees
+the recorded run's own durations -- bursts, gaps, confirmation delays and time-in-state are
+the recording's, not shrunk by the speed-up -- while the stream starts "now".  The stream
+therefore runs ``speed`` times faster than ``time.monotonic()``; ``Replay.now()`` is the
+stream's current time for a face that needs a "now" consistent with the samples.
+
+Ticks.  Like the real NVML sampler (which returns every driver buffer point since the
+previous call), each ``sample()`` returns everything recorded since the previous call:
+the utilisation points of every trace tick that fell due, the newest scalar readings,
+and host/process rates averaged over those ticks.  So a face may tick at any interval and
+no recorded point is lost.  When the trace is exhausted the watched tree's root reads as
+exited, which is how a live face learns that the run is over.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import replace
+from typing import IO, Any
+
+from gpumon.errors import TraceFormatError
+from gpumon.model import (
+    GpuIdentity,
+    GpuSample,
+    HostSample,
+    ProcessSample,
+    ProcTreeSample,
+    Snapshot,
+    TraceHeader,
+    UtilPoint,
+)
+from gpumon.traces.jsonl import decode_header, decode_snapshot
+
+# The pid shown for the watched process when the trace recorded none.
+DEFAULT_PID = 1
+
+
+# --- reading a (possibly gzip-compressed) gpumon trace ------------------------------------
+
+
+def _open_text(path: str) -> IO[str]:
+    with open(path, "rb") as probe:
+        magic = probe.read(2)
+    if magic == b"\x1f\x8b":
+        return gzip.open(path, "rt", encoding="utf-8", newline="")
+    return open(path, encoding="utf-8", newline="")
+
+
+class TraceFile:
+    """A gpumon JSON-lines trace, plain or gzip-compressed: ``header``, then snapshots.
+
+    The bundled demo trace is gzip-compressed to stay small in the package; phase labels
+    (``event`` lines) are collected in ``events`` as they are passed.
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = os.fspath(path)
+        self.events: list[dict[str, Any]] = []
+        try:
+            self._stream = _open_text(self.path)
+        except OSError as exc:
+            raise TraceFormatError(f"cannot read the trace: {exc.strerror or exc}",
+                                   path=self.path) from None
+        try:
+            self.header = decode_header(json.loads(self._stream.readline()))
+        except (ValueError, TypeError, KeyError, OSError, EOFError) as exc:
+            self._stream.close()
+            raise TraceFormatError(str(exc), path=self.path, line=1) from None
+
+    def __iter__(self) -> Iterator[Snapshot]:
+        with self._stream:
+            for line_no, line in enumerate(self._stream, start=2):
+                if not line.strip():
+                    continue
+                try:
+                    obj = json.loads(line)
+                    if "event" in obj:
+                        self.events.append(obj)
+                        continue
+                    yield decode_snapshot(obj)
+                except (ValueError, TypeError, KeyError, AttributeError) as exc:
+                    if not line.endswith("\n"):
+                        return  # cut short by a killed recorder: the rest is intact
+                    raise TraceFormatError(f"malformed trace line ({exc})", path=self.path,
+                                           line=line_no) from None
+
+
+def trace_span(path: str | os.PathLike[str]) -> tuple[TraceHeader, float, int]:
+    """(header, duration in trace seconds, tick count) of a trace, read in one pass."""
+    trace = TraceFile(path)
+    first = last = None
+    n = 0
+    for snap in trace:
+        if first is None:
+            first = snap.t_s
+        last = snap.t_s
+        n += 1
+    return trace.header, (0.0 if first is None or last is None else last - first), n
+
+
+# --- shifting and merging samples ---------------------------------------------------------
+
+
+def shift_gpu(g: GpuSample, dt: float) -> GpuSample:
+    """A GPU sample moved by ``dt`` seconds, its driver points included."""
+    points = tuple(UtilPoint(p.t_s + dt, p.util_pct) for p in g.util_samples)
+    return replace(g, t_s=g.t_s + dt, util_samples=points)
+
+
+def _mean(values: Iterable[float | None]) -> float | None:
+    got = [v for v in values if v is not None]
+    return sum(got) / len(got) if got else None
+
+
+def merge_gpu(samples: list[GpuSample], t_s: float) -> GpuSample:
+    """Several ticks of one GPU as one: every driver point, the newest scalar readings."""
+    last = samples[-1]
+    points = tuple(p for s in samples for p in s.util_samples)
+    return replace(last, t_s=t_s, util_samples=points, lost=any(s.lost for s in samples))
+
+
+def merge_host(samples: list[HostSample], t_s: float) -> HostSample:
+    """Rates and percentages averaged over the ticks (as a longer psutil delta would be)."""
+    last = samples[-1]
+    if len(samples) == 1:
+        return replace(last, t_s=t_s)
+    cores = [s.cpu_pct_per_core for s in samples if s.cpu_pct_per_core]
+    per_core: tuple[float, ...] = ()
+    if cores and all(len(c) == len(cores[0]) for c in cores):
+        per_core = tuple(sum(col) / len(cores) for col in zip(*cores, strict=True))
+    return replace(
+        last,
+        t_s=t_s,
+        cpu_pct_per_core=per_core,
+        cpu_pct=_mean(s.cpu_pct for s in samples),
+        iowait_pct=_mean(s.iowait_pct for s in samples),
+        disk_read_bytes_per_s=_mean(s.disk_read_bytes_per_s for s in samples),
+        disk_write_bytes_per_s=_mean(s.disk_write_bytes_per_s for s in samples),
+    )
+
+
+def merge_tree(samples: list[ProcTreeSample], t_s: float, alive: bool) -> ProcTreeSample:
+    """The newest tree, each process's rates averaged over the ticks it was seen in."""
+    last = samples[-1]
+    seen: dict[int, list[ProcessSample]] = {}
+    for s in samples:
+        for p in s.processes:
+            seen.setdefault(p.pid, []).append(p)
+    procs = []
+    for p in last.processes:
+        hist = seen[p.pid]
+        if len(hist) > 1:
+            p = replace(
+                p,
+                cpu_pct=_mean(h.cpu_pct for h in hist),
+                read_bytes_per_s=_mean(h.read_bytes_per_s for h in hist),
+                write_bytes_per_s=_mean(h.write_bytes_per_s for h in hist),
+            )
+        procs.append(p)
+    return ProcTreeSample(t_s=t_s, root_pid=last.root_pid, processes=tuple(procs),
+                          root_alive=alive and last.root_alive)
+
+
+# --- the replay ---------------------------------------------------------------------------
+
+
+class Replay:
+    """Plays snapshots against the wall clock; the three stand-ins read from it.
+
+    Whichever stand-in is asked first in a tick advances the replay; the others return
+    their part of the same merged snapshot, so any order of calls (and a Monitor without
+    one of the samplers) gives one consistent tick.
+    """
+
+    def __init__(
+        self,
+        snapshots: Iterable[Snapshot],
+        *,
+        header: TraceHeader | None = None,
+        speed: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
+        live_start_s: float | None = None,
+    ) -> None:
+        if not speed > 0:
+            raise ValueError("speed must be greater than 0")
+        self.speed = speed
+        self.header = header
+        self._clock = clock
+        self._it = iter(snapshots)
+        self._pending: Snapshot | None = next(self._it, None)
+        if self._pending is None:
+            raise ValueError("the trace holds no samples")
+        self.trace_start_s = self._pending.t_s
+        self.live_start_s = clock() if live_start_s is None else live_start_s
+        self.offset_s = self.live_start_s - self.trace_start_s  # trace time -> stream time
+        self._lock = threading.Lock()
+        self.frame = 0
+        self.current = Snapshot(t_s=self.live_start_s)
+        self.finished = False
+        self.ticks_replayed = 0
+        self._last_gpus: dict[str, GpuSample] = {}
+        self._last_host: HostSample | None = None
+        self._last_tree: ProcTreeSample | None = None
+        first = self._pending
+        self.gpu_identities = _identities(header, first)
+        self.root_pid = _root_pid(header, first)
+
+    # --- time ---------------------------------------------------------------------------
+
+    def now(self) -> float:
+        """The stream's current time: where the replay has reached, on the samples' clock."""
+        return self.live_start_s + (self._clock() - self.live_start_s) * self.speed
+
+    def trace_time(self) -> float:
+        """How far into the trace the replay is, in trace seconds."""
+        return self.now() - self.live_start_s
+
+    def _due(self, snap: Snapshot) -> float:
+        return snap.t_s + self.offset_s
+
+    # --- advancing ----------------------------------------------------------------------
+
+    def advance(self) -> Snapshot:
+        """Consume every trace tick due by now and merge them into one re-based snapshot."""
+        with self._lock:
+            now = self.now()
+            # The run "exits" on the tick after its last recorded one, as a live one would.
+            self.finished = self._pending is None
+            due: list[Snapshot] = []
+            while self._pending is not None and self._due(self._pending) <= now:
+                due.append(self._shift(self._pending))
+                self._pending = next(self._it, None)
+            self.ticks_replayed += len(due)
+            self.current = self._merge(due, now)
+            self.frame += 1
+            return self.current
+
+    def _shift(self, snap: Snapshot) -> Snapshot:
+        dt = self.offset_s
+        return Snapshot(
+            t_s=snap.t_s + dt,
+            gpus=tuple(shift_gpu(g, dt) for g in snap.gpus),
+            host=None if snap.host is None else replace(snap.host, t_s=snap.host.t_s + dt),
+            tree=None if snap.tree is None else replace(snap.tree, t_s=snap.tree.t_s + dt),
+        )
+
+    def _merge(self, due: list[Snapshot], now: float) -> Snapshot:
+        t_s = due[-1].t_s if due else max(now, self.current.t_s)
+        by_gpu: dict[str, list[GpuSample]] = {}
+        for snap in due:
+            for g in snap.gpus:
+                by_gpu.setdefault(g.uuid, []).append(g)
+        gpus = []
+        for uuid, last in self._last_gpus.items():
+            if uuid not in by_gpu:  # nothing new recorded: current readings, empty buffer
+                gone = () if self.finished and last.processes is not None else last.processes
+                gpus.append(replace(last, t_s=t_s, util_samples=(), processes=gone))
+        for uuid, samples in by_gpu.items():
+            merged = merge_gpu(samples, t_s)
+            self._last_gpus[uuid] = merged
+            gpus.append(merged)
+        gpus.sort(key=lambda g: g.gpu)
+        hosts = [s.host for s in due if s.host is not None]
+        if hosts:
+            self._last_host = merge_host(hosts, t_s)
+        host = None if self._last_host is None else replace(self._last_host, t_s=t_s)
+        self._last_host = host
+        trees = [s.tree for s in due if s.tree is not None]
+        if trees:
+            self._last_tree = merge_tree(trees, t_s, alive=not self.finished)
+        tree = self._last_tree
+        if tree is not None:
+            tree = replace(tree, t_s=t_s, root_alive=tree.root_alive and not self.finished)
+        return Snapshot(t_s=t_s, gpus=tuple(gpus), host=host, tree=tree)
+
+    def _frame_for(self, seen: int) -> Snapshot:
+        """The current frame if this caller has not read it yet, else a new one."""
+        if seen >= self.frame:
+            return self.advance()
+        return self.current
+
+    # --- the stand-ins ------------------------------------------------------------------
+
+    def samplers(self) -> tuple[ReplayNvmlSampler, ReplayHostSampler, ReplayProcessTreeSampler]:
+        """(nvml, host, tree) stand-ins to pass to ``Monitor``."""
+        return ReplayNvmlSampler(self), ReplayHostSampler(self), ReplayProcessTreeSampler(self)
+
+
+def _identities(header: TraceHeader | None, first: Snapshot) -> tuple[GpuIdentity, ...]:
+    if header is not None and header.gpus:
+        return header.gpus
+    return tuple(
+        GpuIdentity(index=g.gpu, uuid=g.uuid, mem_total_bytes=g.mem_total_bytes,
+                    power_limit_watts=g.power_limit_watts)
+        for g in first.gpus
+    )
+
+
+def _root_pid(header: TraceHeader | None, first: Snapshot) -> int:
+    if header is not None and header.watched_pid is not None:
+        return header.watched_pid
+    if first.tree is not None:
+        return first.tree.root_pid
+    return DEFAULT_PID
+
+
+class _StandIn:
+    def __init__(self, replay: Replay) -> None:
+        self.replay = replay
+        self._seen = 0
+
+    def _frame(self) -> Snapshot:
+        snap = self.replay._frame_for(self._seen)
+        self._seen = self.replay.frame
+        return snap
+
+
+class ReplayNvmlSampler(_StandIn):
+    """``NvmlSampler``'s interface over a trace: ``gpus``, ``sample()``, versions, errors."""
+
+    def __init__(self, replay: Replay) -> None:
+        super().__init__(replay)
+        header = replay.header
+        self.driver_version = None if header is None else header.driver_version
+        self.nvml_version = None if header is None else header.nvml_version
+        self.errors: Counter[str] = Counter()
+        self.start_s = replay.live_start_s
+
+    @property
+    def gpus(self) -> tuple[GpuIdentity, ...]:
+        return self.replay.gpu_identities
+
+    def sample(self) -> tuple[GpuSample, ...]:
+        return self._frame().gpus
+
+
+class ReplayHostSampler(_StandIn):
+    """``HostSampler``'s interface over a trace."""
+
+    def sample(self) -> HostSample:
+        host = self._frame().host
+        return host if host is not None else HostSample(t_s=self.replay.current.t_s)
+
+
+class ReplayProcessTreeSampler(_StandIn):
+    """``ProcessTreeSampler``'s interface over a trace; the root 'exits' when it ends."""
+
+    def __init__(self, replay: Replay) -> None:
+        super().__init__(replay)
+        self.root_pid = replay.root_pid
+        header = replay.header
+        self._cmdline = None if header is None else header.command
+
+    def cmdline(self) -> tuple[str, ...] | None:
+        return self._cmdline
+
+    def root_alive(self) -> bool:
+        return not self.replay.finished
+
+    def pids(self) -> list[int]:
+        tree = self.replay.current.tree
+        if not self.root_alive():
+            return []
+        if tree is None:
+            return [self.root_pid]
+        return [self.root_pid, *(p.pid for p in tree.workers)]
+
+    def sample(self) -> ProcTreeSample:
+        tree = self._frame().tree
+        if tree is not None:
+            return tree
+        return ProcTreeSample(t_s=self.replay.current.t_s, root_pid=self.root_pid,
+                              root_alive=self.root_alive())
+
