@@ -1,0 +1,1546 @@
+/*
+ * fakenvml.c - a scripted stand-in for NVIDIA's libnvidia-ml.so.1, for gpumon's tests.
+ *
+ * The unmodified pynvml module loads this library and calls it through ctypes, so what is
+ * exercised is the real binding code: symbol names, struct layouts, size-query protocols and
+ * error codes.  The GPUs it reports come from a scenario file (path in $FAKE_NVML_SCENARIO),
+ * read at nvmlInit and re-read when the file changes (stat at most every ~10 ms).
+ *
+ * Scenario format (written by tests/fakenvml/__init__.py): one "key=value" per line; global
+ * keys first, then one "[gpu]" line per GPU followed by that GPU's keys.  '#' starts a comment.
+ *
+ * Time model: every utilisation pattern is a function of CLOCK_MONOTONIC seconds since the
+ * scenario's epoch.  Driver samples sit at multiples of sample_period on the chosen timestamp
+ * clock (realtime, monotonic or boottime, in microseconds); each one is the busy fraction of
+ * the period that ended at its timestamp, integrated exactly over the pattern.
+ *
+ * Build: gcc -shared -fPIC -O2 -Wall -Wextra -Wl,-soname,libnvidia-ml.so.1 \
+ *            -o libnvidia-ml.so.1 fakenvml.c -lm
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#define API __attribute__((visibility("default")))
+
+/* ------------------------------------------------------------------ NVML types */
+typedef int nvmlReturn_t;
+
+enum {
+    NVML_SUCCESS = 0, NVML_ERROR_UNINITIALIZED = 1, NVML_ERROR_INVALID_ARGUMENT = 2,
+    NVML_ERROR_NOT_SUPPORTED = 3, NVML_ERROR_NO_PERMISSION = 4, NVML_ERROR_ALREADY_INITIALIZED = 5,
+    NVML_ERROR_NOT_FOUND = 6, NVML_ERROR_INSUFFICIENT_SIZE = 7, NVML_ERROR_INSUFFICIENT_POWER = 8,
+    NVML_ERROR_DRIVER_NOT_LOADED = 9, NVML_ERROR_TIMEOUT = 10, NVML_ERROR_IRQ_ISSUE = 11,
+    NVML_ERROR_LIBRARY_NOT_FOUND = 12, NVML_ERROR_FUNCTION_NOT_FOUND = 13,
+    NVML_ERROR_CORRUPTED_INFOROM = 14, NVML_ERROR_GPU_IS_LOST = 15, NVML_ERROR_RESET_REQUIRED = 16,
+    NVML_ERROR_OPERATING_SYSTEM = 17, NVML_ERROR_LIB_RM_VERSION_MISMATCH = 18,
+    NVML_ERROR_IN_USE = 19, NVML_ERROR_MEMORY = 20, NVML_ERROR_NO_DATA = 21,
+    NVML_ERROR_VGPU_ECC_NOT_SUPPORTED = 22, NVML_ERROR_INSUFFICIENT_RESOURCES = 23,
+    NVML_ERROR_FREQ_NOT_SUPPORTED = 24, NVML_ERROR_ARGUMENT_VERSION_MISMATCH = 25,
+    NVML_ERROR_DEPRECATED = 26, NVML_ERROR_NOT_READY = 27, NVML_ERROR_GPU_NOT_FOUND = 28,
+    NVML_ERROR_INVALID_STATE = 29, NVML_ERROR_RESET_TYPE_NOT_SUPPORTED = 30,
+    NVML_ERROR_UNKNOWN = 999
+};
+
+#define NVML_STRUCT_VERSION(s, v) ((unsigned int)(sizeof(s) | ((v) << 24U)))
+#define NVML_VALUE_NOT_AVAILABLE_ULL 0xFFFFFFFFFFFFFFFFULL
+
+typedef struct nvmlDevice_st {
+    int index;
+} *nvmlDevice_t;
+
+typedef union {
+    double dVal;
+    unsigned int uiVal;
+    unsigned long ulVal;
+    unsigned long long ullVal;
+    long long sllVal;
+    int siVal;
+    unsigned short usVal;
+} nvmlValue_t;
+
+typedef struct {
+    unsigned long long timeStamp;
+    nvmlValue_t sampleValue;
+} nvmlSample_t;
+
+typedef struct {
+    unsigned long long total, free, used;
+} nvmlMemory_t;
+
+typedef struct {
+    unsigned int version;
+    unsigned long long total, reserved, free, used;
+} nvmlMemory_v2_t;
+
+typedef struct {
+    char busIdLegacy[16];
+    unsigned int domain, bus, device, pciDeviceId, pciSubSystemId;
+    char busId[32];
+} nvmlPciInfo_t;
+
+typedef struct { /* the original (v1) layout used by the unversioned symbols */
+    unsigned int pid;
+    unsigned long long usedGpuMemory;
+} nvmlProcessInfo_v1_t;
+
+typedef struct { /* v2 and v3 share this layout */
+    unsigned int pid;
+    unsigned long long usedGpuMemory;
+    unsigned int gpuInstanceId, computeInstanceId;
+} nvmlProcessInfo_t;
+
+typedef struct {
+    unsigned int pid;
+    unsigned long long timeStamp;
+    unsigned int smUtil, memUtil, encUtil, decUtil;
+} nvmlProcessUtilizationSample_t;
+
+typedef struct {
+    unsigned long long timeStamp;
+    unsigned int pid, smUtil, memUtil, encUtil, decUtil, jpgUtil, ofaUtil;
+} nvmlProcessUtilizationInfo_v1_t;
+
+typedef struct {
+    unsigned int version;
+    unsigned int processSamplesCount;
+    unsigned long long lastSeenTimeStamp;
+    nvmlProcessUtilizationInfo_v1_t *procUtilArray;
+} nvmlProcessesUtilizationInfo_t;
+
+typedef struct {
+    unsigned int gpu, memory;
+} nvmlUtilization_t;
+
+typedef struct {
+    unsigned int fieldId, scopeId;
+    long long timestamp, latencyUsec;
+    int valueType;
+    nvmlReturn_t nvmlReturn;
+    nvmlValue_t value;
+} nvmlFieldValue_t;
+
+typedef struct {
+    unsigned int version;
+    int sensorType;
+    int temperature;
+} nvmlTemperature_t;
+
+typedef struct {
+    unsigned long long bar1Total, bar1Free, bar1Used;
+} nvmlBAR1Memory_t;
+
+typedef struct {
+    unsigned int version, isSupportedDevice;
+} nvmlGpmSupport_t;
+
+typedef struct {
+    unsigned int version, fan, speed;
+} nvmlFanSpeedInfo_t;
+
+/* ------------------------------------------------------------------ scenario model */
+#define MAX_GPUS 64
+#define MAX_PROCS 64
+#define STR_LEN 96
+
+/* Short call names: the keys of "unsupported" and "error" in the scenario. */
+#define CALL_LIST(X)                                                                       \
+    X(HANDLE, "handle") X(UUID, "uuid") X(NAME, "name") X(PCI, "pci") X(INDEX, "index")     \
+    X(SERIAL, "serial") X(MINOR, "minor") X(BRAND, "brand") X(UTILIZATION, "utilization")   \
+    X(SAMPLES, "samples") X(MEMORY, "memory") X(POWER, "power") X(POWER_LIMIT, "power_limit") \
+    X(ENERGY, "energy") X(CLOCKS, "clocks") X(CLOCK_REASONS, "clock_reasons") X(PCIE, "pcie") \
+    X(TEMPERATURE, "temperature") X(FAN, "fan") X(PSTATE, "pstate")                          \
+    X(PROCESSES, "processes") X(PROCESS_UTILIZATION, "process_utilization")                   \
+    X(PERSISTENCE, "persistence") X(COMPUTE_MODE, "compute_mode") X(MIG, "mig")              \
+    X(DISPLAY, "display") X(ECC, "ecc") X(FIELD_VALUES, "field_values") X(GPM, "gpm")        \
+    X(MISC, "misc") X(COUNT, "count") X(DRIVER_VERSION, "driver_version")                    \
+    X(NVML_VERSION, "nvml_version") X(CUDA_VERSION, "cuda_version")                          \
+    X(PROCESS_NAME, "process_name")
+
+#define X_ENUM(id, s) C_##id,
+enum call_id { CALL_LIST(X_ENUM) N_CALLS };
+#define X_NAME(id, s) s,
+static const char *const call_names[N_CALLS] = {CALL_LIST(X_NAME)};
+
+enum { PAT_STEADY = 0, PAT_BURST = 1, PAT_OFF = 2 };
+enum { TS_REALTIME = 0, TS_MONOTONIC = 1, TS_BOOTTIME = 2 };
+
+typedef struct {
+    unsigned int pid;
+    unsigned long long mem;
+    int sm;     /* -1: follow the GPU's utilisation */
+    int memutil;
+} proc_t;
+
+typedef struct {
+    char uuid[STR_LEN], name[STR_LEN], bus_id[32], serial[32], vbios[32];
+    unsigned int pci_domain, pci_bus, pci_dev, pci_func, pci_device_id, pci_subsys_id;
+    unsigned int minor, brand, arch, cc_major, cc_minor, bus_width, cores;
+    unsigned long long mem_total, mem_used, mem_reserved;
+    double power_limit_w, power_min_limit_w, power_idle_w, power_busy_w;
+    unsigned int sm_clock_mhz, sm_clock_idle_mhz, sm_clock_max_mhz, mem_clock_mhz;
+    int temperature_c;
+    unsigned int fan_pct, pcie_rx_kbps, pcie_tx_kbps, pcie_gen, pcie_width, pstate_idle;
+    unsigned int persistence, compute_mode;
+    double sample_period_s;
+    int buffer_len, idle_no_samples, samples_supported, lost;
+    int pattern;
+    double busy_pct, idle_pct, mem_busy_pct, period_s, duty, phase_s, noise_pct;
+    unsigned long long clock_reasons;
+    int err[N_CALLS];
+    int nproc;
+    proc_t procs[MAX_PROCS];
+} gpu_t;
+
+typedef struct {
+    char driver_version[80], nvml_version[80];
+    int cuda_version, init_error, ts_clock;
+    double epoch;
+    int err[N_CALLS];
+    int ngpu;
+    gpu_t gpus[MAX_GPUS];
+} scn_t;
+
+/* ------------------------------------------------------------------ global state */
+static struct nvmlDevice_st g_handles[MAX_GPUS];
+static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;      /* init, reload */
+static pthread_mutex_t g_energy_lock = PTHREAD_MUTEX_INITIALIZER;
+static _Atomic(scn_t *) g_scn;
+static atomic_int g_refcount;
+static atomic_llong g_last_check_ns;
+static atomic_llong g_generation;
+static struct stat g_stat;       /* of the loaded file; guarded by g_lock */
+static char g_path[4096];        /* guarded by g_lock */
+#define RETIRE_RING 32
+static scn_t *g_retired[RETIRE_RING]; /* old scenarios are freed late: readers never lock */
+static int g_retired_pos;
+static double g_lib_t0 = -1.0;   /* CLOCK_MONOTONIC at first init: "driver load" */
+static struct {
+    double t_last, mj;
+    int started;
+} g_energy[MAX_GPUS];
+
+/* ------------------------------------------------------------------ helpers */
+static double mono_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static long long clock_us(clockid_t c) {
+    struct timespec ts;
+    clock_gettime(c, &ts);
+    return (long long)ts.tv_sec * 1000000LL + ts.tv_nsec / 1000;
+}
+
+static long long ts_now_us(int which) {
+    switch (which) {
+    case TS_MONOTONIC: return clock_us(CLOCK_MONOTONIC);
+    case TS_BOOTTIME: return clock_us(CLOCK_BOOTTIME);
+    default: return clock_us(CLOCK_REALTIME);
+    }
+}
+
+static const struct {
+    const char *name;
+    int code;
+    const char *text;
+} g_errors[] = {
+    {"SUCCESS", 0, "Success"},
+    {"UNINITIALIZED", 1, "Uninitialized"},
+    {"INVALID_ARGUMENT", 2, "Invalid Argument"},
+    {"NOT_SUPPORTED", 3, "Not Supported"},
+    {"NO_PERMISSION", 4, "Insufficient Permissions"},
+    {"ALREADY_INITIALIZED", 5, "Already Initialized"},
+    {"NOT_FOUND", 6, "Not Found"},
+    {"INSUFFICIENT_SIZE", 7, "Insufficient Size"},
+    {"INSUFFICIENT_POWER", 8, "Insufficient External Power"},
+    {"DRIVER_NOT_LOADED", 9, "Driver Not Loaded"},
+    {"TIMEOUT", 10, "Timeout"},
+    {"IRQ_ISSUE", 11, "Interrupt request issue"},
+    {"LIBRARY_NOT_FOUND", 12, "NVML Shared Library Not Found"},
+    {"FUNCTION_NOT_FOUND", 13, "Function Not Found"},
+    {"CORRUPTED_INFOROM", 14, "Corrupted infoROM"},
+    {"GPU_IS_LOST", 15, "GPU is lost"},
+    {"RESET_REQUIRED", 16, "GPU requires restart"},
+    {"OPERATING_SYSTEM", 17, "The operating system has blocked the request."},
+    {"LIB_RM_VERSION_MISMATCH", 18, "RM has detected an NVML/RM version mismatch."},
+    {"IN_USE", 19, "In use by another client"},
+    {"MEMORY", 20, "Insufficient Memory"},
+    {"NO_DATA", 21, "No data"},
+    {"VGPU_ECC_NOT_SUPPORTED", 22, "ECC is not supported on vGPU"},
+    {"INSUFFICIENT_RESOURCES", 23, "Insufficient resources"},
+    {"FREQ_NOT_SUPPORTED", 24, "Frequency not supported"},
+    {"ARGUMENT_VERSION_MISMATCH", 25, "Argument version mismatch"},
+    {"DEPRECATED", 26, "Deprecated"},
+    {"NOT_READY", 27, "Not ready"},
+    {"GPU_NOT_FOUND", 28, "GPU not found"},
+    {"INVALID_STATE", 29, "Invalid state"},
+    {"RESET_TYPE_NOT_SUPPORTED", 30, "Reset type not supported"},
+    {"UNKNOWN", 999, "Unknown Error"},
+};
+#define N_ERRORS ((int)(sizeof(g_errors) / sizeof(g_errors[0])))
+
+static int parse_error(const char *s) {
+    if (!*s) return 0;
+    if (strncasecmp(s, "NVML_ERROR_", 11) == 0) s += 11;
+    for (int i = 0; i < N_ERRORS; i++)
+        if (strcasecmp(s, g_errors[i].name) == 0) return g_errors[i].code;
+    char *end;
+    long v = strtol(s, &end, 10);
+    if (end != s && *end == '\0') return (int)v;
+    return NVML_ERROR_UNKNOWN;
+}
+
+static int call_index(const char *s) {
+    for (int i = 0; i < N_CALLS; i++)
+        if (strcmp(s, call_names[i]) == 0) return i;
+    return -1;
+}
+
+static void copy_field(char *dst, size_t cap, const char *src) {
+    snprintf(dst, cap, "%s", src);
+}
+
+static void parse_bus_id(gpu_t *g) {
+    unsigned int d = 0, b = 0, dv = 0, f = 0;
+    if (sscanf(g->bus_id, "%x:%x:%x.%x", &d, &b, &dv, &f) != 4) {
+        d = 0;
+        sscanf(g->bus_id, "%x:%x.%x", &b, &dv, &f);
+    }
+    g->pci_domain = d;
+    g->pci_bus = b;
+    g->pci_dev = dv;
+    g->pci_func = f;
+}
+
+static void gpu_defaults(gpu_t *g, int index) {
+    memset(g, 0, sizeof(*g));
+    snprintf(g->uuid, sizeof g->uuid, "GPU-%08x-0000-4000-8000-%012x", 0xfa4e0000U + index,
+             index);
+    copy_field(g->name, sizeof g->name, "NVIDIA H100 80GB HBM3");
+    snprintf(g->bus_id, sizeof g->bus_id, "00000000:%02X:00.0", 0x17 + index);
+    snprintf(g->serial, sizeof g->serial, "16543210%04d", index);
+    copy_field(g->vbios, sizeof g->vbios, "96.00.99.00.01");
+    g->pci_device_id = 0x233010DE;
+    g->pci_subsys_id = 0x16C110DE;
+    g->minor = (unsigned int)index;
+    g->brand = 14; /* NVML_BRAND_NVIDIA */
+    g->arch = 9;   /* Hopper */
+    g->cc_major = 9;
+    g->bus_width = 5120;
+    g->cores = 16896;
+    g->mem_total = 85899345920ULL; /* 80 GiB */
+    g->mem_used = 536870912ULL;
+    g->mem_reserved = 536870912ULL;
+    g->power_limit_w = 700;
+    g->power_min_limit_w = 200;
+    g->power_idle_w = 90;
+    g->power_busy_w = 650;
+    g->sm_clock_mhz = 1980;
+    g->sm_clock_max_mhz = 1980;
+    g->mem_clock_mhz = 2619;
+    g->temperature_c = 40;
+    g->fan_pct = 30;
+    g->pcie_gen = 5;
+    g->pcie_width = 16;
+    g->pstate_idle = 0;
+    g->persistence = 1;
+    g->sample_period_s = 1.0 / 6.0;
+    g->buffer_len = 120;
+    g->samples_supported = 1;
+    g->pattern = PAT_STEADY;
+    g->busy_pct = 100;
+    g->idle_pct = 0;
+    g->mem_busy_pct = 40;
+    g->period_s = 1;
+    g->duty = 0.5;
+    parse_bus_id(g);
+}
+
+static void add_errors(int *err, const char *val, int force_code) {
+    /* "a,b,c" (force_code != 0) or "name=ERROR" */
+    char buf[1024];
+    copy_field(buf, sizeof buf, val);
+    if (force_code) {
+        char *save = NULL;
+        for (char *tok = strtok_r(buf, ", ", &save); tok; tok = strtok_r(NULL, ", ", &save)) {
+            int ci = call_index(tok);
+            if (ci >= 0) err[ci] = force_code;
+        }
+        return;
+    }
+    char *eq = strchr(buf, '=');
+    if (!eq) return;
+    *eq = '\0';
+    int ci = call_index(buf);
+    if (ci >= 0) err[ci] = parse_error(eq + 1);
+}
+
+static int parse_bool(const char *v) {
+    return strcmp(v, "1") == 0 || strcasecmp(v, "true") == 0 || strcasecmp(v, "yes") == 0;
+}
+
+#define KEY(k) (strcmp(key, k) == 0)
+
+static void gpu_set(gpu_t *g, const char *key, const char *v) {
+    if (KEY("uuid")) copy_field(g->uuid, sizeof g->uuid, v);
+    else if (KEY("name")) copy_field(g->name, sizeof g->name, v);
+    else if (KEY("bus_id")) { copy_field(g->bus_id, sizeof g->bus_id, v); parse_bus_id(g); }
+    else if (KEY("serial")) copy_field(g->serial, sizeof g->serial, v);
+    else if (KEY("vbios")) copy_field(g->vbios, sizeof g->vbios, v);
+    else if (KEY("pci_device_id")) g->pci_device_id = (unsigned int)strtoul(v, NULL, 0);
+    else if (KEY("pci_subsys_id")) g->pci_subsys_id = (unsigned int)strtoul(v, NULL, 0);
+    else if (KEY("minor")) g->minor = (unsigned int)strtoul(v, NULL, 0);
+    else if (KEY("brand")) g->brand = (unsigned int)strtoul(v, NULL, 0);
+    else if (KEY("arch")) g->arch = (unsigned int)strtoul(v, NULL, 0);
+    else if (KEY("cc_major")) g->cc_major = (unsigned int)strtoul(v, NULL, 0);
+    else if (KEY("cc_minor")) g->cc_minor = (unsigned int)strtoul(v, NULL, 0);
+    else if (KEY("mem_total")) g->mem_total = strtoull(v, NULL, 0);
+    else if (KEY("mem_used")) g->mem_used = strtoull(v, NULL, 0);
+    else if (KEY("mem_reserved")) g->mem_reserved = strtoull(v, NULL, 0);
+    else if (KEY("power_limit_w")) g->power_limit_w = strtod(v, NULL);
+    else if (KEY("power_min_limit_w")) g->power_min_limit_w = strtod(v, NULL);
+    else if (KEY("power_idle_w")) g->power_idle_w = strtod(v, NULL);
+    else if (KEY("power_busy_w")) g->power_busy_w = strtod(v, NULL);
+    else if (KEY("sm_clock_mhz")) g->sm_clock_mhz = (unsigned int)strtoul(v, NULL, 0);
+    else if (KEY("sm_clock_idle_mhz")) g->sm_clock_idle_mhz = (unsigned int)strtoul(v, NULL, 0);
+    else if (KEY("sm_clock_max_mhz")) g->sm_clock_max_mhz = (unsigned int)strtoul(v, NULL, 0);
+    else if (KEY("mem_clock_mhz")) g->mem_clock_mhz = (unsigned int)strtoul(v, NULL, 0);
+    else if (KEY("temperature_c")) g->temperature_c = (int)strtol(v, NULL, 0);
+    else if (KEY("fan_pct")) g->fan_pct = (unsigned int)strtoul(v, NULL, 0);
+    else if (KEY("pcie_rx_kbps")) g->pcie_rx_kbps = (unsigned int)strtoul(v, NULL, 0);
+    else if (KEY("pcie_tx_kbps")) g->pcie_tx_kbps = (unsigned int)strtoul(v, NULL, 0);
+    else if (KEY("pcie_gen")) g->pcie_gen = (unsigned int)strtoul(v, NULL, 0);
+    else if (KEY("pcie_width")) g->pcie_width = (unsigned int)strtoul(v, NULL, 0);
+    else if (KEY("pstate_idle")) g->pstate_idle = (unsigned int)strtoul(v, NULL, 0);
+    else if (KEY("persistence")) g->persistence = (unsigned int)parse_bool(v);
+    else if (KEY("compute_mode")) g->compute_mode = (unsigned int)strtoul(v, NULL, 0);
+    else if (KEY("sample_period_s")) g->sample_period_s = strtod(v, NULL);
+    else if (KEY("buffer_len")) g->buffer_len = (int)strtol(v, NULL, 0);
+    else if (KEY("idle_no_samples")) g->idle_no_samples = parse_bool(v);
+    else if (KEY("samples_supported")) g->samples_supported = parse_bool(v);
+    else if (KEY("lost")) g->lost = parse_bool(v);
+    else if (KEY("pattern"))
+        g->pattern = strcmp(v, "burst") == 0 ? PAT_BURST : strcmp(v, "off") == 0 ? PAT_OFF
+                                                                                 : PAT_STEADY;
+    else if (KEY("busy_pct")) g->busy_pct = strtod(v, NULL);
+    else if (KEY("idle_pct")) g->idle_pct = strtod(v, NULL);
+    else if (KEY("mem_busy_pct")) g->mem_busy_pct = strtod(v, NULL);
+    else if (KEY("period_s")) g->period_s = strtod(v, NULL);
+    else if (KEY("duty")) g->duty = strtod(v, NULL);
+    else if (KEY("phase_s")) g->phase_s = strtod(v, NULL);
+    else if (KEY("noise_pct")) g->noise_pct = strtod(v, NULL);
+    else if (KEY("clock_reasons")) g->clock_reasons = strtoull(v, NULL, 0);
+    else if (KEY("unsupported")) add_errors(g->err, v, NVML_ERROR_NOT_SUPPORTED);
+    else if (KEY("error")) add_errors(g->err, v, 0);
+    else if (KEY("process") && g->nproc < MAX_PROCS) {
+        proc_t *p = &g->procs[g->nproc];
+        unsigned long long mem = 0;
+        unsigned int pid = 0;
+        int sm = -1, mu = 0;
+        if (sscanf(v, "%u,%llu,%d,%d", &pid, &mem, &sm, &mu) >= 1) {
+            p->pid = pid;
+            p->mem = mem;
+            p->sm = sm;
+            p->memutil = mu;
+            g->nproc++;
+        }
+    }
+}
+
+static void global_set(scn_t *s, const char *key, const char *v) {
+    if (KEY("driver_version")) copy_field(s->driver_version, sizeof s->driver_version, v);
+    else if (KEY("nvml_version")) copy_field(s->nvml_version, sizeof s->nvml_version, v);
+    else if (KEY("cuda_version")) s->cuda_version = (int)strtol(v, NULL, 0);
+    else if (KEY("init_error")) s->init_error = parse_error(v);
+    else if (KEY("timestamp_clock"))
+        s->ts_clock = strcmp(v, "monotonic") == 0 ? TS_MONOTONIC
+                      : strcmp(v, "boottime") == 0 ? TS_BOOTTIME : TS_REALTIME;
+    else if (KEY("epoch")) s->epoch = strtod(v, NULL);
+    else if (KEY("unsupported")) add_errors(s->err, v, NVML_ERROR_NOT_SUPPORTED);
+    else if (KEY("error")) add_errors(s->err, v, 0);
+}
+
+/* Parse the scenario text; returns a new heap object or NULL. */
+static scn_t *parse_scenario(char *text) {
+    scn_t *s = calloc(1, sizeof(*s));
+    if (!s) return NULL;
+    copy_field(s->driver_version, sizeof s->driver_version, "550.54.15");
+    copy_field(s->nvml_version, sizeof s->nvml_version, "12.550.54.15");
+    s->cuda_version = 12040;
+    s->epoch = NAN;
+    gpu_t *g = NULL;
+    char *save = NULL;
+    for (char *line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+        size_t n = strlen(line);
+        while (n && (line[n - 1] == '\r' || line[n - 1] == ' ')) line[--n] = '\0';
+        while (*line == ' ' || *line == '\t') line++;
+        if (!*line || *line == '#') continue;
+        if (strcmp(line, "[gpu]") == 0) {
+            if (s->ngpu >= MAX_GPUS) { g = NULL; continue; }
+            g = &s->gpus[s->ngpu];
+            gpu_defaults(g, s->ngpu);
+            s->ngpu++;
+            continue;
+        }
+        char *eq = strchr(line, '=');
+        if (!eq) continue;
+        *eq = '\0';
+        const char *key = line;
+        if (g) gpu_set(g, key, eq + 1);
+        else if (s->ngpu == 0) global_set(s, key, eq + 1);
+    }
+    if (isnan(s->epoch)) s->epoch = mono_now();
+    for (int i = 0; i < s->ngpu; i++)
+        for (int c = 0; c < N_CALLS; c++)
+            if (!s->gpus[i].err[c]) s->gpus[i].err[c] = s->err[c];
+    return s;
+}
+
+static char *read_file(const char *path, struct stat *st) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    if (fstat(fileno(f), st) != 0) { fclose(f); return NULL; }
+    size_t cap = (size_t)st->st_size + 1;
+    char *buf = malloc(cap);
+    if (!buf) { fclose(f); return NULL; }
+    size_t n = fread(buf, 1, cap - 1, f);
+    buf[n] = '\0';
+    fclose(f);
+    return buf;
+}
+
+static void retire(scn_t *old) {
+    if (!old) return;
+    free(g_retired[g_retired_pos]);
+    g_retired[g_retired_pos] = old;
+    g_retired_pos = (g_retired_pos + 1) % RETIRE_RING;
+}
+
+/* Load the scenario at g_path; caller holds g_lock.  Returns 0 on success. */
+static int load_locked(void) {
+    struct stat st;
+    char *text = read_file(g_path, &st);
+    if (!text) return -1;
+    scn_t *s = parse_scenario(text);
+    free(text);
+    if (!s) return -1;
+    g_stat = st;
+    retire(atomic_exchange(&g_scn, s));
+    atomic_fetch_add(&g_generation, 1);
+    return 0;
+}
+
+static int stat_changed(const struct stat *a, const struct stat *b) {
+    return a->st_ino != b->st_ino || a->st_dev != b->st_dev || a->st_size != b->st_size ||
+           a->st_mtim.tv_sec != b->st_mtim.tv_sec || a->st_mtim.tv_nsec != b->st_mtim.tv_nsec;
+}
+
+static void maybe_reload(long long now_ns, int force) {
+    if (force) pthread_mutex_lock(&g_lock);
+    else if (pthread_mutex_trylock(&g_lock) != 0) return;
+    atomic_store(&g_last_check_ns, now_ns);
+    struct stat st;
+    if (g_path[0] && stat(g_path, &st) == 0 && (force || stat_changed(&st, &g_stat)))
+        load_locked();
+    pthread_mutex_unlock(&g_lock);
+}
+
+/* The current scenario; re-stats the file at most every 10 ms (coarse clock: a few ns). */
+static inline scn_t *cur(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+    long long now = (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+    if (now - atomic_load_explicit(&g_last_check_ns, memory_order_relaxed) >= 10000000LL)
+        maybe_reload(now, 0);
+    return atomic_load_explicit(&g_scn, memory_order_acquire);
+}
+
+/* ------------------------------------------------------------------ the time model */
+/* Busy seconds in [0, u] of pattern time u (u = t - epoch + phase); any sign of u. */
+static double cum_busy(const gpu_t *g, double u) {
+    if (g->pattern == PAT_OFF) return 0.0;
+    if (g->pattern == PAT_STEADY) return u;
+    double P = g->period_s > 0 ? g->period_s : 1.0;
+    double d = g->duty < 0 ? 0 : g->duty > 1 ? 1 : g->duty;
+    double n = floor(u / P);
+    double r = u - n * P;
+    return n * d * P + fmin(r, d * P);
+}
+
+static double busy_between(const scn_t *s, const gpu_t *g, double t0, double t1) {
+    double off = g->phase_s - s->epoch;
+    return cum_busy(g, t1 + off) - cum_busy(g, t0 + off);
+}
+
+static int busy_at(const scn_t *s, const gpu_t *g, double t) {
+    if (g->pattern == PAT_OFF) return 0;
+    if (g->pattern == PAT_STEADY) return 1;
+    double P = g->period_s > 0 ? g->period_s : 1.0;
+    double u = t - s->epoch + g->phase_s;
+    double r = u - floor(u / P) * P;
+    return r < g->duty * P;
+}
+
+static double frac_last_1s(const scn_t *s, const gpu_t *g, double now) {
+    double f = busy_between(s, g, now - 1.0, now);
+    return f < 0 ? 0 : f > 1 ? 1 : f;
+}
+
+static double util_of(const gpu_t *g, double frac) {
+    return frac * g->busy_pct + (1.0 - frac) * g->idle_pct;
+}
+
+static double power_w(const gpu_t *g, double frac) {
+    return g->power_idle_w + frac * (g->power_busy_w - g->power_idle_w);
+}
+
+static unsigned int clamp_pct(double v) {
+    if (v < 0) return 0;
+    if (v > 100) return 100;
+    return (unsigned int)lround(v);
+}
+
+static unsigned long long splitmix64(unsigned long long x) {
+    x += 0x9E3779B97F4A7C15ULL;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
+    return x ^ (x >> 31);
+}
+
+/* Deterministic jitter in [-1, 1) for sample k. */
+static double noise_unit(long long k, int gpu, int type) {
+    unsigned long long h =
+        splitmix64((unsigned long long)k ^ ((unsigned long long)gpu << 48) ^
+                   ((unsigned long long)type << 56));
+    return (double)(h >> 11) / 9007199254740992.0 * 2.0 - 1.0;
+}
+
+/* ------------------------------------------------------------------ call prologues */
+static int g_inited_check(void) {
+    return atomic_load_explicit(&g_refcount, memory_order_relaxed) > 0;
+}
+
+static int resolve(const scn_t *s, nvmlDevice_t dev, int call, const gpu_t **out) {
+    if (!dev || dev < &g_handles[0] || dev >= &g_handles[MAX_GPUS])
+        return NVML_ERROR_INVALID_ARGUMENT;
+    int idx = (int)(dev - g_handles);
+    if (!s || idx >= s->ngpu) return NVML_ERROR_GPU_IS_LOST;
+    const gpu_t *g = &s->gpus[idx];
+    if (g->lost) return NVML_ERROR_GPU_IS_LOST;
+    if (g->err[call]) return g->err[call];
+    *out = g;
+    return NVML_SUCCESS;
+}
+
+#define DEV(call)                                                   \
+    if (!g_inited_check()) return NVML_ERROR_UNINITIALIZED;         \
+    const scn_t *S = cur();                                         \
+    const gpu_t *G = NULL;                                          \
+    do {                                                            \
+        int r_ = resolve(S, device, C_##call, &G);                  \
+        if (r_) return r_;                                          \
+    } while (0)
+
+#define SYS(call)                                                   \
+    if (!g_inited_check()) return NVML_ERROR_UNINITIALIZED;         \
+    const scn_t *S = cur();                                         \
+    if (S->err[C_##call]) return S->err[C_##call]
+
+#define NONNULL(p) if (!(p)) return NVML_ERROR_INVALID_ARGUMENT
+
+static nvmlReturn_t put_str(char *buf, unsigned int len, const char *s) {
+    NONNULL(buf);
+    size_t n = strlen(s);
+    if (len < n + 1) return NVML_ERROR_INSUFFICIENT_SIZE;
+    memcpy(buf, s, n + 1);
+    return NVML_SUCCESS;
+}
+
+/* ------------------------------------------------------------------ init / system */
+API nvmlReturn_t nvmlInitWithFlags(unsigned int flags) {
+    (void)flags;
+    pthread_mutex_lock(&g_lock);
+    const char *p = getenv("FAKE_NVML_SCENARIO");
+    if (!p || !*p) {
+        pthread_mutex_unlock(&g_lock);
+        return NVML_ERROR_DRIVER_NOT_LOADED;
+    }
+    copy_field(g_path, sizeof g_path, p);
+    if (load_locked() != 0) {
+        fprintf(stderr, "fakenvml: cannot read scenario %s: %s\n", g_path, strerror(errno));
+        pthread_mutex_unlock(&g_lock);
+        return NVML_ERROR_UNKNOWN;
+    }
+    atomic_store(&g_last_check_ns, 0);
+    scn_t *s = atomic_load(&g_scn);
+    if (s->init_error) {
+        pthread_mutex_unlock(&g_lock);
+        return s->init_error;
+    }
+    if (g_lib_t0 < 0) g_lib_t0 = mono_now();
+    for (int i = 0; i < MAX_GPUS; i++) g_handles[i].index = i;
+    atomic_fetch_add(&g_refcount, 1);
+    pthread_mutex_unlock(&g_lock);
+    return NVML_SUCCESS;
+}
+
+API nvmlReturn_t nvmlInit_v2(void) { return nvmlInitWithFlags(0); }
+API nvmlReturn_t nvmlInit(void) { return nvmlInitWithFlags(0); }
+
+API nvmlReturn_t nvmlShutdown(void) {
+    pthread_mutex_lock(&g_lock);
+    int rc = NVML_SUCCESS;
+    if (atomic_load(&g_refcount) <= 0) rc = NVML_ERROR_UNINITIALIZED;
+    else atomic_fetch_sub(&g_refcount, 1);
+    pthread_mutex_unlock(&g_lock);
+    return rc;
+}
+
+API const char *nvmlErrorString(nvmlReturn_t result) {
+    for (int i = 0; i < N_ERRORS; i++)
+        if (g_errors[i].code == result) return g_errors[i].text;
+    return "Unknown Error";
+}
+
+API nvmlReturn_t nvmlSystemGetDriverVersion(char *version, unsigned int length) {
+    SYS(DRIVER_VERSION);
+    return put_str(version, length, S->driver_version);
+}
+
+API nvmlReturn_t nvmlSystemGetNVMLVersion(char *version, unsigned int length) {
+    SYS(NVML_VERSION);
+    return put_str(version, length, S->nvml_version);
+}
+
+API nvmlReturn_t nvmlSystemGetCudaDriverVersion(int *v) {
+    SYS(CUDA_VERSION);
+    NONNULL(v);
+    *v = S->cuda_version;
+    return NVML_SUCCESS;
+}
+
+API nvmlReturn_t nvmlSystemGetCudaDriverVersion_v2(int *v) {
+    return nvmlSystemGetCudaDriverVersion(v);
+}
+
+API nvmlReturn_t nvmlSystemGetProcessName(unsigned int pid, char *name, unsigned int length) {
+    SYS(PROCESS_NAME);
+    NONNULL(name);
+    char path[64], buf[256];
+    snprintf(path, sizeof path, "/proc/%u/comm", pid);
+    FILE *f = fopen(path, "r");
+    if (!f) return NVML_ERROR_NOT_FOUND;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    while (n && buf[n - 1] == '\n') buf[--n] = '\0';
+    return put_str(name, length, buf);
+}
+
+API nvmlReturn_t nvmlUnitGetCount(unsigned int *count) {
+    if (!g_inited_check()) return NVML_ERROR_UNINITIALIZED;
+    NONNULL(count);
+    *count = 0;
+    return NVML_SUCCESS;
+}
+
+API nvmlReturn_t nvmlGetExcludedDeviceCount(unsigned int *count) {
+    return nvmlUnitGetCount(count);
+}
+
+/* ------------------------------------------------------------------ device enumeration */
+API nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *count) {
+    SYS(COUNT);
+    NONNULL(count);
+    *count = (unsigned int)S->ngpu;
+    return NVML_SUCCESS;
+}
+
+API nvmlReturn_t nvmlDeviceGetCount(unsigned int *count) { return nvmlDeviceGetCount_v2(count); }
+
+static nvmlReturn_t handle_for(const scn_t *s, int idx, nvmlDevice_t *device) {
+    const gpu_t *g = &s->gpus[idx];
+    if (g->lost) return NVML_ERROR_GPU_IS_LOST;
+    if (g->err[C_HANDLE]) return g->err[C_HANDLE];
+    *device = &g_handles[idx];
+    return NVML_SUCCESS;
+}
+
+API nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t *device) {
+    if (!g_inited_check()) return NVML_ERROR_UNINITIALIZED;
+    const scn_t *S = cur();
+    NONNULL(device);
+    if (index >= (unsigned int)S->ngpu) return NVML_ERROR_INVALID_ARGUMENT;
+    return handle_for(S, (int)index, device);
+}
+
+API nvmlReturn_t nvmlDeviceGetHandleByIndex(unsigned int index, nvmlDevice_t *device) {
+    return nvmlDeviceGetHandleByIndex_v2(index, device);
+}
+
+API nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *device) {
+    if (!g_inited_check()) return NVML_ERROR_UNINITIALIZED;
+    const scn_t *S = cur();
+    NONNULL(uuid);
+    NONNULL(device);
+    for (int i = 0; i < S->ngpu; i++)
+        if (strcmp(S->gpus[i].uuid, uuid) == 0) return handle_for(S, i, device);
+    return NVML_ERROR_NOT_FOUND;
+}
+
+API nvmlReturn_t nvmlDeviceGetHandleBySerial(const char *serial, nvmlDevice_t *device) {
+    if (!g_inited_check()) return NVML_ERROR_UNINITIALIZED;
+    const scn_t *S = cur();
+    NONNULL(serial);
+    NONNULL(device);
+    for (int i = 0; i < S->ngpu; i++)
+        if (strcmp(S->gpus[i].serial, serial) == 0) return handle_for(S, i, device);
+    return NVML_ERROR_NOT_FOUND;
+}
+
+API nvmlReturn_t nvmlDeviceGetHandleByPciBusId_v2(const char *busId, nvmlDevice_t *device) {
+    if (!g_inited_check()) return NVML_ERROR_UNINITIALIZED;
+    const scn_t *S = cur();
+    NONNULL(busId);
+    NONNULL(device);
+    gpu_t probe;
+    memset(&probe, 0, sizeof probe);
+    copy_field(probe.bus_id, sizeof probe.bus_id, busId);
+    parse_bus_id(&probe);
+    for (int i = 0; i < S->ngpu; i++) {
+        const gpu_t *g = &S->gpus[i];
+        if (g->pci_domain == probe.pci_domain && g->pci_bus == probe.pci_bus &&
+            g->pci_dev == probe.pci_dev && g->pci_func == probe.pci_func)
+            return handle_for(S, i, device);
+    }
+    return NVML_ERROR_NOT_FOUND;
+}
+
+API nvmlReturn_t nvmlDeviceGetHandleByPciBusId(const char *busId, nvmlDevice_t *device) {
+    return nvmlDeviceGetHandleByPciBusId_v2(busId, device);
+}
+
+API nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t device, unsigned int *index) {
+    DEV(INDEX);
+    NONNULL(index);
+    *index = (unsigned int)(G - S->gpus);
+    return NVML_SUCCESS;
+}
+
+/* ------------------------------------------------------------------ identity */
+API nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsigned int length) {
+    DEV(UUID);
+    return put_str(uuid, length, G->uuid);
+}
+
+API nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char *name, unsigned int length) {
+    DEV(NAME);
+    return put_str(name, length, G->name);
+}
+
+API nvmlReturn_t nvmlDeviceGetSerial(nvmlDevice_t device, char *serial, unsigned int length) {
+    DEV(SERIAL);
+    return put_str(serial, length, G->serial);
+}
+
+API nvmlReturn_t nvmlDeviceGetVbiosVersion(nvmlDevice_t device, char *v, unsigned int length) {
+    DEV(MISC);
+    return put_str(v, length, G->vbios);
+}
+
+API nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t device, nvmlPciInfo_t *pci) {
+    DEV(PCI);
+    NONNULL(pci);
+    memset(pci, 0, sizeof *pci);
+    snprintf(pci->busIdLegacy, sizeof pci->busIdLegacy, "%04X:%02X:%02X.%X",
+             G->pci_domain & 0xffff, G->pci_bus & 0xff, G->pci_dev & 0xff, G->pci_func & 0xf);
+    snprintf(pci->busId, sizeof pci->busId, "%08X:%02X:%02X.%X", G->pci_domain,
+             G->pci_bus & 0xff, G->pci_dev & 0xff, G->pci_func & 0xf);
+    pci->domain = G->pci_domain;
+    pci->bus = G->pci_bus;
+    pci->device = G->pci_dev;
+    pci->pciDeviceId = G->pci_device_id;
+    pci->pciSubSystemId = G->pci_subsys_id;
+    return NVML_SUCCESS;
+}
+
+API nvmlReturn_t nvmlDeviceGetPciInfo_v2(nvmlDevice_t device, nvmlPciInfo_t *pci) {
+    return nvmlDeviceGetPciInfo_v3(device, pci);
+}
+
+API nvmlReturn_t nvmlDeviceGetPciInfo(nvmlDevice_t device, nvmlPciInfo_t *pci) {
+    return nvmlDeviceGetPciInfo_v3(device, pci);
+}
+
+#define UINT_GETTER(fn, call, expr)                                 \
+    API nvmlReturn_t fn(nvmlDevice_t device, unsigned int *out) {   \
+        DEV(call);                                                  \
+        NONNULL(out);                                               \
+        *out = (unsigned int)(expr);                                \
+        return NVML_SUCCESS;                                        \
+    }
+
+#define UNSUPPORTED_GETTER(fn)                                      \
+    API nvmlReturn_t fn(nvmlDevice_t device, void *out) {           \
+        DEV(MISC);                                                  \
+        (void)G;                                                    \
+        (void)out;                                                  \
+        return NVML_ERROR_NOT_SUPPORTED;                            \
+    }
+
+UINT_GETTER(nvmlDeviceGetMinorNumber, MINOR, G->minor)
+UINT_GETTER(nvmlDeviceGetBrand, BRAND, G->brand)
+UINT_GETTER(nvmlDeviceGetArchitecture, MISC, G->arch)
+UINT_GETTER(nvmlDeviceGetMemoryBusWidth, MISC, G->bus_width)
+UINT_GETTER(nvmlDeviceGetNumGpuCores, MISC, G->cores)
+UINT_GETTER(nvmlDeviceGetMultiGpuBoard, MISC, 0)
+UINT_GETTER(nvmlDeviceGetBoardId, MISC, 0x1700U + G->minor)
+UINT_GETTER(nvmlDeviceGetPersistenceMode, PERSISTENCE, G->persistence)
+UINT_GETTER(nvmlDeviceGetComputeMode, COMPUTE_MODE, G->compute_mode)
+UINT_GETTER(nvmlDeviceGetDisplayActive, DISPLAY, 0)
+UINT_GETTER(nvmlDeviceGetDisplayMode, DISPLAY, 0)
+UINT_GETTER(nvmlDeviceGetAccountingMode, MISC, 0)
+UINT_GETTER(nvmlDeviceGetVirtualizationMode, MISC, 0)
+UINT_GETTER(nvmlDeviceIsMigDeviceHandle, MIG, 0)
+UINT_GETTER(nvmlDeviceGetCurrPcieLinkGeneration, PCIE, G->pcie_gen)
+UINT_GETTER(nvmlDeviceGetMaxPcieLinkGeneration, PCIE, G->pcie_gen)
+UINT_GETTER(nvmlDeviceGetGpuMaxPcieLinkGeneration, PCIE, G->pcie_gen)
+UINT_GETTER(nvmlDeviceGetCurrPcieLinkWidth, PCIE, G->pcie_width)
+UINT_GETTER(nvmlDeviceGetMaxPcieLinkWidth, PCIE, G->pcie_width)
+UINT_GETTER(nvmlDeviceGetPcieSpeed, PCIE, G->pcie_gen >= 5 ? 32000 : 16000)
+UINT_GETTER(nvmlDeviceGetPcieLinkMaxSpeed, PCIE, G->pcie_gen >= 5 ? 32000 : 16000)
+UINT_GETTER(nvmlDeviceGetPcieReplayCounter, PCIE, 0)
+UINT_GETTER(nvmlDeviceGetEnforcedPowerLimit, POWER_LIMIT, lround(G->power_limit_w * 1000))
+UINT_GETTER(nvmlDeviceGetPowerManagementLimit, POWER_LIMIT, lround(G->power_limit_w * 1000))
+UINT_GETTER(nvmlDeviceGetPowerManagementDefaultLimit, POWER_LIMIT,
+            lround(G->power_limit_w * 1000))
+UINT_GETTER(nvmlDeviceGetPowerManagementMode, POWER_LIMIT, 1)
+
+UNSUPPORTED_GETTER(nvmlDeviceGetDynamicPstatesInfo)
+UNSUPPORTED_GETTER(nvmlDeviceGetBoardPartNumber)
+UNSUPPORTED_GETTER(nvmlDeviceGetGpuOperationMode)
+UNSUPPORTED_GETTER(nvmlDeviceGetGpuInstanceId)
+UNSUPPORTED_GETTER(nvmlDeviceGetComputeInstanceId)
+UNSUPPORTED_GETTER(nvmlDeviceGetMaxMigDeviceCount)
+UNSUPPORTED_GETTER(nvmlDeviceGetFanSpeedRPM)
+UNSUPPORTED_GETTER(nvmlDeviceGetGpuFabricInfo)
+UNSUPPORTED_GETTER(nvmlDeviceGetGpuFabricInfoV)
+UNSUPPORTED_GETTER(nvmlDeviceGetRemappedRows)
+UNSUPPORTED_GETTER(nvmlDeviceGetRetiredPagesPendingStatus)
+UNSUPPORTED_GETTER(nvmlDeviceGetInforomImageVersion)
+UNSUPPORTED_GETTER(nvmlDeviceGetNumaNodeId)
+UNSUPPORTED_GETTER(nvmlDeviceGetModuleId)
+
+API nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t device, int *major, int *minor) {
+    DEV(MISC);
+    NONNULL(major);
+    NONNULL(minor);
+    *major = (int)G->cc_major;
+    *minor = (int)G->cc_minor;
+    return NVML_SUCCESS;
+}
+
+API nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned int *cur_, unsigned int *pend) {
+    DEV(MIG);
+    (void)G;
+    (void)cur_;
+    (void)pend;
+    return NVML_ERROR_NOT_SUPPORTED;
+}
+
+API nvmlReturn_t nvmlDeviceGetEccMode(nvmlDevice_t device, int *cur_, int *pend) {
+    DEV(ECC);
+    (void)G;
+    (void)cur_;
+    (void)pend;
+    return NVML_ERROR_NOT_SUPPORTED;
+}
+
+API nvmlReturn_t nvmlDeviceGetTotalEccErrors(nvmlDevice_t device, int errType, int counterType,
+                                             unsigned long long *count) {
+    DEV(ECC);
+    (void)G;
+    (void)errType;
+    (void)counterType;
+    (void)count;
+    return NVML_ERROR_NOT_SUPPORTED;
+}
+
+API nvmlReturn_t nvmlGpmQueryDeviceSupport(nvmlDevice_t device, nvmlGpmSupport_t *support) {
+    DEV(GPM);
+    (void)G;
+    NONNULL(support);
+    if (support->version != 1) return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    support->isSupportedDevice = 0;
+    return NVML_SUCCESS;
+}
+
+/* ------------------------------------------------------------------ utilisation & samples */
+API nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvmlUtilization_t *util) {
+    DEV(UTILIZATION);
+    NONNULL(util);
+    double f = frac_last_1s(S, G, mono_now());
+    util->gpu = clamp_pct(util_of(G, f));
+    util->memory = clamp_pct(f * G->mem_busy_pct);
+    return NVML_SUCCESS;
+}
+
+API nvmlReturn_t nvmlDeviceGetEncoderUtilization(nvmlDevice_t device, unsigned int *u,
+                                                 unsigned int *period) {
+    DEV(UTILIZATION);
+    (void)G;
+    NONNULL(u);
+    NONNULL(period);
+    *u = 0;
+    *period = 167000;
+    return NVML_SUCCESS;
+}
+
+API nvmlReturn_t nvmlDeviceGetDecoderUtilization(nvmlDevice_t device, unsigned int *u,
+                                                 unsigned int *period) {
+    return nvmlDeviceGetEncoderUtilization(device, u, period);
+}
+
+/* Value of one driver sample of `type` over the mono window [t0, t1]. */
+static int sample_value(const scn_t *s, const gpu_t *g, int type, long long k, double t0,
+                        double t1, unsigned int *value) {
+    double frac = busy_between(s, g, t0, t1) / (t1 - t0);
+    if (frac < 0) frac = 0;
+    if (frac > 1) frac = 1;
+    if (g->idle_no_samples && frac <= 1e-9) return 0;
+    int gi = (int)(g - s->gpus);
+    switch (type) {
+    case 0: /* NVML_TOTAL_POWER_SAMPLES, mW */
+    case 7: /* NVML_MODULE_POWER_SAMPLES */
+        *value = (unsigned int)lround(power_w(g, frac) * 1000.0);
+        return 1;
+    case 1: {
+        double v = util_of(g, frac) + g->noise_pct * noise_unit(k, gi, type);
+        *value = clamp_pct(v);
+        return 1;
+    }
+    case 2: {
+        double v = frac * g->mem_busy_pct + g->noise_pct * noise_unit(k, gi, type);
+        *value = clamp_pct(v);
+        return 1;
+    }
+    case 3: case 4: case 8: case 9:
+        *value = 0;
+        return 1;
+    case 5: {
+        double idle = g->sm_clock_idle_mhz ? g->sm_clock_idle_mhz : g->sm_clock_mhz;
+        *value = (unsigned int)lround(idle + frac * (g->sm_clock_mhz - idle));
+        return 1;
+    }
+    case 6:
+        *value = g->mem_clock_mhz;
+        return 1;
+    default:
+        return -1;
+    }
+}
+
+API nvmlReturn_t nvmlDeviceGetSamples(nvmlDevice_t device, int type,
+                                      unsigned long long lastSeenTimeStamp, int *valType,
+                                      unsigned int *sampleCount, nvmlSample_t *samples) {
+    DEV(SAMPLES);
+    NONNULL(valType);
+    NONNULL(sampleCount);
+    if (!G->samples_supported) return NVML_ERROR_NOT_SUPPORTED;
+    if (type < 0 || type > 9) return NVML_ERROR_INVALID_ARGUMENT;
+    long long sp = llround(G->sample_period_s * 1e6);
+    if (sp < 1000) sp = 1000;
+    long long now_ts = ts_now_us(S->ts_clock);
+    double now_m = mono_now();
+    long long off_us = now_ts - llround(now_m * 1e6); /* ts clock minus monotonic */
+    long long kmax = now_ts / sp;
+    long long kmin = kmax - (G->buffer_len > 0 ? G->buffer_len : 1) + 1;
+    if (kmin < 1) kmin = 1;
+    long long kstart = (long long)(lastSeenTimeStamp / (unsigned long long)sp) + 1;
+    if (kstart > kmin) kmin = kstart;
+    unsigned int cap = samples ? *sampleCount : 0;
+    unsigned int n = 0;
+    for (long long k = kmin; k <= kmax; k++) {
+        long long ts = k * sp;
+        if ((unsigned long long)ts <= lastSeenTimeStamp) continue;
+        double t1 = (double)(ts - off_us) * 1e-6;
+        unsigned int v = 0;
+        int r = sample_value(S, G, type, k, t1 - (double)sp * 1e-6, t1, &v);
+        if (r < 0) return NVML_ERROR_NOT_SUPPORTED;
+        if (r == 0) continue;
+        if (samples) {
+            if (n >= cap) break;
+            samples[n].timeStamp = (unsigned long long)ts;
+            samples[n].sampleValue.ullVal = 0;
+            samples[n].sampleValue.uiVal = v;
+        }
+        n++;
+    }
+    *valType = 1; /* NVML_VALUE_TYPE_UNSIGNED_INT */
+    *sampleCount = n;
+    return n ? NVML_SUCCESS : NVML_ERROR_NOT_FOUND;
+}
+
+/* ------------------------------------------------------------------ memory */
+API nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *mem) {
+    DEV(MEMORY);
+    NONNULL(mem);
+    unsigned long long used = G->mem_used > G->mem_total ? G->mem_total : G->mem_used;
+    mem->total = G->mem_total;
+    mem->used = used;
+    mem->free = G->mem_total - used;
+    return NVML_SUCCESS;
+}
+
+API nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *mem) {
+    DEV(MEMORY);
+    NONNULL(mem);
+    if (mem->version != NVML_STRUCT_VERSION(nvmlMemory_v2_t, 2U))
+        return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    unsigned long long used = G->mem_used > G->mem_total ? G->mem_total : G->mem_used;
+    unsigned long long res = G->mem_reserved > used ? used : G->mem_reserved;
+    mem->total = G->mem_total;
+    mem->reserved = res;
+    mem->used = used - res;
+    mem->free = G->mem_total - used;
+    return NVML_SUCCESS;
+}
+
+API nvmlReturn_t nvmlDeviceGetBAR1MemoryInfo(nvmlDevice_t device, nvmlBAR1Memory_t *bar1) {
+    DEV(MEMORY);
+    NONNULL(bar1);
+    bar1->bar1Total = 128ULL << 30;
+    bar1->bar1Used = 2ULL << 20;
+    bar1->bar1Free = bar1->bar1Total - bar1->bar1Used;
+    (void)G;
+    return NVML_SUCCESS;
+}
+
+/* ------------------------------------------------------------------ power, energy */
+API nvmlReturn_t nvmlDeviceGetPowerUsage(nvmlDevice_t device, unsigned int *mw) {
+    DEV(POWER);
+    NONNULL(mw);
+    *mw = (unsigned int)lround(power_w(G, frac_last_1s(S, G, mono_now())) * 1000.0);
+    return NVML_SUCCESS;
+}
+
+API nvmlReturn_t nvmlDeviceGetPowerManagementLimitConstraints(nvmlDevice_t device,
+                                                              unsigned int *minLimit,
+                                                              unsigned int *maxLimit) {
+    DEV(POWER_LIMIT);
+    NONNULL(minLimit);
+    NONNULL(maxLimit);
+    *minLimit = (unsigned int)lround(G->power_min_limit_w * 1000);
+    *maxLimit = (unsigned int)lround(G->power_limit_w * 1000);
+    return NVML_SUCCESS;
+}
+
+/* mJ since the first nvmlInit of this process, integrating the current pattern. */
+static unsigned long long energy_mj(const scn_t *s, const gpu_t *g) {
+    int i = (int)(g - s->gpus);
+    double now = mono_now();
+    pthread_mutex_lock(&g_energy_lock);
+    if (!g_energy[i].started) {
+        g_energy[i].started = 1;
+        g_energy[i].t_last = g_lib_t0 >= 0 ? g_lib_t0 : now;
+        g_energy[i].mj = 0;
+    }
+    double t0 = g_energy[i].t_last;
+    if (now > t0) {
+        double busy = busy_between(s, g, t0, now);
+        g_energy[i].mj +=
+            1000.0 * (g->power_idle_w * (now - t0) + (g->power_busy_w - g->power_idle_w) * busy);
+        g_energy[i].t_last = now;
+    }
+    double mj = g_energy[i].mj;
+    pthread_mutex_unlock(&g_energy_lock);
+    return (unsigned long long)llround(mj);
+}
+
+API nvmlReturn_t nvmlDeviceGetTotalEnergyConsumption(nvmlDevice_t device,
+                                                     unsigned long long *energy) {
+    DEV(ENERGY);
+    NONNULL(energy);
+    *energy = energy_mj(S, G);
+    return NVML_SUCCESS;
+}
+
+/* ------------------------------------------------------------------ clocks */
+static unsigned int sm_clock_now(const scn_t *s, const gpu_t *g) {
+    if (!g->sm_clock_idle_mhz || busy_at(s, g, mono_now())) return g->sm_clock_mhz;
+    return g->sm_clock_idle_mhz;
+}
+
+static nvmlReturn_t clock_value(const scn_t *s, const gpu_t *g, int type, int maxv,
+                                unsigned int *mhz) {
+    NONNULL(mhz);
+    switch (type) {
+    case 0: case 1: *mhz = maxv ? g->sm_clock_max_mhz : sm_clock_now(s, g); break;
+    case 2: *mhz = g->mem_clock_mhz; break;
+    case 3: *mhz = maxv ? 1980 : 1755; break;
+    default: return NVML_ERROR_INVALID_ARGUMENT;
+    }
+    return NVML_SUCCESS;
+}
+
+API nvmlReturn_t nvmlDeviceGetClockInfo(nvmlDevice_t device, int type, unsigned int *clock) {
+    DEV(CLOCKS);
+    return clock_value(S, G, type, 0, clock);
+}
+
+API nvmlReturn_t nvmlDeviceGetMaxClockInfo(nvmlDevice_t device, int type, unsigned int *clock) {
+    DEV(CLOCKS);
+    return clock_value(S, G, type, 1, clock);
+}
+
+API nvmlReturn_t nvmlDeviceGetApplicationsClock(nvmlDevice_t device, int type,
+                                                unsigned int *clock) {
+    DEV(CLOCKS);
+    return clock_value(S, G, type, 1, clock);
+}
+
+API nvmlReturn_t nvmlDeviceGetDefaultApplicationsClock(nvmlDevice_t device, int type,
+                                                       unsigned int *clock) {
+    DEV(CLOCKS);
+    return clock_value(S, G, type, 1, clock);
+}
+
+API nvmlReturn_t nvmlDeviceGetMaxCustomerBoostClock(nvmlDevice_t device, int type,
+                                                    unsigned int *clock) {
+    DEV(CLOCKS);
+    return clock_value(S, G, type, 1, clock);
+}
+
+API nvmlReturn_t nvmlDeviceGetClock(nvmlDevice_t device, int type, int id, unsigned int *clock) {
+    DEV(CLOCKS);
+    return clock_value(S, G, type, id != 0, clock);
+}
+
+API nvmlReturn_t nvmlDeviceGetCurrentClocksEventReasons(nvmlDevice_t device,
+                                                        unsigned long long *reasons) {
+    DEV(CLOCK_REASONS);
+    NONNULL(reasons);
+    *reasons = G->clock_reasons | (busy_at(S, G, mono_now()) ? 0ULL : 0x1ULL);
+    return NVML_SUCCESS;
+}
+
+API nvmlReturn_t nvmlDeviceGetCurrentClocksThrottleReasons(nvmlDevice_t device,
+                                                           unsigned long long *reasons) {
+    return nvmlDeviceGetCurrentClocksEventReasons(device, reasons);
+}
+
+API nvmlReturn_t nvmlDeviceGetSupportedClocksEventReasons(nvmlDevice_t device,
+                                                          unsigned long long *reasons) {
+    DEV(CLOCK_REASONS);
+    (void)G;
+    NONNULL(reasons);
+    *reasons = 0x1FFULL;
+    return NVML_SUCCESS;
+}
+
+API nvmlReturn_t nvmlDeviceGetSupportedClocksThrottleReasons(nvmlDevice_t device,
+                                                             unsigned long long *reasons) {
+    return nvmlDeviceGetSupportedClocksEventReasons(device, reasons);
+}
+
+/* ------------------------------------------------------------------ pcie, thermal, fan, pstate */
+API nvmlReturn_t nvmlDeviceGetPcieThroughput(nvmlDevice_t device, int counter,
+                                             unsigned int *value) {
+    DEV(PCIE);
+    NONNULL(value);
+    if (counter == 0) *value = G->pcie_tx_kbps;
+    else if (counter == 1) *value = G->pcie_rx_kbps;
+    else return NVML_ERROR_INVALID_ARGUMENT;
+    return NVML_SUCCESS;
+}
+
+API nvmlReturn_t nvmlDeviceGetTemperature(nvmlDevice_t device, int sensor, unsigned int *temp) {
+    DEV(TEMPERATURE);
+    NONNULL(temp);
+    if (sensor != 0) return NVML_ERROR_INVALID_ARGUMENT;
+    *temp = (unsigned int)G->temperature_c;
+    return NVML_SUCCESS;
+}
+
+API nvmlReturn_t nvmlDeviceGetTemperatureV(nvmlDevice_t device, nvmlTemperature_t *temp) {
+    DEV(TEMPERATURE);
+    NONNULL(temp);
+    if (temp->version != NVML_STRUCT_VERSION(nvmlTemperature_t, 1U))
+        return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    if (temp->sensorType != 0) return NVML_ERROR_INVALID_ARGUMENT;
+    temp->temperature = G->temperature_c;
+    return NVML_SUCCESS;
+}
+
+API nvmlReturn_t nvmlDeviceGetTemperatureThreshold(nvmlDevice_t device, int which,
+                                                   unsigned int *temp) {
+    DEV(TEMPERATURE);
+    (void)G;
+    NONNULL(temp);
+    static const unsigned int th[] = {92, 89, 95, 87};
+    if (which < 0 || which > 3) return NVML_ERROR_NOT_SUPPORTED;
+    *temp = th[which];
+    return NVML_SUCCESS;
+}
+
+API nvmlReturn_t nvmlDeviceGetNumFans(nvmlDevice_t device, unsigned int *n) {
+    DEV(FAN);
+    (void)G;
+    NONNULL(n);
+    *n = 1;
+    return NVML_SUCCESS;
+}
+
+API nvmlReturn_t nvmlDeviceGetFanSpeed(nvmlDevice_t device, unsigned int *speed) {
+    DEV(FAN);
+    NONNULL(speed);
+    *speed = G->fan_pct;
+    return NVML_SUCCESS;
+}
+
+API nvmlReturn_t nvmlDeviceGetFanSpeed_v2(nvmlDevice_t device, unsigned int fan,
+                                          unsigned int *speed) {
+    if (fan != 0 && g_inited_check()) return NVML_ERROR_INVALID_ARGUMENT;
+    return nvmlDeviceGetFanSpeed(device, speed);
+}
+
+API nvmlReturn_t nvmlDeviceGetTargetFanSpeed(nvmlDevice_t device, unsigned int fan,
+                                             unsigned int *speed) {
+    return nvmlDeviceGetFanSpeed_v2(device, fan, speed);
+}
+
+static unsigned int pstate_now(const scn_t *s, const gpu_t *g) {
+    return frac_last_1s(s, g, mono_now()) > 0 ? 0U : g->pstate_idle;
+}
+
+UINT_GETTER(nvmlDeviceGetPerformanceState, PSTATE, pstate_now(S, G))
+UINT_GETTER(nvmlDeviceGetPowerState, PSTATE, pstate_now(S, G))
+
+/* ------------------------------------------------------------------ processes */
+static nvmlReturn_t procs_size_query(unsigned int n, unsigned int *count, int have_buf) {
+    if (!have_buf || *count < n) {
+        *count = n;
+        return n == 0 ? NVML_SUCCESS : NVML_ERROR_INSUFFICIENT_SIZE;
+    }
+    return (nvmlReturn_t)-1; /* go on and fill */
+}
+
+API nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device,
+                                                         unsigned int *count,
+                                                         nvmlProcessInfo_t *infos) {
+    DEV(PROCESSES);
+    NONNULL(count);
+    unsigned int n = (unsigned int)G->nproc;
+    nvmlReturn_t r = procs_size_query(n, count, infos != NULL);
+    if (r != (nvmlReturn_t)-1) return r;
+    for (unsigned int i = 0; i < n; i++) {
+        infos[i].pid = G->procs[i].pid;
+        infos[i].usedGpuMemory = G->procs[i].mem;
+        infos[i].gpuInstanceId = 0xFFFFFFFFU;
+        infos[i].computeInstanceId = 0xFFFFFFFFU;
+    }
+    *count = n;
+    return NVML_SUCCESS;
+}
+
+API nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t device,
+                                                         unsigned int *count,
+                                                         nvmlProcessInfo_t *infos) {
+    return nvmlDeviceGetComputeRunningProcesses_v3(device, count, infos);
+}
+
+API nvmlReturn_t nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t device, unsigned int *count,
+                                                      nvmlProcessInfo_v1_t *infos) {
+    DEV(PROCESSES);
+    NONNULL(count);
+    unsigned int n = (unsigned int)G->nproc;
+    nvmlReturn_t r = procs_size_query(n, count, infos != NULL);
+    if (r != (nvmlReturn_t)-1) return r;
+    for (unsigned int i = 0; i < n; i++) {
+        infos[i].pid = G->procs[i].pid;
+        infos[i].usedGpuMemory = G->procs[i].mem;
+    }
+    *count = n;
+    return NVML_SUCCESS;
+}
+
+/* Graphics and MPS process lists: always empty on these compute GPUs. */
+#define EMPTY_PROCS(fn)                                                               \
+    API nvmlReturn_t fn(nvmlDevice_t device, unsigned int *count, void *infos) {      \
+        DEV(PROCESSES);                                                               \
+        (void)G;                                                                      \
+        (void)infos;                                                                  \
+        NONNULL(count);                                                               \
+        *count = 0;                                                                   \
+        return NVML_SUCCESS;                                                          \
+    }
+EMPTY_PROCS(nvmlDeviceGetGraphicsRunningProcesses_v3)
+EMPTY_PROCS(nvmlDeviceGetGraphicsRunningProcesses_v2)
+EMPTY_PROCS(nvmlDeviceGetGraphicsRunningProcesses)
+EMPTY_PROCS(nvmlDeviceGetMPSComputeRunningProcesses_v3)
+EMPTY_PROCS(nvmlDeviceGetMPSComputeRunningProcesses_v2)
+EMPTY_PROCS(nvmlDeviceGetMPSComputeRunningProcesses)
+
+/* Timestamp of the newest driver sample: per-process samples carry it. */
+static unsigned long long last_sample_ts(const scn_t *s, const gpu_t *g) {
+    long long sp = llround(g->sample_period_s * 1e6);
+    if (sp < 1000) sp = 1000;
+    return (unsigned long long)((ts_now_us(s->ts_clock) / sp) * sp);
+}
+
+static unsigned int proc_sm(const scn_t *s, const gpu_t *g, const proc_t *p) {
+    if (p->sm >= 0) return (unsigned int)p->sm;
+    return clamp_pct(util_of(g, frac_last_1s(s, g, mono_now())));
+}
+
+API nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device,
+                                                 nvmlProcessUtilizationSample_t *utilization,
+                                                 unsigned int *count,
+                                                 unsigned long long lastSeenTimeStamp) {
+    DEV(PROCESS_UTILIZATION);
+    NONNULL(count);
+    unsigned long long ts = last_sample_ts(S, G);
+    unsigned int n = ts > lastSeenTimeStamp ? (unsigned int)G->nproc : 0U;
+    if (n == 0) {
+        *count = 0;
+        return NVML_ERROR_NOT_FOUND;
+    }
+    if (!utilization || *count < n) {
+        *count = n;
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    }
+    for (unsigned int i = 0; i < n; i++) {
+        const proc_t *p = &G->procs[i];
+        memset(&utilization[i], 0, sizeof utilization[i]);
+        utilization[i].pid = p->pid;
+        utilization[i].timeStamp = ts;
+        utilization[i].smUtil = proc_sm(S, G, p);
+        utilization[i].memUtil = (unsigned int)p->memutil;
+    }
+    *count = n;
+    return NVML_SUCCESS;
+}
+
+API nvmlReturn_t nvmlDeviceGetProcessesUtilizationInfo(nvmlDevice_t device,
+                                                       nvmlProcessesUtilizationInfo_t *info) {
+    DEV(PROCESS_UTILIZATION);
+    NONNULL(info);
+    if (info->version != NVML_STRUCT_VERSION(nvmlProcessesUtilizationInfo_t, 1U))
+        return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    unsigned long long ts = last_sample_ts(S, G);
+    unsigned int n = ts > info->lastSeenTimeStamp ? (unsigned int)G->nproc : 0U;
+    if (n == 0) {
+        info->processSamplesCount = 0;
+        return NVML_ERROR_NOT_FOUND;
+    }
+    if (!info->procUtilArray || info->processSamplesCount < n) {
+        info->processSamplesCount = n;
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    }
+    for (unsigned int i = 0; i < n; i++) {
+        const proc_t *p = &G->procs[i];
+        nvmlProcessUtilizationInfo_v1_t *o = &info->procUtilArray[i];
+        memset(o, 0, sizeof *o);
+        o->pid = p->pid;
+        o->timeStamp = ts;
+        o->smUtil = proc_sm(S, G, p);
+        o->memUtil = (unsigned int)p->memutil;
+    }
+    info->processSamplesCount = n;
+    return NVML_SUCCESS;
+}
+
+/* ------------------------------------------------------------------ field values */
+API nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t device, int valuesCount,
+                                          nvmlFieldValue_t *values) {
+    DEV(FIELD_VALUES);
+    NONNULL(values);
+    if (valuesCount < 0) return NVML_ERROR_INVALID_ARGUMENT;
+    double now = mono_now();
+    long long wall = clock_us(CLOCK_REALTIME);
+    double since = g_lib_t0 >= 0 ? now - g_lib_t0 : 0.0;
+    for (int i = 0; i < valuesCount; i++) {
+        nvmlFieldValue_t *v = &values[i];
+        v->timestamp = wall;
+        v->latencyUsec = 0;
+        v->value.ullVal = 0;
+        v->nvmlReturn = NVML_SUCCESS;
+        switch (v->fieldId) {
+        case 185: /* NVML_FI_DEV_POWER_AVERAGE */
+            v->valueType = 1;
+            v->value.uiVal = (unsigned int)lround(power_w(G, frac_last_1s(S, G, now)) * 1000);
+            break;
+        case 186: /* NVML_FI_DEV_POWER_INSTANT */
+            v->valueType = 1;
+            v->value.uiVal = (unsigned int)lround(power_w(G, busy_at(S, G, now)) * 1000);
+            break;
+        case 83: /* NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION */
+            v->valueType = 3;
+            v->value.ullVal = energy_mj(S, G);
+            break;
+        case 197: /* NVML_FI_DEV_PCIE_COUNT_TX_BYTES */
+            v->valueType = 3;
+            v->value.ullVal = (unsigned long long)(G->pcie_tx_kbps * 1024.0 * since);
+            break;
+        case 198: /* NVML_FI_DEV_PCIE_COUNT_RX_BYTES */
+            v->valueType = 3;
+            v->value.ullVal = (unsigned long long)(G->pcie_rx_kbps * 1024.0 * since);
+            break;
+        default:
+            v->nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
+        }
+    }
+    return NVML_SUCCESS;
+}
+
+/* ------------------------------------------------------------------ test hooks */
+/* sizeof of the structs filled here, so tests can compare with pynvml's ctypes layouts. */
+API int fakenvml_sizeof(const char *name) {
+    static const struct {
+        const char *n;
+        int sz;
+    } t[] = {
+        {"nvmlSample_t", sizeof(nvmlSample_t)},
+        {"nvmlValue_t", sizeof(nvmlValue_t)},
+        {"nvmlMemory_t", sizeof(nvmlMemory_t)},
+        {"nvmlMemory_v2_t", sizeof(nvmlMemory_v2_t)},
+        {"nvmlPciInfo_t", sizeof(nvmlPciInfo_t)},
+        {"nvmlProcessInfo_v1_t", sizeof(nvmlProcessInfo_v1_t)},
+        {"nvmlProcessInfo_t", sizeof(nvmlProcessInfo_t)},
+        {"nvmlProcessUtilizationSample_t", sizeof(nvmlProcessUtilizationSample_t)},
+        {"nvmlProcessUtilizationInfo_v1_t", sizeof(nvmlProcessUtilizationInfo_v1_t)},
+        {"nvmlProcessesUtilizationInfo_t", sizeof(nvmlProcessesUtilizationInfo_t)},
+        {"nvmlUtilization_t", sizeof(nvmlUtilization_t)},
+        {"nvmlFieldValue_t", sizeof(nvmlFieldValue_t)},
+        {"nvmlTemperature_t", sizeof(nvmlTemperature_t)},
+        {"nvmlBAR1Memory_t", sizeof(nvmlBAR1Memory_t)},
+        {"nvmlGpmSupport_t", sizeof(nvmlGpmSupport_t)},
+        {"nvmlFanSpeedInfo_t", sizeof(nvmlFanSpeedInfo_t)},
+    };
+    if (!name) return -1;
+    for (size_t i = 0; i < sizeof t / sizeof t[0]; i++)
+        if (strcmp(t[i].n, name) == 0) return t[i].sz;
+    return -1;
+}
+
+/* Re-read the scenario now (instead of within ~10 ms); returns the load generation. */
+API long long fakenvml_reload(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+    maybe_reload((long long)ts.tv_sec * 1000000000LL + ts.tv_nsec, 1);
+    return atomic_load(&g_generation);
+}
+
+/* How many times a scenario has been (re)loaded in this process. */
+API long long fakenvml_generation(void) { return atomic_load(&g_generation); }

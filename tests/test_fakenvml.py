@@ -1,0 +1,569 @@
+"""Tests of the fake NVML library itself, driven through the real pynvml bindings."""
+
+from __future__ import annotations
+
+import ctypes
+import itertools
+import json
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import pynvml
+import pytest
+
+try:
+    from fakenvml import CALL_NAMES, FakeGPU, GiB, Pattern, Process, Scenario
+except ImportError:  # tests/ became a package
+    from tests.fakenvml import (  # type: ignore[no-redef]
+        CALL_NAMES,
+        FakeGPU,
+        GiB,
+        Pattern,
+        Process,
+        Scenario,
+    )
+
+NVML_SUCCESS = 0
+NVML_ERROR_INSUFFICIENT_SIZE = 7
+NVML_ERROR_ARGUMENT_VERSION_MISMATCH = 25
+
+
+class ProcessInfoV1(ctypes.Structure):
+    """nvml.h's original nvmlProcessInfo_t (the unversioned symbol); pynvml no longer has it."""
+
+    _fields_ = [("pid", ctypes.c_uint), ("usedGpuMemory", ctypes.c_ulonglong)]
+
+
+def _init(fake_nvml, scenario: Scenario) -> ctypes.CDLL:
+    fake_nvml.set(scenario, settle=0)
+    lib = fake_nvml.load()
+    pynvml.nvmlInit()
+    return lib
+
+
+def _run_child(code: str, env: dict[str, str]) -> dict:
+    """Run ``code`` in a fresh interpreter (LD_LIBRARY_PATH must be set at start); its JSON."""
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+# --------------------------------------------------------------------------- layouts
+@pytest.mark.parametrize(
+    ("c_name", "py_struct", "expected"),
+    [
+        ("nvmlSample_t", pynvml.c_nvmlSample_t, 16),
+        ("nvmlValue_t", pynvml.c_nvmlValue_t, 8),
+        ("nvmlMemory_t", pynvml.c_nvmlMemory_t, 24),
+        ("nvmlMemory_v2_t", pynvml.c_nvmlMemory_v2_t, 40),
+        ("nvmlPciInfo_t", pynvml.nvmlPciInfo_t, 68),
+        ("nvmlProcessInfo_t", pynvml.c_nvmlProcessInfo_v3_t, 24),
+        ("nvmlProcessInfo_t", pynvml.c_nvmlProcessInfo_v2_t, 24),
+        ("nvmlProcessInfo_v1_t", ProcessInfoV1, 16),
+        ("nvmlProcessUtilizationSample_t", pynvml.c_nvmlProcessUtilizationSample_t, 32),
+        ("nvmlProcessUtilizationInfo_v1_t", pynvml.c_nvmlProcessUtilizationInfo_v1_t, 40),
+        ("nvmlProcessesUtilizationInfo_t", pynvml.c_nvmlProcessesUtilizationInfo_v1_t, 24),
+        ("nvmlUtilization_t", pynvml.c_nvmlUtilization_t, 8),
+        ("nvmlFieldValue_t", pynvml.c_nvmlFieldValue_t, 40),
+        ("nvmlTemperature_t", pynvml.c_nvmlTemperature_v1_t, 12),
+        ("nvmlBAR1Memory_t", pynvml.c_nvmlBAR1Memory_t, 24),
+        ("nvmlGpmSupport_t", pynvml.c_nvmlGpmSupport_t, 8),
+    ],
+)
+def test_struct_sizes_match_pynvml(fake_nvml_lib, c_name, py_struct, expected):
+    lib = ctypes.CDLL(str(fake_nvml_lib))
+    lib.fakenvml_sizeof.argtypes = [ctypes.c_char_p]
+    assert lib.fakenvml_sizeof(c_name.encode()) == expected
+    assert ctypes.sizeof(py_struct) == expected
+
+
+def test_versioned_struct_constants_match_pynvml():
+    assert pynvml.nvmlMemory_v2 == ctypes.sizeof(pynvml.c_nvmlMemory_v2_t) | 2 << 24
+    info = pynvml.c_nvmlProcessesUtilizationInfo_v1_t
+    assert pynvml.ProcessesUtilizationInfo_v1 == ctypes.sizeof(info) | 1 << 24
+    assert pynvml.nvmlTemperature_v1 == ctypes.sizeof(pynvml.c_nvmlTemperature_v1_t) | 1 << 24
+
+
+# --------------------------------------------------------------------------- values
+def test_identity_and_static_values(fake_nvml):
+    scn = Scenario(
+        gpus=[
+            FakeGPU(name="NVIDIA A100-SXM4-40GB", mem_total=40 * GiB, mem_used=3 * GiB,
+                    power_limit_w=400, temperature_c=55, pcie_rx_kbps=1234, pcie_tx_kbps=567,
+                    sm_clock_mhz=1410, fan_pct=0),
+            FakeGPU(uuid="GPU-12345678-abcd-ef01-2345-6789abcdef01", bus_id="00000000:9A:00.0"),
+        ],
+        driver_version="535.104.05",
+        cuda_version=12020,
+    )  # fmt: skip
+    _init(fake_nvml, scn)
+    assert pynvml.nvmlSystemGetDriverVersion() == "535.104.05"
+    assert pynvml.nvmlSystemGetCudaDriverVersion() == 12020
+    assert pynvml.nvmlSystemGetCudaDriverVersion_v2() == 12020
+    assert pynvml.nvmlSystemGetNVMLVersion() == "12.550.54.15"
+    assert pynvml.nvmlDeviceGetCount() == 2
+
+    h0 = pynvml.nvmlDeviceGetHandleByIndex(0)
+    h1 = pynvml.nvmlDeviceGetHandleByIndex(1)
+    assert pynvml.nvmlDeviceGetName(h0) == "NVIDIA A100-SXM4-40GB"
+    assert pynvml.nvmlDeviceGetIndex(h1) == 1
+    uuid1 = pynvml.nvmlDeviceGetUUID(h1)
+    assert uuid1 == "GPU-12345678-abcd-ef01-2345-6789abcdef01"
+    assert pynvml.nvmlDeviceGetUUID(h0) != uuid1
+    assert pynvml.nvmlDeviceGetUUID(h0).startswith("GPU-")
+    pci = pynvml.nvmlDeviceGetPciInfo(h1)
+    assert (pci.busId, pci.bus, pci.domain) == ("00000000:9A:00.0", 0x9A, 0)
+    assert pci.busIdLegacy == "0000:9A:00.0"
+    by_uuid = pynvml.nvmlDeviceGetHandleByUUID(uuid1)
+    assert pynvml.nvmlDeviceGetIndex(by_uuid) == 1
+    by_bus = pynvml.nvmlDeviceGetHandleByPciBusId("00000000:9a:00.0")
+    assert pynvml.nvmlDeviceGetIndex(by_bus) == 1
+    with pytest.raises(pynvml.NVMLError_NotFound):
+        pynvml.nvmlDeviceGetHandleByUUID("GPU-nope")
+    with pytest.raises(pynvml.NVMLError_InvalidArgument):
+        pynvml.nvmlDeviceGetHandleByIndex(2)
+
+    mem = pynvml.nvmlDeviceGetMemoryInfo(h0)
+    assert (mem.total, mem.used, mem.free) == (40 * GiB, 3 * GiB, 37 * GiB)
+    mem2 = pynvml.nvmlDeviceGetMemoryInfo(h0, version=pynvml.nvmlMemory_v2)
+    assert mem2.reserved == 512 * 2**20
+    assert mem2.used + mem2.reserved == 3 * GiB
+    assert mem2.total == mem2.used + mem2.reserved + mem2.free
+    assert pynvml.nvmlDeviceGetEnforcedPowerLimit(h0) == 400_000
+    assert pynvml.nvmlDeviceGetPowerManagementLimit(h0) == 400_000
+    assert pynvml.nvmlDeviceGetTemperature(h0, pynvml.NVML_TEMPERATURE_GPU) == 55
+    assert pynvml.nvmlDeviceGetTemperatureV(h0, pynvml.NVML_TEMPERATURE_GPU) == 55
+    assert pynvml.nvmlDeviceGetPcieThroughput(h0, pynvml.NVML_PCIE_UTIL_RX_BYTES) == 1234
+    assert pynvml.nvmlDeviceGetPcieThroughput(h0, pynvml.NVML_PCIE_UTIL_TX_BYTES) == 567
+    assert pynvml.nvmlDeviceGetClockInfo(h0, pynvml.NVML_CLOCK_SM) == 1410
+    assert pynvml.nvmlDeviceGetMaxClockInfo(h1, pynvml.NVML_CLOCK_SM) == 1980
+    assert pynvml.nvmlDeviceGetFanSpeed(h0) == 0
+    assert pynvml.nvmlDeviceGetPerformanceState(h0) == 0
+    assert pynvml.nvmlDeviceGetPersistenceMode(h0) == 1
+    assert pynvml.nvmlDeviceGetComputeMode(h0) == 0
+    assert pynvml.nvmlDeviceGetDisplayActive(h0) == 0
+    assert pynvml.nvmlDeviceGetBrand(h0) == pynvml.NVML_BRAND_NVIDIA
+    assert pynvml.nvmlDeviceGetMinorNumber(h1) == 1
+    assert pynvml.nvmlDeviceGetSerial(h1) == "165432100001"
+    assert pynvml.nvmlDeviceGetCudaComputeCapability(h0) == (9, 0)
+    with pytest.raises(pynvml.NVMLError_NotSupported):
+        pynvml.nvmlDeviceGetMigMode(h0)
+    assert pynvml.nvmlGpmQueryDeviceSupport(h0).isSupportedDevice == 0
+    assert pynvml.nvmlErrorString(pynvml.NVML_ERROR_GPU_IS_LOST) == "GPU is lost"
+
+
+def test_utilization_power_and_clock_reasons_follow_the_pattern(fake_nvml):
+    now = time.monotonic()
+    scn = Scenario(
+        gpus=[
+            # 5 whole periods in any 1 s window: the 1 s means are exact.
+            FakeGPU(pattern=Pattern.burst(period_s=0.2, duty=0.3)),
+            # A busy-wait stall: 100 % "utilisation" at low power.
+            FakeGPU(pattern=Pattern.steady(100), power_busy_w=120),
+            FakeGPU(pattern=Pattern.off(), clock_reasons=0x4, sm_clock_idle_mhz=345),
+            FakeGPU(pattern=Pattern.steady(95)),
+        ],
+        epoch=now - 10,
+    )
+    _init(fake_nvml, scn)
+    h = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(4)]
+    util0 = pynvml.nvmlDeviceGetUtilizationRates(h[0])
+    assert util0.gpu == 30
+    assert util0.memory == 12  # 0.3 * mem_busy_pct 40
+    assert pynvml.nvmlDeviceGetPowerUsage(h[0]) == 90_000 + 168_000  # idle + 0.3 * (650-90)
+    assert pynvml.nvmlDeviceGetUtilizationRates(h[1]).gpu == 100
+    assert pynvml.nvmlDeviceGetPowerUsage(h[1]) == 120_000
+    assert pynvml.nvmlDeviceGetCurrentClocksEventReasons(h[1]) == 0
+    assert pynvml.nvmlDeviceGetUtilizationRates(h[2]).gpu == 0
+    assert pynvml.nvmlDeviceGetPowerUsage(h[2]) == 90_000
+    assert pynvml.nvmlDeviceGetCurrentClocksEventReasons(h[2]) == 0x4 | 0x1
+    assert pynvml.nvmlDeviceGetCurrentClocksThrottleReasons(h[2]) == 0x5
+    assert pynvml.nvmlDeviceGetClockInfo(h[2], pynvml.NVML_CLOCK_SM) == 345
+    assert pynvml.nvmlDeviceGetUtilizationRates(h[3]).gpu == 95
+
+
+def test_energy_integrates_power(fake_nvml):
+    _init(fake_nvml, Scenario(gpus=[FakeGPU(pattern=Pattern.steady(), power_busy_w=500)]))
+    h = pynvml.nvmlDeviceGetHandleByIndex(0)
+    t0 = time.monotonic()
+    e0 = pynvml.nvmlDeviceGetTotalEnergyConsumption(h)
+    time.sleep(0.3)
+    e1 = pynvml.nvmlDeviceGetTotalEnergyConsumption(h)
+    t1 = time.monotonic()
+    mean_mw = (e1 - e0) / (t1 - t0)
+    assert 500_000 * 0.9 < mean_mw <= 500_000 * 1.01
+    fields = pynvml.nvmlDeviceGetFieldValues(
+        h, [pynvml.NVML_FI_DEV_POWER_INSTANT, pynvml.NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION, 1]
+    )
+    assert fields[0].nvmlReturn == 0
+    assert fields[0].value.uiVal == 500_000
+    assert fields[1].value.ullVal >= e1
+    assert fields[2].nvmlReturn == pynvml.NVML_ERROR_NOT_SUPPORTED
+
+
+# --------------------------------------------------------------------------- driver samples
+def _sample_times_to_monotonic(clock: str) -> float:
+    """Offset to subtract from a sample timestamp (s) to get time.monotonic() seconds."""
+    c = {"realtime": time.CLOCK_REALTIME, "monotonic": time.CLOCK_MONOTONIC,
+         "boottime": time.CLOCK_BOOTTIME}[clock]  # fmt: skip
+    return time.clock_gettime(c) - time.monotonic()
+
+
+@pytest.mark.parametrize("clock", ["realtime", "monotonic", "boottime"])
+def test_burst_samples_integrate_the_pattern(fake_nvml, clock):
+    period = 0.1
+    pattern = Pattern.burst(period_s=0.7, duty=0.4, busy_pct=90, idle_pct=5)
+    epoch = time.monotonic() - 30
+    scn = Scenario(
+        gpus=[FakeGPU(pattern=pattern, sample_period_s=period, buffer_len=50)],
+        timestamp_clock=clock,
+        epoch=epoch,
+    )
+    _init(fake_nvml, scn)
+    h = pynvml.nvmlDeviceGetHandleByIndex(0)
+    offset = _sample_times_to_monotonic(clock)
+    vtype, samples = pynvml.nvmlDeviceGetSamples(h, pynvml.NVML_GPU_UTILIZATION_SAMPLES, 0)
+    now_ts = (time.monotonic() + offset) * 1e6
+    assert vtype == pynvml.NVML_VALUE_TYPE_UNSIGNED_INT
+    assert len(samples) == 50
+    stamps = [s.timeStamp for s in samples]
+    assert all(b - a == 100_000 for a, b in itertools.pairwise(stamps))
+    assert stamps[0] % 100_000 == 0
+    assert 0 <= now_ts - stamps[-1] < 100_000 + 20_000  # the newest sample is recent
+    values = [s.sampleValue.uiVal for s in samples]
+    for ts, value in zip(stamps, values, strict=True):
+        t1 = ts / 1e6 - offset
+        frac = pattern.busy_fraction(t1 - period, t1, epoch)
+        expected = frac * 90 + (1 - frac) * 5
+        assert abs(value - expected) <= 1.5, (ts, value, expected)
+    assert {5, 90} <= set(values)  # whole idle and whole busy periods both occur
+    assert any(5 < v < 90 for v in values)  # and periods straddling an edge
+
+    # Only samples newer than lastSeenTimeStamp come back.
+    _, newer = pynvml.nvmlDeviceGetSamples(h, 1, stamps[-3])
+    assert [s.timeStamp for s in newer][:2] == stamps[-2:]
+    with pytest.raises(pynvml.NVMLError_NotFound):
+        pynvml.nvmlDeviceGetSamples(h, 1, stamps[-1] + 10 * 100_000)
+
+
+def test_sample_noise_is_deterministic_and_bounded(fake_nvml):
+    scn = Scenario(gpus=[FakeGPU(pattern=Pattern.steady(50, noise_pct=10))])
+    _init(fake_nvml, scn)
+    h = pynvml.nvmlDeviceGetHandleByIndex(0)
+    _, a = pynvml.nvmlDeviceGetSamples(h, 1, 0)
+    _, b = pynvml.nvmlDeviceGetSamples(h, 1, a[-5].timeStamp - 1)
+    va = {s.timeStamp: s.sampleValue.uiVal for s in a}
+    assert all(va[s.timeStamp] == s.sampleValue.uiVal for s in b[:5])
+    assert all(40 <= v <= 60 for v in va.values())
+    assert len(set(va.values())) > 5
+
+
+def test_idle_periods_record_no_samples_when_asked(fake_nvml):
+    scn = Scenario(
+        gpus=[
+            FakeGPU(pattern=Pattern.off(), idle_no_samples=True),
+            FakeGPU(pattern=Pattern.off()),
+            FakeGPU(pattern=Pattern.burst(1.0, 0.3), idle_no_samples=True, sample_period_s=0.1),
+            FakeGPU(samples_supported=False),
+        ],
+        epoch=time.monotonic() - 20,
+    )
+    _init(fake_nvml, scn)
+    h = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(4)]
+    with pytest.raises(pynvml.NVMLError_NotFound):
+        pynvml.nvmlDeviceGetSamples(h[0], 1, 0)
+    _, zeros = pynvml.nvmlDeviceGetSamples(h[1], 1, 0)
+    assert len(zeros) == 120
+    assert {s.sampleValue.uiVal for s in zeros} == {0}
+    _, busy = pynvml.nvmlDeviceGetSamples(h[2], 1, 0)
+    assert 0 < len(busy) < 120
+    assert all(s.sampleValue.uiVal > 0 for s in busy)
+    # 3 of every 10 slots are wholly busy, one more straddles the edge: about 40 %.
+    assert 0.3 <= len(busy) / 120 <= 0.5
+    with pytest.raises(pynvml.NVMLError_NotSupported):
+        pynvml.nvmlDeviceGetSamples(h[3], 1, 0)
+
+
+def test_samples_size_query_returns_success_and_count(fake_nvml):
+    lib = _init(fake_nvml, Scenario(gpus=[FakeGPU(buffer_len=30)]))
+    h = pynvml.nvmlDeviceGetHandleByIndex(0)
+    vtype, count = ctypes.c_int(), ctypes.c_uint(0)
+    ret = lib.nvmlDeviceGetSamples(h, 1, ctypes.c_ulonglong(0), ctypes.byref(vtype),
+                                   ctypes.byref(count), None)  # fmt: skip
+    assert ret == NVML_SUCCESS
+    assert count.value == 30
+    # A buffer smaller than the count gets the oldest samples, and the count says how many.
+    buf = (pynvml.c_nvmlSample_t * 4)()
+    count.value = 4
+    ret = lib.nvmlDeviceGetSamples(h, 1, ctypes.c_ulonglong(0), ctypes.byref(vtype),
+                                   ctypes.byref(count), buf)  # fmt: skip
+    assert ret == NVML_SUCCESS
+    assert count.value == 4
+    assert buf[0].timeStamp < buf[3].timeStamp
+
+
+# --------------------------------------------------------------------------- processes
+def test_running_processes_and_size_protocol(fake_nvml):
+    scn = Scenario(
+        gpus=[
+            FakeGPU(processes=[Process(4242, 2 * GiB, sm_util=70, mem_util=20), Process(77, GiB)]),
+            FakeGPU(),
+        ]
+    )
+    lib = _init(fake_nvml, scn)
+    h0, h1 = (pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(2))
+    procs = pynvml.nvmlDeviceGetComputeRunningProcesses(h0)
+    assert [(p.pid, p.usedGpuMemory) for p in procs] == [(4242, 2 * GiB), (77, GiB)]
+    assert [p.pid for p in pynvml.nvmlDeviceGetComputeRunningProcesses_v2(h0)] == [4242, 77]
+    assert pynvml.nvmlDeviceGetComputeRunningProcesses(h1) == []
+    assert pynvml.nvmlDeviceGetGraphicsRunningProcesses(h0) == []
+    mem = pynvml.nvmlDeviceGetMemoryInfo(h0)
+    assert mem.used == 3 * GiB + 512 * 2**20  # reserved + the processes
+
+    count = ctypes.c_uint(1)
+    buf = (pynvml.c_nvmlProcessInfo_v3_t * 1)()
+    ret = lib.nvmlDeviceGetComputeRunningProcesses_v3(h0, ctypes.byref(count), buf)
+    assert (ret, count.value) == (NVML_ERROR_INSUFFICIENT_SIZE, 2)
+    # The unversioned C symbol fills the original 16-byte struct.
+    count = ctypes.c_uint(2)
+    v1 = (ProcessInfoV1 * 2)()
+    assert lib.nvmlDeviceGetComputeRunningProcesses(h0, ctypes.byref(count), v1) == 0
+    assert (v1[1].pid, v1[1].usedGpuMemory) == (77, GiB)
+
+    # Process utilisation: the NULL size query must answer INSUFFICIENT_SIZE.
+    count = ctypes.c_uint(0)
+    ret = lib.nvmlDeviceGetProcessUtilization(h0, None, ctypes.byref(count), ctypes.c_ulonglong(0))
+    assert (ret, count.value) == (NVML_ERROR_INSUFFICIENT_SIZE, 2)
+    samples = pynvml.nvmlDeviceGetProcessUtilization(h0, 0)
+    assert [(s.pid, s.smUtil, s.memUtil) for s in samples] == [(4242, 70, 20), (77, 100, 0)]
+    with pytest.raises(pynvml.NVMLError_NotFound):
+        pynvml.nvmlDeviceGetProcessUtilization(h0, samples[0].timeStamp)
+    with pytest.raises(pynvml.NVMLError_NotFound):
+        pynvml.nvmlDeviceGetProcessUtilization(h1, 0)
+    infos = pynvml.nvmlDeviceGetProcessesUtilizationInfo(h0, 0)
+    assert [(i.pid, i.smUtil) for i in infos] == [(4242, 70), (77, 100)]
+    assert infos[0].timeStamp == samples[0].timeStamp or infos[0].timeStamp > 0
+
+
+# --------------------------------------------------------------------------- versions, errors
+def test_version_mismatch_is_reported(fake_nvml):
+    lib = _init(fake_nvml, Scenario())
+    h = pynvml.nvmlDeviceGetHandleByIndex(0)
+    with pytest.raises(pynvml.NVMLError_ArgumentVersionMismatch):
+        pynvml.nvmlDeviceGetMemoryInfo(h, version=0x01000028)
+    temp = pynvml.c_nvmlTemperature_v1_t()
+    temp.version = 0x0200000C
+    assert lib.nvmlDeviceGetTemperatureV(h, ctypes.byref(temp)) == (
+        NVML_ERROR_ARGUMENT_VERSION_MISMATCH
+    )
+    info = pynvml.c_nvmlProcessesUtilizationInfo_v1_t()
+    info.version = 0x02000018
+    assert lib.nvmlDeviceGetProcessesUtilizationInfo(h, ctypes.byref(info)) == (
+        NVML_ERROR_ARGUMENT_VERSION_MISMATCH
+    )
+    mem = pynvml.c_nvmlMemory_v2_t()
+    mem.version = pynvml.nvmlMemory_v2
+    assert lib.nvmlDeviceGetMemoryInfo_v2(h, ctypes.byref(mem)) == NVML_SUCCESS
+
+
+def test_error_injection(fake_nvml):
+    scn = Scenario(
+        gpus=[
+            FakeGPU(unsupported={"power", "pcie", "samples"}, errors={"temperature": "UNKNOWN"}),
+            FakeGPU(lost=True),
+            FakeGPU(errors={"processes": "NO_PERMISSION"}),
+        ],
+        unsupported={"energy"},
+    )
+    _init(fake_nvml, scn)
+    h0 = pynvml.nvmlDeviceGetHandleByIndex(0)
+    h2 = pynvml.nvmlDeviceGetHandleByIndex(2)
+    with pytest.raises(pynvml.NVMLError_NotSupported):
+        pynvml.nvmlDeviceGetPowerUsage(h0)
+    with pytest.raises(pynvml.NVMLError_NotSupported):
+        pynvml.nvmlDeviceGetPcieThroughput(h0, 0)
+    with pytest.raises(pynvml.NVMLError_NotSupported):
+        pynvml.nvmlDeviceGetSamples(h0, 1, 0)
+    with pytest.raises(pynvml.NVMLError_Unknown):
+        pynvml.nvmlDeviceGetTemperature(h0, 0)
+    for h in (h0, h2):  # scenario-wide "unsupported" reaches every GPU
+        with pytest.raises(pynvml.NVMLError_NotSupported):
+            pynvml.nvmlDeviceGetTotalEnergyConsumption(h)
+    assert pynvml.nvmlDeviceGetUtilizationRates(h0).gpu == 100  # the rest still works
+    assert pynvml.nvmlDeviceGetCount() == 3
+    with pytest.raises(pynvml.NVMLError_GpuIsLost):
+        pynvml.nvmlDeviceGetHandleByIndex(1)
+    with pytest.raises(pynvml.NVMLError_NoPermission):
+        pynvml.nvmlDeviceGetComputeRunningProcesses(h2)
+    assert pynvml.nvmlDeviceGetPowerUsage(h2) > 0
+
+
+def test_global_errors_and_lost_handle_after_rewrite(fake_nvml):
+    _init(fake_nvml, Scenario.uniform(2))
+    h1 = pynvml.nvmlDeviceGetHandleByIndex(1)
+    fake_nvml.set(Scenario(gpus=[FakeGPU(), FakeGPU(lost=True)], errors={"count": "NO_PERMISSION"}))
+    with pytest.raises(pynvml.NVMLError_NoPermission):
+        pynvml.nvmlDeviceGetCount()
+    with pytest.raises(pynvml.NVMLError_GpuIsLost):
+        pynvml.nvmlDeviceGetUtilizationRates(h1)
+    fake_nvml.set(Scenario.uniform(1))
+    with pytest.raises(pynvml.NVMLError_GpuIsLost):  # the GPU vanished
+        pynvml.nvmlDeviceGetName(h1)
+
+
+def test_scenario_validation():
+    with pytest.raises(ValueError, match="unknown call name"):
+        Scenario(gpus=[FakeGPU(unsupported={"powr"})]).to_text()
+    with pytest.raises(ValueError, match="unknown NVML error"):
+        Scenario(gpus=[FakeGPU(errors={"power": "BROKEN"})]).to_text()
+    with pytest.raises(ValueError):
+        Pattern.burst(1.0, duty=1.5)
+    assert "samples" in CALL_NAMES
+
+
+def test_uninitialized_after_shutdown(fake_nvml):
+    _init(fake_nvml, Scenario())
+    h = pynvml.nvmlDeviceGetHandleByIndex(0)
+    pynvml.nvmlShutdown()
+    with pytest.raises(pynvml.NVMLError_Uninitialized):
+        pynvml.nvmlDeviceGetName(h)
+    pynvml.nvmlInit()  # init again reads the scenario again
+    assert pynvml.nvmlDeviceGetName(h) == "NVIDIA H100 80GB HBM3"
+
+
+# --------------------------------------------------------------------------- reload
+def test_scenario_reload_while_running(fake_nvml):
+    lib = _init(fake_nvml, Scenario.uniform(1, pattern=Pattern.steady()))
+    h = pynvml.nvmlDeviceGetHandleByIndex(0)
+    gen = lib.fakenvml_generation()
+    assert pynvml.nvmlDeviceGetCurrentClocksEventReasons(h) == 0
+    fake_nvml.set(Scenario.uniform(2, pattern=Pattern.off(), name="NVIDIA L4"))
+    assert pynvml.nvmlDeviceGetCount() == 2
+    assert pynvml.nvmlDeviceGetName(h) == "NVIDIA L4"
+    assert pynvml.nvmlDeviceGetCurrentClocksEventReasons(h) == 0x1
+    assert lib.fakenvml_generation() == gen + 1
+    # Without settling, an explicit reload makes the change visible at once.
+    fake_nvml.set(Scenario.uniform(3), settle=0)
+    lib.fakenvml_reload()
+    assert pynvml.nvmlDeviceGetCount() == 3
+
+
+def test_steady_to_burst_switch_restarts_the_pattern_clock(fake_nvml):
+    """A rewrite without an epoch starts the new pattern when written (busy first)."""
+    _init(fake_nvml, Scenario.uniform(1, pattern=Pattern.steady(), sample_period_s=0.05))
+    h = pynvml.nvmlDeviceGetHandleByIndex(0)
+    _, before = pynvml.nvmlDeviceGetSamples(h, 1, 0)
+    assert {s.sampleValue.uiVal for s in before} == {100}
+    last = before[-1].timeStamp
+    fake_nvml.set(Scenario.uniform(1, pattern=Pattern.burst(0.4, 0.5), sample_period_s=0.05))
+    time.sleep(0.85)
+    _, after = pynvml.nvmlDeviceGetSamples(h, 1, last)
+    values = [s.sampleValue.uiVal for s in after]
+    assert 0 in values
+    assert 100 in values
+    assert 0.3 <= sum(values) / (100 * len(values)) <= 0.7
+
+
+def test_reload_is_thread_safe(fake_nvml):
+    _init(fake_nvml, Scenario.uniform(4))
+    handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(4)]
+    stop = threading.Event()
+    seen: set[str] = set()
+    errors: list[BaseException] = []
+
+    def hammer() -> None:
+        while not stop.is_set():
+            for h in handles:
+                try:
+                    seen.add(pynvml.nvmlDeviceGetName(h))
+                    pynvml.nvmlDeviceGetSamples(h, 1, 0)
+                    pynvml.nvmlDeviceGetComputeRunningProcesses(h)
+                except pynvml.NVMLError_GpuIsLost:
+                    pass
+                except BaseException as exc:
+                    errors.append(exc)
+
+    thread = threading.Thread(target=hammer)
+    thread.start()
+    try:
+        for i in range(40):
+            n = 2 + i % 3
+            procs = [Process(1000 + j, GiB) for j in range(i % 5)]
+            fake_nvml.set(Scenario.uniform(n, name=f"GPU gen {i % 2}", processes=procs),
+                          settle=0.012)  # fmt: skip
+    finally:
+        stop.set()
+        thread.join()
+    assert not errors
+    assert {"GPU gen 0", "GPU gen 1"} <= seen
+
+
+# --------------------------------------------------------------------------- child processes
+def test_child_process_uses_the_fake(fake_nvml):
+    scn = Scenario(gpus=[FakeGPU(name="NVIDIA H200"), FakeGPU(processes=[Process(9, GiB)])])
+    fake_nvml.set(scn, settle=0)
+    out = _run_child(
+        """
+        import json, pynvml
+        pynvml.nvmlInit()
+        h = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+        print(json.dumps({
+            "names": [pynvml.nvmlDeviceGetName(x) for x in h],
+            "pids": [p.pid for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h[1])],
+            "driver": pynvml.nvmlSystemGetDriverVersion(),
+        }))
+        """,
+        fake_nvml.env,
+    )
+    assert out == {"names": ["NVIDIA H200", "NVIDIA H100 80GB HBM3"], "pids": [9],
+                   "driver": "550.54.15"}  # fmt: skip
+
+
+def test_driver_not_loaded_and_missing_library(fake_nvml):
+    code = """
+        import json, pynvml
+        try:
+            pynvml.nvmlInit()
+            print(json.dumps({"error": None}))
+        except pynvml.NVMLError as e:
+            print(json.dumps({"error": type(e).__name__}))
+        """
+    fake_nvml.set(Scenario.no_driver(), settle=0)
+    assert _run_child(code, fake_nvml.env) == {"error": "NVMLError_DriverNotLoaded"}
+    assert _run_child(code, fake_nvml.missing_env()) == {"error": "NVMLError_LibraryNotFound"}
+    env = dict(fake_nvml.env)
+    del env["FAKE_NVML_SCENARIO"]  # the library but no scenario: no driver either
+    assert _run_child(code, env) == {"error": "NVMLError_DriverNotLoaded"}
+
+
+def test_in_process_init_error(fake_nvml):
+    fake_nvml.set(Scenario(init_error="DRIVER_NOT_LOADED"), settle=0)
+    fake_nvml.load()
+    with pytest.raises(pynvml.NVMLError_DriverNotLoaded):
+        pynvml.nvmlInit()
+    fake_nvml.set(Scenario(), settle=0)
+    pynvml.nvmlInit()
+    assert pynvml.nvmlDeviceGetCount() == 1
+
+
+def test_call_overhead_is_small(fake_nvml):
+    lib = _init(fake_nvml, Scenario())
+    h = pynvml.nvmlDeviceGetHandleByIndex(0)
+    util = pynvml.c_nvmlUtilization_t()
+    fn = lib.nvmlDeviceGetUtilizationRates
+    t0 = time.perf_counter()
+    for _ in range(20000):
+        fn(h, ctypes.byref(util))
+    per_call = (time.perf_counter() - t0) / 20000
+    assert util.gpu == 100
+    assert per_call < 20e-6
