@@ -1,0 +1,95 @@
+"""Layering rules, checked from the import graph (ast, so nothing is imported to check).
+
+- only gpumon/sample/nvml.py imports pynvml, only gpumon/sample/host.py imports psutil:
+  everything above them sees plain dataclasses;
+- the core (model, errors, sample, traces, detect, monitor, synth, report) never imports a
+  face: faces import the core;
+- the detector is pure: no I/O modules, no clock.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "gpumon"
+CORE_PREFIXES = (
+    "gpumon.model",
+    "gpumon.errors",
+    "gpumon.sample",
+    "gpumon.traces",
+    "gpumon.detect",
+    "gpumon.monitor",
+    "gpumon.synth",
+    "gpumon.report",
+)
+
+
+def module_name(path: Path) -> str:
+    rel = path.relative_to(PACKAGE.parent).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def imports(path: Path) -> set[str]:
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return found
+
+
+MODULES = {module_name(p): imports(p) for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def importers_of(top: str) -> set[str]:
+    return {m for m, deps in MODULES.items() if any(d.split(".")[0] == top for d in deps)}
+
+
+def test_only_the_nvml_sampler_imports_pynvml() -> None:
+    assert importers_of("pynvml") == {"gpumon.sample.nvml"}
+
+
+def test_only_the_host_sampler_imports_psutil() -> None:
+    assert importers_of("psutil") <= {"gpumon.sample.host"}
+
+
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if m.startswith(CORE_PREFIXES)))
+def test_core_never_imports_a_face(module: str) -> None:
+    faces = {d for d in MODULES[module] if d.startswith(("gpumon.faces", "gpumon.serve"))}
+    assert not faces, f"{module} imports faces {faces}"
+
+
+def test_detector_is_pure() -> None:
+    impure = {
+        "os",
+        "time",
+        "socket",
+        "subprocess",
+        "threading",
+        "pynvml",
+        "psutil",
+        "io",
+        "pathlib",
+        "logging",
+        "gpumon.sample",
+        "gpumon.traces",
+        "gpumon.monitor",
+    }
+    for module, deps in MODULES.items():
+        if module.startswith("gpumon.detect"):
+            bad = {
+                d
+                for d in deps
+                if d in impure
+                or d.split(".")[0] in impure
+                or d.startswith(("gpumon.sample", "gpumon.traces", "gpumon.monitor"))
+            }
+            assert not bad, f"{module} imports {bad}"
