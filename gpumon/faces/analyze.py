@@ -1,0 +1,87 @@
+"""`gpumon analyze FILE`: why the GPUs waited, from a recorded trace or an existing log.
+
+Reads gpumon traces and nvidia-smi CSV / dmon / table logs and home-made CSV, by content
+(``--format`` overrides), streams them through the detector and prints the report.
+
+Exit status: 0 whatever the verdict.  A file no reader recognises, or malformed before
+any valid tick, is an error (the message names the line; status 2).  A malformed line
+*after* valid data -- a log cut short, a line mangled mid-file -- still gets the report
+of the valid part on stdout, then the error on stderr and status 2: the user sees what
+could be analysed, and a script sees that the file was not read to the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Iterator
+
+from gpumon.errors import GpumonError, TraceFormatError
+from gpumon.model import Snapshot
+from gpumon.traces.detect import FORMATS, open_trace
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "analyze",
+        help="say why the GPUs waited, from a gpumon trace or an nvidia-smi log",
+        description="Analyse a gpumon trace or a log you already have: nvidia-smi "
+        "--query-gpu CSV, nvidia-smi dmon, repeated nvidia-smi tables, or a CSV with time "
+        "and GPU utilisation columns (UTF-8/UTF-16, gzip). The format is detected from the "
+        "content.",
+    )
+    p.add_argument("file", metavar="FILE", help="trace or log to analyse")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    p.add_argument(
+        "--format",
+        choices=("auto", *FORMATS),
+        default="auto",
+        help="the file's format (default: detect it from the content)",
+    )
+    p.set_defaults(func=run)
+
+
+class _UntilError:
+    """Yields snapshots until the reader fails, keeping the error for after the report."""
+
+    def __init__(self, snapshots: Iterator[Snapshot], path: str):
+        self._snapshots = snapshots
+        self._path = path
+        self.count = 0
+        self.error: GpumonError | None = None
+
+    def __iter__(self) -> Iterator[Snapshot]:
+        try:
+            for snap in self._snapshots:
+                self.count += 1
+                yield snap
+        except GpumonError as exc:
+            self.error = exc
+        except (OSError, EOFError) as exc:  # a gzip stream cut short, a disk error
+            self.error = TraceFormatError(f"cannot read further ({exc})", path=self._path)
+
+
+def run(args: argparse.Namespace) -> int:
+    from gpumon.report import analyze_snapshots, render_text, to_json
+
+    with open_trace(args.file, args.format) as trace:
+        guarded = _UntilError(iter(trace), trace.path)
+        result = analyze_snapshots(trace.header, iter(guarded))
+    if guarded.error is not None and guarded.count == 0:
+        raise guarded.error
+    if args.json:
+        print(json.dumps(to_json(result), indent=2, allow_nan=False))
+    else:
+        print(render_text(result))
+    sys.stdout.flush()
+    for warning in trace.warnings:
+        print(f"gpumon: warning: {warning}", file=sys.stderr)
+    if guarded.error is not None:
+        print(
+            f"gpumon: {guarded.error} (the report above covers the {guarded.count} ticks "
+            "before it)",
+            file=sys.stderr,
+        )
+        return guarded.error.exit_status
+    return 0
