@@ -1,0 +1,407 @@
+"""`gpumon watch`: a live view of one training run, with a verdict, advice and a summary.
+
+``gpumon watch --pid PID`` attaches to a running process; ``gpumon watch -- CMD ...``
+starts the command, watches it and exits with its exit status.  Either way the whole
+process tree is followed (DataLoader workers come and go), the GPUs shown are those whose
+NVML process list holds a pid of the tree, and the detector decides the state: this face
+only samples through the ``Monitor`` and renders.
+
+On a terminal the view is full-screen (``q`` or Ctrl-C leaves it; in --pid mode the
+watched process is never touched); otherwise one plain line per interval is printed.
+When the run ends a summary follows, optionally as JSON, and ``--fail-on`` turns too much
+time starved or stalled into exit status 5 for CI jobs and Slurm epilogs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import threading
+import time
+from contextlib import ExitStack
+from typing import TYPE_CHECKING, Any
+
+from gpumon.errors import GpumonError
+from gpumon.faces.common import build_monitor, positive_float
+from gpumon.faces.watch_child import Child
+from gpumon.faces.watch_summary import (
+    EXIT_FAIL_ON,
+    EpisodeLog,
+    GpuUse,
+    Summary,
+    advice_for_run,
+    dominant,
+    dominant_cause,
+    parse_states,
+)
+from gpumon.faces.watch_view import KeyReader, LiveView, WatchState, plain_line
+from gpumon.model import State, Verdict
+from gpumon.monitor import StopFlag, paced
+
+if TYPE_CHECKING:
+    from gpumon.monitor import Monitor
+    from gpumon.traces.jsonl import TraceWriter
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "watch",
+        help="watch one training run live: why its GPUs wait, with advice and a summary",
+        description="Watch a running process (--pid) or start a command (after --) and "
+        "follow its whole process tree: per GPU a sub-second utilisation timeline from the "
+        "driver's sample buffer, memory and power; the workers' CPU and reads; the state "
+        "(healthy, starved, sync_stall, idle, unknown) with its cause, evidence and advice. "
+        "Full-screen on a terminal (q quits), one plain line per interval otherwise; a "
+        "summary when the run ends.",
+        epilog=f"Exit status: the command's own in `watch -- CMD` mode; {EXIT_FAIL_ON} when "
+        "--fail-on trips (and the command itself succeeded); 4 when the pid does not exist "
+        "or cannot be read; 127/126 when the command cannot be started.",
+    )
+    p.add_argument("--pid", type=int, help="watch this running process and its descendants")
+    p.add_argument(
+        "--interval",
+        type=positive_float,
+        default=0.5,
+        metavar="S",
+        help="seconds between ticks (default 0.5; every driver sample between ticks is "
+        "kept whatever the interval)",
+    )
+    p.add_argument("--summary-json", metavar="FILE", help="write the end-of-run summary as JSON")
+    p.add_argument(
+        "--fail-on",
+        type=_states,
+        metavar="STATES",
+        help="comma-separated states (e.g. starved,sync_stall): exit with status "
+        f"{EXIT_FAIL_ON} when the run spent more than --fail-threshold of its time in them",
+    )
+    p.add_argument(
+        "--fail-threshold",
+        type=_share,
+        default=0.25,
+        metavar="SHARE",
+        help="share of the run (0-1) above which --fail-on trips (default 0.25)",
+    )
+    p.add_argument("--record", metavar="FILE", help="also keep the trace for `gpumon analyze`")
+    p.add_argument(
+        "--plain",
+        action="store_true",
+        help="one plain line per interval even on a terminal (the default when stdout is "
+        "not a terminal)",
+    )
+    p.add_argument(
+        "command",
+        nargs=argparse.REMAINDER,
+        metavar="-- CMD ...",
+        help="start this command and watch it; gpumon exits with its exit status",
+    )
+    p.set_defaults(func=run)
+
+
+def _states(text: str) -> tuple[State, ...]:
+    try:
+        return parse_states(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _share(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"must be a share from 0 to below 1: {text!r}")
+    return value
+
+
+class _Run:
+    """One watch from start to summary; the pieces the loop and the ending share."""
+
+    def __init__(self, args: argparse.Namespace, command: tuple[str, ...]) -> None:
+        self.args = args
+        self.command = command or None
+        self.tui = sys.stdout.isatty() and not args.plain
+        self.child: Child | None = None
+        self.monitor: Monitor | None = None
+        self.episodes = EpisodeLog()
+        self.uses: dict[str, GpuUse] = {}
+        self.verdict: Verdict | None = None
+        self.ended = "exited"
+        self.started_mono_s = time.monotonic()
+        self.quit_view = threading.Event()
+        self.view_open = False
+
+    # --- setup -------------------------------------------------------------------------
+
+    def start(self) -> None:
+        from gpumon.detect import Detector  # the face only asks; detection lives there
+        from gpumon.sample.nvml import nvml_init
+
+        pid = self.args.pid
+        if self.command is not None:
+            # NVML first: without a driver, say so before the command has started.
+            nvml_init()
+            self.child = Child(self.command, capture=self.tui)
+            pid = self.child.pid
+        try:
+            monitor = build_monitor(
+                pid=pid,
+                interval_s=self.args.interval,
+                tree_gpus_only=True,
+                command=self.command,
+            )
+        except BaseException:
+            if self.child is not None:
+                self.child.send(15)
+                self.child.wait()
+            raise
+        assert monitor.nvml is not None
+        monitor.detector = Detector(gpus=monitor.nvml.gpus)
+        self.monitor = monitor
+        self.state = WatchState(
+            pid=pid,
+            command=monitor.command,
+            identities=monitor.nvml.gpus,
+            started_mono_s=self.started_mono_s,
+        )
+        if self.child is not None and self.child.pump is not None:
+            self.state.output = _TailView(self.child.pump)  # type: ignore[assignment]
+
+    # --- the loop ------------------------------------------------------------------------
+
+    def loop(self, stop: threading.Event, writer: TraceWriter | None, live: Any) -> None:
+        monitor = self.monitor
+        assert monitor is not None and monitor.tree is not None
+        for _ in paced(self.args.interval, stop):
+            tick = monitor.tick()
+            snap = tick.snapshot
+            if writer is not None:
+                _write(writer, snap, self.args.record)
+            if tick.update is not None:
+                self.episodes.add(getattr(tick.update, "closed", ()))
+            self.verdict = monitor.detector.verdict() if monitor.detector else None
+            for g in snap.gpus:
+                use = self.uses.get(g.uuid)
+                if use is None:
+                    ident = next((i for i in monitor.nvml.gpus if i.uuid == g.uuid), None)
+                    use = self.uses[g.uuid] = GpuUse(
+                        gpu=g.gpu, uuid=g.uuid, name=None if ident is None else ident.name
+                    )
+                if not g.lost:
+                    use.add(g.util_samples, g.util_pct)
+            self.state.feed(snap, self.verdict, monitor.invisible_gpu_pids)
+            if not self.view_open:
+                if not self.tui:
+                    print(plain_line(self.state), flush=True)
+            elif live is not None:
+                live.refresh()
+            if snap.tree is not None and not snap.tree.root_alive:
+                self.ended = "exited"
+                return
+            if self.quit_view.is_set() and self.view_open:
+                if self.child is None:
+                    self.ended = "stopped"
+                    return
+                self._close_view_keep_watching()
+        self.ended = "stopped"
+
+    def _close_view_keep_watching(self) -> None:
+        """`q` in `watch -- CMD` mode: the command keeps running in the foreground."""
+        self.view_open = False
+        self._closer.close()
+        if self.child is not None and self.child.pump is not None:
+            self.child.pump.release()
+        print(
+            f"gpumon: view closed; still watching {' '.join(self.command or ())!r} "
+            f"(pid {self.state.pid}) until it exits; Ctrl-C stops it.",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    # --- the end -------------------------------------------------------------------------
+
+    def summary(self, exit_status: int | None) -> Summary:
+        monitor = self.monitor
+        assert monitor is not None
+        det = monitor.detector
+        finished = det.finish() if det is not None else None
+        if isinstance(finished, list | tuple):
+            self.episodes.add(finished)
+        per = det.seconds_in_state() if det is not None else {}
+        run_seconds = per.get(None)
+        if run_seconds is None and per:
+            run_seconds = next(iter(per.values()))
+        seconds = {State(s): float(v) for s, v in (run_seconds or {}).items()}
+        lost = det.lost_gpu_seconds() if det is not None else None
+        if det is not None:
+            self.verdict = det.verdict()
+        verdict = dominant(seconds)
+        episodes = self.episodes.run_level()
+        cause = dominant_cause(episodes, verdict) if verdict is State.STARVED else None
+        if verdict is State.STARVED and cause is None:
+            cause = _cause_from(self.verdict, verdict)
+        advice = advice_for_run(episodes, verdict, cause, self.verdict)
+        notes: list[str] = []
+        used_gpu = bool(monitor.tree_gpu_uuids)
+        invisible = tuple(sorted(monitor.invisible_gpu_pids))
+        if not used_gpu:
+            notes.append(
+                "the run never used a GPU: no process of its tree appeared in any GPU's "
+                "NVML process list"
+            )
+            if invisible:
+                notes.append(
+                    "NVML listed GPU processes whose pids do not exist here "
+                    f"({', '.join(map(str, invisible[:6]))}): running in a container without "
+                    "the host PID namespace? (docker run --pid=host)"
+                )
+        uses = [self.uses.get(u) or GpuUse(gpu=g.index, uuid=g.uuid, name=g.name)
+                for g in monitor.nvml.gpus if (u := g.uuid) in monitor.tree_gpu_uuids]
+        return Summary(
+            pid=self.state.pid,
+            command=self.state.command,
+            wall_s=time.monotonic() - self.started_mono_s,
+            verdict=verdict,
+            cause=cause,
+            seconds=seconds,
+            gpus=sorted(uses, key=lambda g: g.gpu),
+            lost_gpu_seconds=None if lost is None else float(lost),
+            advice=tuple(advice),
+            used_gpu=used_gpu,
+            exit_status=exit_status,
+            ended=self.ended,
+            notes=notes,
+            invisible_gpu_pids=invisible,
+            fail_on=self.args.fail_on or (),
+            fail_threshold=self.args.fail_threshold if self.args.fail_on else None,
+        )
+
+
+class _TailView:
+    """Looks like a deque of lines to the view; reads the command's output tail lazily."""
+
+    def __init__(self, pump: Any) -> None:
+        self.pump = pump
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        return iter(self.pump.tail(6))
+
+    def __bool__(self) -> bool:
+        return bool(self.pump.lines)
+
+
+class _Closer:
+    """Closes the live view and the key reader once, whoever asks first."""
+
+    def __init__(self) -> None:
+        self.stack = ExitStack()
+        self.closed = False
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self.stack.close()
+
+
+def _cause_from(verdict: Verdict | None, state: State) -> Any:
+    if verdict is None:
+        return None
+    if verdict.state is state and verdict.cause is not None:
+        return verdict.cause
+    return next((g.cause for g in verdict.gpus if g.state is state and g.cause), None)
+
+
+def _write(writer: TraceWriter, snapshot: Any, path: str) -> None:
+    try:
+        writer.write(snapshot)
+    except OSError as exc:
+        raise GpumonError(
+            f"writing {path} failed ({exc.strerror or exc}); the ticks before this one are "
+            "intact in the file."
+        ) from None
+
+
+def run(args: argparse.Namespace) -> int:
+    command = tuple(args.command or ())
+    if command and command[0] == "--":
+        command = command[1:]
+    if args.pid is not None and command:
+        raise GpumonError("give either --pid PID or -- CMD, not both.")
+    if args.pid is None and not command:
+        raise GpumonError("nothing to watch: give --pid PID or -- CMD ARGS... "
+                          "(e.g. gpumon watch -- python train.py).")
+    if args.pid is not None and args.pid <= 0:
+        raise GpumonError(f"no process with pid {args.pid} exists.")
+    r = _Run(args, command)
+    r.start()
+    assert r.monitor is not None
+    stop_flag = StopFlag()
+    if r.child is not None:
+        r.child.forward_signals()  # the command decides when Ctrl-C ends the run
+    else:
+        stop_flag.install()
+    exit_status: int | None = None
+    writer = None
+    try:
+        if args.record:
+            from gpumon.traces.jsonl import TraceWriter
+
+            try:
+                writer = TraceWriter.open(args.record, r.monitor.header())
+            except OSError as exc:
+                raise GpumonError(f"cannot write {args.record}: {exc.strerror or exc}.") from None
+        with ExitStack() as files:
+            if writer is not None:
+                files.enter_context(writer)
+            r._closer = _Closer()
+            live = None
+            try:
+                if r.tui:
+                    live = _open_view(r)
+                r.loop(stop_flag.event, writer, live)
+            finally:
+                r._closer.close()
+                r.view_open = False
+        if r.child is not None:
+            if r.child.pump is not None:
+                r.child.pump.release()
+            exit_status = r.child.wait()
+    finally:
+        stop_flag.restore()
+        if r.child is not None:
+            r.child.restore_signals()
+    summary = r.summary(exit_status)
+    if not r.tui:
+        print(file=sys.stdout)
+    print(summary.text(), flush=True)
+    if args.summary_json:
+        try:
+            summary.write_json(args.summary_json)
+        except OSError as exc:
+            raise GpumonError(
+                f"cannot write {args.summary_json}: {exc.strerror or exc}."
+            ) from None
+    if exit_status:
+        return exit_status
+    return EXIT_FAIL_ON if summary.failed else 0
+
+
+def _open_view(r: _Run) -> Any:
+    from rich.console import Console
+    from rich.live import Live
+
+    live = Live(
+        LiveView(r.state),
+        console=Console(),
+        screen=True,
+        auto_refresh=True,
+        refresh_per_second=4,
+        redirect_stdout=False,
+        redirect_stderr=False,
+    )
+    r._closer.stack.callback(live.stop)
+    live.start()
+    keys = KeyReader(r.quit_view).start()
+    r._closer.stack.callback(keys.close)
+    r.view_open = True
+    return live
