@@ -1,0 +1,238 @@
+"""Precision, recall, cause accuracy, latency and speed of the detector on the synthetic corpus.
+
+Runs every trace through the live path (``Detector.update`` tick by tick) and scores:
+
+* **Precision/recall over time**: every whole second of every GPU is one item, its truth
+  the ground-truth label at the second's midpoint, its prediction the detector's final
+  (closed) episode there.  Seconds within a *grace window* after each ground-truth
+  transition (and after the start) are not scored: the window is the latency the targets
+  allow, ``max(3 burst/gap periods, 10 s)`` of the state entered, so a detector is not
+  charged twice for the latency it is allowed.
+* **Cause accuracy**: of the seconds truly starved and flagged starved, the share whose
+  cause matches.
+* **Latency**: for each ground-truth transition into a state, the stream time from its
+  onset until the update in which the detector first *opened* an episode of that state for
+  that GPU (live, not backdated); a transition never detected counts as a miss.
+* **Throughput**: driver points per second of detector time (generation excluded).
+
+Usage: ``python benchmarks/bench_detector.py [--seeds N] [--quick]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from gpumon.detect import Detector
+from gpumon.model import Cause, Episode, State
+from gpumon.synth import SCENARIOS, Label, Phase, SynthTrace, generate
+
+TARGET = 0.95
+SCORED = (State.STARVED, State.HEALTHY, State.SYNC_STALL, State.IDLE)
+
+
+def phase_period(ph: Phase) -> float:
+    """The burst/gap (or pause) period of a phase, 0 where there is none."""
+    p = ph.params
+    if "burst_s" in p:
+        return p["burst_s"] / p["duty"]
+    if "every_s" in p:
+        return p["every_s"]
+    return 0.0
+
+
+def allowance(ph: Phase) -> float:
+    return max(3 * phase_period(ph), 10.0)
+
+
+def _phase_of(trace: SynthTrace, lab: Label) -> Phase:
+    t = 0.0
+    for ph in trace.phases:
+        if t <= lab.start_s + 1e-9 < t + ph.duration_s:
+            return ph
+        t += ph.duration_s
+    return trace.phases[-1]
+
+
+def run_trace(trace: SynthTrace) -> tuple[list[Episode], list[tuple[float, Episode]], float, int]:
+    det = Detector(gpus=trace.header.gpus)
+    opened: list[tuple[float, Episode]] = []
+    points = 0
+    t0 = time.perf_counter()
+    for snap in trace.snapshots:
+        upd = det.update(snap)
+        for ep in upd.opened:
+            if ep.gpu is not None:
+                opened.append((snap.t_s, ep))
+    fin = det.finish()
+    dt = time.perf_counter() - t0
+    for snap in trace.snapshots:
+        for g in snap.gpus:
+            points += len(g.util_samples) or (1 if g.util_pct is not None else 0)
+    closed = [ep for ep in fin.closed if ep.gpu is not None]
+    # Closed episodes arrive over the stream too; rebuild them from opened + the final close.
+    eps = _final_episodes(opened, closed)
+    return eps, opened, dt, points
+
+
+def _final_episodes(opened: list[tuple[float, Episode]], last: list[Episode]) -> list[Episode]:
+    """Each GPU's episodes with their final (backdated) extents."""
+    by_gpu: dict[int, list[Episode]] = defaultdict(list)
+    for _, ep in opened:
+        by_gpu[ep.gpu].append(ep)  # type: ignore[index]
+    out: list[Episode] = []
+    for gpu, eps in by_gpu.items():
+        eps.sort(key=lambda e: e.start_s)
+        ends = {e.gpu: e.end_s for e in last}
+        for a, b in zip(eps, [*eps[1:], None], strict=True):
+            end = b.start_s if b is not None else ends.get(gpu, a.start_s)
+            out.append(Episode(a.gpu, a.uuid, a.state, a.cause, a.start_s, end))
+    return out
+
+
+def score(trace: SynthTrace, eps: list[Episode], opened: list[tuple[float, Episode]],
+          conf: dict, causes: list[int], lat: list[tuple[float, float, str]]) -> None:
+    by_gpu: dict[int, list[Episode]] = defaultdict(list)
+    for ep in eps:
+        by_gpu[ep.gpu].append(ep)  # type: ignore[index]
+    labels_by_gpu: dict[int, list[Label]] = defaultdict(list)
+    for lab in trace.labels:
+        labels_by_gpu[lab.gpu].append(lab)
+    for gpu, labs in labels_by_gpu.items():
+        labs.sort(key=lambda lab: lab.start_s)
+        geps = sorted(by_gpu.get(gpu, []), key=lambda e: e.start_s)
+        # Transitions: where the labelled state (and cause) changes.
+        prev: Label | None = None
+        graces: list[tuple[float, float]] = []
+        for lab in labs:
+            if prev is None or (lab.state, lab.cause) != (prev.state, prev.cause):
+                ph = _phase_of(trace, lab)
+                graces.append((lab.start_s, lab.start_s + allowance(ph)))
+                if prev is not None:
+                    hit = next((t for t, ep in opened if ep.gpu == gpu and
+                                ep.state is lab.state and t >= lab.start_s - 1e-9 and
+                                t < lab.end_s + allowance(ph)), None)
+                    # An episode of that state already open at onset counts as detected.
+                    cur = next((e for e in geps if e.start_s <= lab.start_s < (e.end_s or 0)),
+                               None)
+                    if cur is not None and cur.state is lab.state:
+                        hit = lab.start_s
+                    lat.append((math.inf if hit is None else hit - lab.start_s,
+                                allowance(ph), f"{trace.name} gpu{gpu} ->{lab.state}"))
+            prev = lab
+        end = int(labs[-1].end_s)
+        j = 0
+        li = 0
+        for s in range(end):
+            m = s + 0.5
+            if any(a <= m < b for a, b in graces):
+                continue
+            while li < len(labs) - 1 and labs[li].end_s <= m:
+                li += 1
+            lab = labs[li]
+            while j < len(geps) - 1 and (geps[j].end_s or 0) <= m:
+                j += 1
+            ep = geps[j] if geps and geps[j].start_s <= m < (geps[j].end_s or 0) else None
+            pred = ep.state if ep is not None else State.UNKNOWN
+            conf[(lab.state, pred)] += 1
+            if lab.state is State.STARVED and pred is State.STARVED and ep is not None:
+                causes[0] += 1
+                causes[1] += int(ep.cause == lab.cause)
+                conf[("cause", lab.cause, ep.cause)] += 1
+
+
+def pct(vals: list[float], q: float) -> float:
+    s = sorted(vals)
+    return s[min(len(s) - 1, round(q * (len(s) - 1)))] if s else math.nan
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--seeds", type=int, default=10)
+    ap.add_argument("--quick", action="store_true", help="3 seeds")
+    ap.add_argument("--verbose", action="store_true", help="list missed/late transitions")
+    ap.add_argument("--scenario", action="append", help="only these scenarios")
+    args = ap.parse_args()
+    seeds = range(3 if args.quick else args.seeds)
+    scenarios = args.scenario or SCENARIOS
+    conf: dict = defaultdict(int)
+    causes = [0, 0]
+    lat: list[tuple[float, float, str]] = []
+    det_s = 0.0
+    points = 0
+    wall = time.perf_counter()
+    ntr = 0
+    per_trace: list[tuple[str, float]] = []
+    for seed in seeds:
+        for sc in scenarios:
+            tr = generate(sc, seed)
+            eps, opened, dt, npts = run_trace(tr)
+            det_s += dt
+            points += npts
+            ntr += 1
+            before = dict(conf)
+            score(tr, eps, opened, conf, causes, lat)
+            good = sum(v - before.get(k, 0) for k, v in conf.items()
+                       if len(k) == 2 and k[0] == k[1])
+            allv = sum(v - before.get(k, 0) for k, v in conf.items() if len(k) == 2)
+            per_trace.append((f"{tr.name} p={tr.period_s} n={len(tr.header.gpus)}",
+                              good / allv if allv else 1.0))
+    wall = time.perf_counter() - wall
+    ok = True
+    print(f"corpus: {ntr} traces ({len(scenarios)} scenarios x {len(seeds)} seeds), "
+          f"{points:,} util points")
+    print(f"{'state':<11} {'precision':>9} {'recall':>7} {'seconds':>8}  target>={TARGET}")
+    for st in SCORED:
+        tp = conf[(st, st)]
+        pred = sum(v for k, v in conf.items() if len(k) == 2 and k[1] == st)
+        truth = sum(v for k, v in conf.items() if len(k) == 2 and k[0] == st)
+        p = tp / pred if pred else math.nan
+        r = tp / truth if truth else math.nan
+        passed = p >= TARGET and r >= TARGET
+        ok &= passed
+        print(f"{st.value:<11} {p:>9.3f} {r:>7.3f} {truth:>8}  {'PASS' if passed else 'FAIL'}")
+    unk = sum(v for k, v in conf.items() if len(k) == 2 and k[1] == State.UNKNOWN)
+    tot = sum(v for k, v in conf.items() if len(k) == 2)
+    print(f"{'(unknown)':<11} predicted for {unk} of {tot} scored seconds")
+    acc = causes[1] / causes[0] if causes[0] else math.nan
+    print(f"cause accuracy: {acc:.3f} over {causes[0]} starved seconds")
+    for c in Cause:
+        row = {k[2]: v for k, v in conf.items() if len(k) == 3 and k[1] == c}
+        if row:
+            print(f"  truth {c.value:<7} -> " + ", ".join(
+                f"{(p.value if p else None)}:{v}" for p, v in sorted(
+                    row.items(), key=lambda kv: -kv[1])))
+    finite = [x for x, _, _ in lat if x != math.inf]
+    within = sum(1 for x, a, _ in lat if x <= a)
+    missed = sum(1 for x, _, _ in lat if x == math.inf)
+    lat_ok = within == len(lat)
+    ok &= lat_ok
+    print(f"latency: {len(lat)} transitions, p50 {pct(finite, 0.5):.1f} s, "
+          f"p90 {pct(finite, 0.9):.1f} s, max {max(finite, default=math.nan):.1f} s; "
+          f"{within}/{len(lat)} within max(3 periods, 10 s), {missed} missed  "
+          f"{'PASS' if lat_ok else 'FAIL'}")
+    rate = points / det_s if det_s else math.nan
+    print(f"throughput: {rate:,.0f} points/s in the detector ({det_s:.1f} s); "
+          f"bench wall {wall:.1f} s")
+    if args.verbose:
+        for x, a, name in sorted(lat, key=lambda v: -(v[0] - v[1])):
+            if x > a:
+                print(f"  late/missed: {name}: {x:.1f} s > {a:.1f} s")
+        for name, acc_t in sorted(per_trace, key=lambda v: v[1])[:15]:
+            print(f"  worst: {name}: {acc_t:.3f}")
+        print("confusion (truth -> predicted: seconds):")
+        for st in State:
+            row = {k[1]: v for k, v in conf.items() if len(k) == 2 and k[0] == st}
+            if row:
+                print(f"  {st.value:<10} " + ", ".join(f"{p.value}:{v}" for p, v in row.items()))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,86 @@
+"""Thresholds of the burst/stall detector, in one frozen place so callers pass them in."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class DetectorConfig:
+    """Every threshold the detector uses, with the reason for its default.
+
+    Times are seconds of stream time (the samples' own clock), never wall-clock.
+    """
+
+    # A driver sample at or above this utilisation counts as part of a busy burst.  The
+    # driver reports a duty cycle per period (1/6 s to 1 s), so a half-busy period is the
+    # natural boundary between "kernels ran" and "the GPU waited".
+    busy_util_pct: float = 50.0
+    # Classification is re-evaluated at most this often (stream time); per-point work stays
+    # a tight loop, the rules run once per interval.
+    eval_interval_s: float = 1.0
+    # The short window over which the duty cycle is judged; stretched to
+    # ``window_periods`` burst/gap periods for slow cycles, capped at ``window_max_s``.
+    window_s: float = 8.0
+    window_periods: float = 2.5
+    window_max_s: float = 60.0
+    # Duty cycle below which a GPU does nothing (idle), and the band in between healthy and
+    # starved.  Entering starvation needs the duty cycle below ``starved_duty``; leaving it
+    # needs ``healthy_duty`` (hysteresis, so a run near the line does not flap).
+    idle_duty: float = 0.05
+    starved_duty: float = 0.75
+    healthy_duty: float = 0.82
+    # Start-up ends at the first window with this duty cycle (and the window full of data):
+    # the first sustained work.  Before it a quiet GPU is "start-up", not starved.
+    startup_duty: float = 0.2
+    startup_active: float = 0.5  # ... or this share of the window with any activity
+    # A single isolated gap (a checkpoint, an evaluation hand-over) is a dip, not a state
+    # change, while it lasts under ``dip_max_s`` and no other gap came in ``dip_isolation_s``.
+    dip_max_s: float = 6.0
+    # With no process on the GPU, a gap this long is already idleness.
+    idle_gap_s: float = 3.0
+    dip_isolation_s: float = 30.0
+    # How long a new candidate state must persist before an episode opens.  Short, because
+    # the window already smooths; the episode's start is backdated to the candidate's onset.
+    confirm_s: float = 2.0
+    confirm_idle_s: float = 2.0
+    confirm_unknown_s: float = 6.0
+    # A sample period at or above this is too coarse to see sub-second bursts: only the duty
+    # cycle can be judged (nvidia-smi CSV at 1 s, a 1 s or 2 s driver period).
+    coarse_period_s: float = 0.9
+    # Consecutive points further apart than this many periods leave a hole (no data).
+    hole_periods: float = 4.0
+    # A window with less than this share of time covered by samples is "no data": unknown.
+    min_coverage: float = 0.5
+    # Busy-wait (NCCL spinning): utilisation at or above ``busywait_util_pct`` while drawing at
+    # most ``busywait_power_share`` of the reference power (the run's peak 1-s power, or
+    # ``power_ref_of_limit`` of the limit when that is larger).
+    busywait_util_pct: float = 90.0
+    busywait_power_share: float = 0.55
+    power_ref_of_limit: float = 0.75
+    # All-GPU pauses (checkpoint, host-side sync): a second in which every working GPU is
+    # below ``pause_util_pct`` (or busy-waiting).  Pauses of ``sync_pause_min_s`` to
+    # ``sync_pause_max_s`` taking more than ``sync_pause_share`` of the last
+    # ``sync_window_s`` (at least ``sync_min_pauses`` of them) are a sync stall; rarer or
+    # shorter pauses are dips of a healthy run.
+    pause_util_pct: float = 10.0
+    sync_pause_min_s: float = 2.0
+    sync_pause_max_s: float = 60.0
+    sync_pause_share: float = 0.15
+    sync_window_s: float = 120.0
+    sync_min_pauses: int = 2
+    # Host causes, judged on host/process-tree data averaged over the GPUs' gaps.
+    cpu_worker_saturated_pct: float = 80.0  # mean worker CPU (% of one core) = saturated
+    cpu_host_saturated_pct: float = 90.0  # host CPU (mean of all cores) = saturated
+    gil_main_pct: float = 85.0  # main process pinned at ~one core
+    gil_rest_max_pct: float = 50.0  # ... while the workers stay below this each
+    io_iowait_pct: float = 10.0  # iowait share of all-core time that points at storage
+    io_read_bytes_per_s: float = 200e6  # tree read throughput that points at storage
+    # Memory: a GPU with process memory above this share of the total is "held" even when
+    # the process list is unknown (nvidia-smi CSV logs carry memory.used, not processes).
+    held_mem_share: float = 0.05
+    # Headroom above which a larger batch would likely fit.
+    batch_headroom_ratio: float = 0.35
+    # Ring sizes: bounded memory whatever the stream length.
+    ring_events: int = 64  # recent bursts / gaps / cycles kept per GPU for quantiles
+    ring_evals: int = 160  # per-eval history (>= window_max_s / eval_interval_s)

@@ -1,0 +1,255 @@
+"""Per-GPU stream state: driver points folded into running totals and burst/gap runs.
+
+The per-point loop is the hot path (millions of points per analysed trace): it touches
+only local floats and appends a tuple per completed burst or gap, never per point.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gpumon.detect.config import DetectorConfig
+from gpumon.detect.rings import History, Ring
+from gpumon.model import GpuSample, State, UtilPoint
+
+# Indices into a History record (running totals at one eval).
+H_T, H_COV, H_BUSY, H_GAPS, H_PW, H_PWCOV, H_BURSTS, H_ACT = range(8)
+
+
+@dataclass(slots=True)
+class Window:
+    """What one GPU did over the last window: the numbers every rule reads."""
+
+    span_s: float
+    coverage: float  # share of the window covered by samples, 0-1
+    duty: float | None  # util-weighted busy share, 0-1; None without samples
+    gaps: int  # gaps completed in the window (+1 for a gap still open)
+    bursts: int
+    power_watts: float | None
+    active: float  # share of covered time with any activity (util >= 5 %), 0-1
+
+
+class GpuTrack:
+    """Everything the detector remembers about one GPU: bounded, updated per tick."""
+
+    def __init__(self, index: int, uuid: str, cfg: DetectorConfig,
+                 power_limit_watts: float | None = None,
+                 mem_total_bytes: int | None = None) -> None:
+        self.index = index
+        self.uuid = uuid
+        self.cfg = cfg
+        self.last_t: float | None = None  # time of the last point folded in
+        self.run_busy = False
+        self.run_start = 0.0
+        self.period_s: float | None = None
+        self.has_fine = False  # ever delivered driver-buffer points
+        self.cum_cov = 0.0
+        self.cum_busy = 0.0  # util-weighted busy seconds
+        self.cum_act = 0.0  # seconds with any activity (util >= 5 %)
+        self.cum_gaps = 0
+        self.cum_bursts = 0
+        self.samples = 0
+        self.bursts = Ring(cfg.ring_events)
+        self.gaps = Ring(cfg.ring_events)
+        self.cycles = Ring(cfg.ring_events)
+        self.cycle_ends = Ring(cfg.ring_events)
+        self.last_burst: float | None = None
+        self.cum_pw = 0.0
+        self.cum_pw_cov = 0.0
+        self.power_watts: float | None = None
+        self.power_peak_watts: float | None = None
+        self.power_limit_watts = power_limit_watts
+        self.mem_used_bytes: int | None = None
+        self.mem_total_bytes = mem_total_bytes
+        self.processes: int | None = None  # count; None = could not be read
+        self.last_tick_t: float | None = None
+        self.hist = History(cfg.ring_evals)
+        # Classification state (owned by the detector's rules).
+        self.state = State.IDLE
+        self.note: str | None = "start-up"
+        self.seen_work = False
+        self.work_start_s: float | None = None
+        self.first_t: float | None = None
+
+    # --- ingestion -----------------------------------------------------------------------
+
+    def ingest(self, g: GpuSample, out_bursts: list, out_gaps: list) -> None:
+        """Fold one tick of one GPU in; completed bursts/gaps go to the two lists."""
+        cfg = self.cfg
+        if self.first_t is None:
+            self.first_t = g.t_s
+        pts = g.util_samples
+        if pts:
+            self.has_fine = True
+        else:
+            u = g.util_pct
+            if u is None and self._looks_powered_down(g.power_watts):
+                u = 0.0  # silent buffer and low power: "possibly idle", read as idle
+            pts = () if u is None else (UtilPoint(g.t_s, u),)
+        if pts:
+            self._fold(pts, cfg, out_bursts, out_gaps)
+        # Tick-level readings.
+        tick_dt = None if self.last_tick_t is None else g.t_s - self.last_tick_t
+        self.last_tick_t = g.t_s
+        p = g.power_watts
+        self.power_watts = p
+        if p is not None:
+            if tick_dt is not None and 0 < tick_dt < 10.0:
+                self.cum_pw += p * tick_dt
+                self.cum_pw_cov += tick_dt
+            if self.power_peak_watts is None or p > self.power_peak_watts:
+                self.power_peak_watts = p
+        if g.power_limit_watts is not None:
+            self.power_limit_watts = g.power_limit_watts
+        if g.mem_used_bytes is not None:
+            self.mem_used_bytes = g.mem_used_bytes
+        if g.mem_total_bytes is not None:
+            self.mem_total_bytes = g.mem_total_bytes
+        self.processes = None if g.processes is None else len(g.processes)
+
+    def _looks_powered_down(self, p: float | None) -> bool:
+        if p is None:
+            return False
+        ref = self.power_peak_watts or self.power_limit_watts
+        return ref is not None and p < 0.3 * ref
+
+    def _fold(self, pts, cfg: DetectorConfig, out_bursts: list, out_gaps: list) -> None:
+        thr = cfg.busy_util_pct
+        last_t = self.last_t
+        n = len(pts)
+        # Period estimate: spacing of this tick's points, else the step from the last point.
+        if n >= 2:
+            p_est = (pts[-1].t_s - pts[0].t_s) / (n - 1)
+        elif last_t is not None:
+            p_est = pts[0].t_s - last_t
+        else:
+            p_est = None
+        if p_est is not None and p_est > 0:
+            per = self.period_s
+            self.period_s = p_est if per is None else per + 0.2 * (p_est - per)
+        period = self.period_s or 1.0
+        hole = cfg.hole_periods * period if cfg.hole_periods * period > 2.5 else 2.5
+        run_busy = self.run_busy
+        run_start = self.run_start
+        cov = 0.0
+        busy = 0.0
+        act = 0.0
+        events = []
+        if last_t is None:
+            first = pts[0]
+            last_t = first.t_s - period
+            run_busy = first.util_pct >= thr
+            run_start = last_t
+        for pt in pts:
+            t = pt.t_s
+            dt = t - last_t
+            if dt <= 0.0:
+                continue
+            u = pt.util_pct
+            b = u >= thr
+            if dt > hole:  # a hole in the data: close the run, count one period only
+                events.append((run_busy, last_t - run_start))
+                last_t = t - period
+                dt = period
+                run_busy = b
+                run_start = last_t
+            cov += dt
+            busy += dt * u
+            if u >= 5.0:
+                act += dt
+            if b is not run_busy:
+                events.append((run_busy, last_t - run_start))
+                run_busy = b
+                run_start = last_t
+            last_t = t
+        self.samples += n
+        self.cum_cov += cov
+        self.cum_busy += busy * 0.01
+        self.cum_act += act
+        self.last_t = last_t
+        self.run_busy = run_busy
+        self.run_start = run_start
+        end = self.run_start
+        for was_busy, length in events:
+            if length <= 0.0:
+                continue
+            if was_busy:
+                self.bursts.push(length)
+                self.cum_bursts += 1
+                self.last_burst = length
+                out_bursts.append((self.index, length))
+            else:
+                self.gaps.push(length)
+                self.cum_gaps += 1
+                if self.last_burst is not None:
+                    self.cycles.push(self.last_burst + length)
+                    self.cycle_ends.push(end)
+                out_gaps.append((self.index, length))
+
+    # --- windows -------------------------------------------------------------------------
+
+    def record(self, t: float) -> None:
+        """Push the running totals at an eval time (one record per eval)."""
+        self.hist.push((t, self.cum_cov, self.cum_busy, self.cum_gaps, self.cum_pw,
+                        self.cum_pw_cov, self.cum_bursts, self.cum_act))
+
+    def window(self, t: float, span_s: float) -> Window:
+        """Totals over the last ``span_s`` seconds before ``t`` (after ``record(t)``)."""
+        old = self.hist.at_or_before(t - span_s)
+        if old is None:
+            return Window(span_s, 0.0, None, 0, 0, None, 0.0)
+        span = t - old[H_T]
+        if span <= 0:
+            span = span_s
+        cov = self.cum_cov - old[H_COV]
+        duty = (self.cum_busy - old[H_BUSY]) / cov if cov > 0 else None
+        if duty is not None:
+            duty = min(1.0, max(0.0, duty))
+        gaps = self.cum_gaps - int(old[H_GAPS]) + (0 if self.run_busy else 1)
+        pwc = self.cum_pw_cov - old[H_PWCOV]
+        pw = (self.cum_pw - old[H_PW]) / pwc if pwc > 0 else self.power_watts
+        act = (self.cum_act - old[H_ACT]) / cov if cov > 0 else 0.0
+        return Window(span, min(1.0, cov / span), duty, gaps,
+                      self.cum_bursts - int(old[H_BURSTS]), pw, min(1.0, act))
+
+    def open_gap_s(self) -> float:
+        """Length of the gap in progress (0 while busy)."""
+        if self.run_busy or self.last_t is None:
+            return 0.0
+        return self.last_t - self.run_start
+
+    def cycle_period_s(self, t: float | None = None, recent_s: float = 90.0
+                       ) -> float | None:
+        """Median burst+gap cycle, of cycles that ended in the last ``recent_s``."""
+        vals = self.cycles.values()
+        if t is not None:
+            ends = self.cycle_ends.values()
+            vals = [v for v, e in zip(vals, ends, strict=True) if e >= t - recent_s]
+        if len(vals) < 3:
+            return None
+        vals.sort()
+        return vals[len(vals) // 2]
+
+    def held(self) -> bool | None:
+        """Whether a process holds this GPU: the process list, else memory in use."""
+        if self.processes is not None and self.processes > 0:
+            return True
+        used, total = self.mem_used_bytes, self.mem_total_bytes
+        if used is not None and total:
+            if used > self.cfg.held_mem_share * total:
+                return True
+            if self.processes == 0:
+                return False
+            return False if self.processes is not None else None
+        if self.processes == 0:
+            return False
+        return None
+
+    def power_ref_watts(self, run_peak: float | None) -> float | None:
+        """What this GPU draws when really computing: run peak, or a share of the limit."""
+        ref = run_peak
+        lim = self.power_limit_watts
+        if lim is not None:
+            alt = self.cfg.power_ref_of_limit * lim
+            ref = alt if ref is None or alt > ref else ref
+        return ref
