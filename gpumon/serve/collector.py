@@ -1,0 +1,320 @@
+"""The Prometheus collector: one consistent snapshot of ``ServeState`` per scrape.
+
+Built on fresh ``*MetricFamily`` objects per scrape (client_python's custom-collector
+pattern) on gpumon's own ``CollectorRegistry``.  It never raises: each group of metrics is
+built in its own ``try``; a failing group is left out of that scrape and counted in
+``gpumon_scrape_errors_total``, the others are still served.  A reading NVML did not give
+(``None``) is an absent series, never a 0: "unsupported" must not read as "idle".
+
+Names follow Prometheus' rules: ``gpumon_`` prefix, base units as suffixes (``_ratio``
+0-1, ``_bytes``, ``_watts``, ``_seconds``), counters ``_total``, metadata in ``_info``,
+labels ``gpu`` (NVML index) and ``uuid``; job labels use dcgm-exporter's names
+(``hpc_job``, ``pod``, ``namespace``, ``container``) so the two join.  There is no pid
+label: pids churn series.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    InfoMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector, CollectorRegistry
+
+from gpumon.model import Cause, State
+from gpumon.serve.daemon import ServeState
+
+GPU = ["gpu", "uuid"]
+JOB = ["hpc_job", "pod", "namespace", "container"]
+STATES = tuple(str(s) for s in State)
+CAUSES = tuple(str(c) for c in Cause)
+
+# Every metric family name this collector can emit (the dashboard and rules tests check
+# their queries against this list).
+METRIC_NAMES = (
+    "gpumon_build_info",
+    "gpumon_gpu_info",
+    "gpumon_gpu_lost",
+    "gpumon_gpu_utilization_ratio",
+    "gpumon_gpu_memory_used_bytes",
+    "gpumon_gpu_memory_total_bytes",
+    "gpumon_gpu_power_watts",
+    "gpumon_gpu_power_limit_watts",
+    "gpumon_gpu_processes",
+    "gpumon_gpu_state",
+    "gpumon_gpu_cause",
+    "gpumon_gpu_straggler",
+    "gpumon_gpu_state_seconds_total",
+    "gpumon_gpu_idle_gap_seconds",
+    "gpumon_gpu_busy_burst_seconds",
+    "gpumon_gpu_job_info",
+    "gpumon_node_state",
+    "gpumon_node_state_seconds_total",
+    "gpumon_lost_gpu_seconds_total",
+    "gpumon_job_state",
+    "gpumon_job_gpus",
+    "gpumon_jobs_untracked_total",
+    "gpumon_host_cpu_ratio",
+    "gpumon_host_iowait_ratio",
+    "gpumon_last_sample_timestamp_seconds",
+    "gpumon_sample_duration_seconds",
+    "gpumon_sample_interval_seconds",
+    "gpumon_samples_total",
+    "gpumon_sample_errors_total",
+    "gpumon_nvml_errors_total",
+    "gpumon_log_write_errors_total",
+    "gpumon_scrape_errors_total",
+    "gpumon_scrape_duration_seconds",
+)
+
+
+class GpumonCollector(Collector):
+    """Reads ``ServeState`` under its lock; yields every family of one tick."""
+
+    def __init__(self, state: ServeState) -> None:
+        self.state = state
+        self._last_scrape_s: float | None = None
+
+    def describe(self) -> Iterator[Metric]:
+        # Registering must not run a scrape (client_python calls collect() when a collector
+        # has no describe()); this registry holds only this collector, so no clash check
+        # is needed.
+        return iter(())
+
+    def collect(self) -> Iterator[Metric]:
+        started = time.perf_counter()
+        out: list[Metric] = []
+        st = self.state
+        failed = 0
+        with st.lock:
+            for part in (self._build, self._gpus, self._detection, self._jobs, self._host,
+                         self._health):
+                try:
+                    out.extend(part())
+                except Exception:  # never fail the scrape; count it
+                    failed += 1
+            st.scrape_errors_total += failed
+            errors = st.scrape_errors_total
+        yield from out
+        yield CounterMetricFamily(
+            "gpumon_scrape_errors",
+            "Scrapes in which a group of gpumon's metrics could not be built (left out).",
+            value=errors,
+        )
+        last = self._last_scrape_s
+        if last is not None:
+            yield GaugeMetricFamily(
+                "gpumon_scrape_duration_seconds",
+                "Time the previous scrape took to build gpumon's metrics.",
+                value=last,
+            )
+        self._last_scrape_s = time.perf_counter() - started
+
+    # --- groups ----------------------------------------------------------------------------
+
+    def _build(self) -> list[Metric]:
+        st = self.state
+        info = InfoMetricFamily("gpumon_build", "gpumon's version.",
+                                value={"version": st.version})
+        return [info]
+
+    def _gpus(self) -> list[Metric]:
+        st = self.state
+        info = InfoMetricFamily("gpumon_gpu", "Each GPU as discovered at start-up.",
+                                labels=GPU)
+        lost = GaugeMetricFamily("gpumon_gpu_lost",
+                                 "1 when NVML reports the GPU fell off the bus.", labels=GPU)
+        util = GaugeMetricFamily(
+            "gpumon_gpu_utilization_ratio",
+            "Share of the driver's last sample period in which a kernel ran (utilization.gpu).",
+            labels=GPU)
+        used = GaugeMetricFamily("gpumon_gpu_memory_used_bytes", "GPU memory used (memory.used).",
+                                 labels=GPU)
+        total = GaugeMetricFamily("gpumon_gpu_memory_total_bytes",
+                                  "GPU memory installed (memory.total).", labels=GPU)
+        power = GaugeMetricFamily("gpumon_gpu_power_watts", "Power draw (power.draw).",
+                                  labels=GPU)
+        limit = GaugeMetricFamily("gpumon_gpu_power_limit_watts",
+                                  "Enforced power limit (enforced.power.limit).", labels=GPU)
+        procs = GaugeMetricFamily("gpumon_gpu_processes",
+                                  "Processes holding a compute context on the GPU.", labels=GPU)
+        jobinfo = InfoMetricFamily(
+            "gpumon_gpu_job",
+            "The jobs using each GPU (Slurm job id; Kubernetes pod, namespace, container id).",
+            labels=[*GPU, *JOB])
+        for idx in sorted(st.gpus):
+            rt = st.gpus[idx]
+            ident = rt.identity
+            lv = [str(idx), ident.uuid]
+            info.add_metric(lv, {"name": ident.name or "", "driver": st.driver_version or "",
+                                 "pci_bus_id": ident.pci_bus_id or ""})
+            s = rt.sample
+            lost.add_metric(lv, 1.0 if s is not None and s.lost else 0.0)
+            for lb in rt.jobs:
+                jobinfo.add_metric([*lv, lb.hpc_job, lb.pod, lb.namespace, lb.container], {})
+            if s is None or s.lost:
+                continue
+            _add(util, lv, None if s.util_pct is None else s.util_pct / 100.0)
+            _add(used, lv, s.mem_used_bytes)
+            _add(total, lv, s.mem_total_bytes if s.mem_total_bytes is not None
+                 else ident.mem_total_bytes)
+            _add(power, lv, s.power_watts)
+            _add(limit, lv, s.power_limit_watts if s.power_limit_watts is not None
+                 else ident.power_limit_watts)
+            _add(procs, lv, rt.processes)
+        return [info, lost, util, used, total, power, limit, procs, jobinfo]
+
+    def _detection(self) -> list[Metric]:
+        st = self.state
+        verdict = st.detector.verdict()
+        seconds = st.detector.seconds_in_state()
+        state = GaugeMetricFamily(
+            "gpumon_gpu_state",
+            "The detector's current state of the GPU: 1 for the current state, 0 otherwise.",
+            labels=[*GPU, "state"])
+        cause = GaugeMetricFamily(
+            "gpumon_gpu_cause",
+            "Why a starved GPU waits (cpu, gil, io, unknown): 1 for the current cause; "
+            "absent unless starved.",
+            labels=[*GPU, "cause"])
+        strag = GaugeMetricFamily(
+            "gpumon_gpu_straggler",
+            "1 when the other GPUs of the node wait on this one (the straggler).", labels=GPU)
+        secs = CounterMetricFamily(
+            "gpumon_gpu_state_seconds",
+            "Seconds the GPU spent in each state since gpumon started.",
+            labels=[*GPU, "state"])
+        gaps = HistogramMetricFamily(
+            "gpumon_gpu_idle_gap_seconds",
+            "Lengths of the GPU's idle gaps between bursts, from the driver's sample buffer.",
+            labels=GPU)
+        bursts = HistogramMetricFamily(
+            "gpumon_gpu_busy_burst_seconds",
+            "Lengths of the GPU's busy bursts, from the driver's sample buffer.", labels=GPU)
+        by_gpu = {v.gpu: v for v in verdict.gpus}
+        for idx in sorted(st.gpus):
+            rt = st.gpus[idx]
+            lv = [str(idx), rt.identity.uuid]
+            v = by_gpu.get(idx)
+            cur = str(v.state) if v is not None else str(State.UNKNOWN)
+            for s in STATES:
+                state.add_metric([*lv, s], 1.0 if s == cur else 0.0)
+            if v is not None and v.state is State.STARVED:
+                c = str(v.cause or Cause.UNKNOWN)
+                for name in CAUSES:
+                    cause.add_metric([*lv, name], 1.0 if name == c else 0.0)
+            is_strag = v is not None and v.evidence.get("straggler_gpu") == idx
+            strag.add_metric(lv, 1.0 if is_strag else 0.0)
+            per = seconds.get(idx, {})
+            for s in State:
+                secs.add_metric([*lv, str(s)], per.get(s, 0.0))
+            gaps.add_metric(lv, rt.gaps.cumulative(), rt.gaps.sum)
+            bursts.add_metric(lv, rt.bursts.cumulative(), rt.bursts.sum)
+        node = GaugeMetricFamily(
+            "gpumon_node_state",
+            "The node's overall state over all its GPUs: 1 for the current state.",
+            labels=["state"])
+        for s in STATES:
+            node.add_metric([s], 1.0 if s == str(verdict.state) else 0.0)
+        node_secs = CounterMetricFamily(
+            "gpumon_node_state_seconds",
+            "Seconds the node (all GPUs together) spent in each state.", labels=["state"])
+        per = seconds.get(None, {})
+        for s in State:
+            node_secs.add_metric([str(s)], per.get(s, 0.0))
+        lost = CounterMetricFamily(
+            "gpumon_lost_gpu_seconds",
+            "GPU-seconds spent idle or busy-waiting while a process held the GPU.",
+            value=st.detector.lost_gpu_seconds())
+        return [state, cause, strag, secs, gaps, bursts, node, node_secs, lost]
+
+    def _jobs(self) -> list[Metric]:
+        st = self.state
+        state = GaugeMetricFamily(
+            "gpumon_job_state",
+            "Each job's state over its GPUs on this node: 1 for the current state.",
+            labels=[*JOB[:3], "state"])
+        gpus = GaugeMetricFamily("gpumon_job_gpus", "GPUs of this node the job uses.",
+                                 labels=JOB[:3])
+        node = None
+        for job in st.jobs.values():
+            lb = job.labels
+            lv = [lb.hpc_job, lb.pod, lb.namespace]
+            if job.detector is None:
+                node = node or st.detector.verdict()
+                cur = node.state
+            else:
+                cur = job.detector.verdict().state
+            for s in STATES:
+                state.add_metric([*lv, s], 1.0 if s == str(cur) else 0.0)
+            gpus.add_metric(lv, float(len(job.gpus)))
+        dropped = CounterMetricFamily(
+            "gpumon_jobs_untracked",
+            "Jobs not given a state because max_jobs were already tracked.",
+            value=st.jobs_dropped_total)
+        return [state, gpus, dropped]
+
+    def _host(self) -> list[Metric]:
+        h = self.state.host
+        cpu = GaugeMetricFamily("gpumon_host_cpu_ratio",
+                                "Share of all cores' time spent busy over the last tick.")
+        io = GaugeMetricFamily("gpumon_host_iowait_ratio",
+                               "Share of all cores' time spent in iowait over the last tick.")
+        if h is not None:
+            if h.cpu_pct is not None:
+                cpu.add_metric([], h.cpu_pct / 100.0)
+            if h.iowait_pct is not None:
+                io.add_metric([], h.iowait_pct / 100.0)
+        return [cpu, io]
+
+    def _health(self) -> list[Metric]:
+        st = self.state
+        out: list[Metric] = []
+        last = GaugeMetricFamily("gpumon_last_sample_timestamp_seconds",
+                                 "Unix time of the last completed sample.")
+        _add(last, [], st.last_sample_wall_s)
+        dur = GaugeMetricFamily("gpumon_sample_duration_seconds",
+                                "Time the last tick took to read NVML and the host.")
+        _add(dur, [], st.last_sample_duration_s)
+        out += [last, dur]
+        out.append(GaugeMetricFamily("gpumon_sample_interval_seconds",
+                                     "Configured time between ticks.", value=st.cfg.interval_s))
+        out.append(CounterMetricFamily("gpumon_samples", "Ticks completed.",
+                                       value=st.ticks_total))
+        out.append(CounterMetricFamily("gpumon_sample_errors",
+                                       "Ticks skipped because sampling or processing failed.",
+                                       value=st.tick_errors_total))
+        nvml = CounterMetricFamily("gpumon_nvml_errors", "NVML calls that failed, by error kind.",
+                                   labels=["kind"])
+        for kind in sorted(st.nvml_errors):
+            nvml.add_metric([kind], st.nvml_errors[kind])
+        out.append(nvml)
+        out.append(CounterMetricFamily("gpumon_log_write_errors",
+                                       "Log lines that could not be written (full disk, "
+                                       "unwritable file).", value=st.log.errors_total))
+        return out
+
+
+def _add(family: GaugeMetricFamily, labels: list[str], value: float | int | None) -> None:
+    if value is not None:
+        family.add_metric(labels, float(value))
+
+
+def make_registry(state: ServeState) -> CollectorRegistry:
+    """gpumon's own registry: no process/platform collectors, no import-time globals."""
+    registry = CollectorRegistry(auto_describe=True)
+    registry.register(GpumonCollector(state))
+    return registry
+
+
+def exposition(registry: CollectorRegistry) -> str:
+    from prometheus_client import generate_latest
+
+    return generate_latest(registry).decode()
+

@@ -1,0 +1,172 @@
+"""Which job a GPU process belongs to: Slurm job id, Kubernetes pod/namespace/container.
+
+NVML gives pids only; a fleet needs jobs, so that a multi-node job can be followed from
+node to node and joined with dcgm-exporter's ``hpc_job``/``pod``/``namespace``/
+``container`` labels.  Sources, cheapest and least privileged first:
+
+- ``/proc/PID/cgroup``: Slurm's ``.../job_<id>/step_...`` (cgroup v1 and v2) and the
+  kubelet's ``kubepods.../pod<uid>/<container id>`` (systemd and cgroupfs drivers);
+  readable by anyone.
+- ``/proc/PID/environ``: ``SLURM_JOB_ID``, and in a pod ``HOSTNAME`` (the pod's name) and
+  ``POD_NAMESPACE`` where the downward API sets it; readable only with ptrace rights
+  (root, or ``CAP_SYS_PTRACE``).
+- ``/proc/PID/root/var/run/secrets/kubernetes.io/serviceaccount/namespace``: the pod's
+  namespace, mounted in every pod that has a service account token.
+
+Each pid is read once and cached until it leaves every GPU's process list (pids are only
+reused after the process is gone, so a cached pid that is still on a GPU is the same
+process); nothing here runs per tick for a known pid.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import OrderedDict
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+_SLURM_CGROUP = re.compile(r"/job_(\d+)(?:/|$)")
+_POD_CGROUP = re.compile(
+    r"pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})"
+)
+_CONTAINER = re.compile(r"^(?:[a-z]+-)*([0-9a-f]{64})(?:\.scope)?$")
+_SA_NAMESPACE = "var/run/secrets/kubernetes.io/serviceaccount/namespace"
+_ENV_LIMIT = 1 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class JobLabels:
+    """A process's job, as label values ("" where unknown: Prometheus' 'absent').
+
+    ``pod`` is the pod's name where the process environment is readable, else its UID;
+    ``container`` is the container id's first 12 hex digits (what ``docker ps`` and
+    ``crictl ps`` show), since names are not visible from the node.
+    """
+
+    hpc_job: str = ""
+    pod: str = ""
+    namespace: str = ""
+    container: str = ""
+
+    @property
+    def known(self) -> bool:
+        return bool(self.hpc_job or self.pod)
+
+    def job_key(self) -> tuple[str, str, str]:
+        """What makes two processes the same job (containers of one pod are one job)."""
+        return (self.hpc_job, self.namespace, self.pod)
+
+    def as_dict(self) -> dict[str, str]:
+        return {
+            "hpc_job": self.hpc_job,
+            "pod": self.pod,
+            "namespace": self.namespace,
+            "container": self.container,
+        }
+
+
+NO_JOB = JobLabels()
+
+
+def parse_cgroup(text: str) -> tuple[str, str, str]:
+    """(slurm job id, pod uid, container id) from a /proc/PID/cgroup text; "" if absent."""
+    job = pod = container = ""
+    for line in text.splitlines():
+        path = line.split(":", 2)[-1]
+        if not job:
+            m = _SLURM_CGROUP.search(path)
+            if m:
+                job = m.group(1)
+        if not pod:
+            m = _POD_CGROUP.search(path)
+            if m:
+                pod = m.group(1).replace("_", "-")
+                last = path.rstrip("/").rsplit("/", 1)[-1]
+                c = _CONTAINER.match(last)
+                if c:
+                    container = c.group(1)[:12]
+    return job, pod, container
+
+
+def parse_environ(data: bytes) -> dict[str, str]:
+    """The few variables we use from a NUL-separated /proc/PID/environ."""
+    wanted = (b"SLURM_JOB_ID=", b"HOSTNAME=", b"POD_NAMESPACE=", b"POD_NAME=")
+    out: dict[str, str] = {}
+    for item in data.split(b"\0"):
+        for w in wanted:
+            if item.startswith(w):
+                out[w[:-1].decode()] = item[len(w):].decode(errors="replace")
+    return out
+
+
+class JobResolver:
+    """Pid -> JobLabels, read once per process and cached while it is on a GPU."""
+
+    def __init__(
+        self,
+        sources: Iterable[str] = ("slurm", "kubernetes"),
+        *,
+        procfs: str = "/proc",
+        max_cached: int = 4096,
+    ) -> None:
+        self.sources = frozenset(sources)
+        self.procfs = procfs
+        self.max_cached = max_cached
+        self._cache: OrderedDict[int, JobLabels] = OrderedDict()
+        self.reads = 0  # for tests: how often /proc was actually read
+
+    def labels(self, pid: int) -> JobLabels:
+        hit = self._cache.get(pid)
+        if hit is not None:
+            self._cache.move_to_end(pid)
+            return hit
+        labels = self._read(pid) if self.sources else NO_JOB
+        self._cache[pid] = labels
+        while len(self._cache) > self.max_cached:
+            self._cache.popitem(last=False)
+        return labels
+
+    def retain(self, pids: Iterable[int]) -> None:
+        """Forget every pid not in ``pids`` (they left the GPUs; the pid may be reused)."""
+        keep = set(pids)
+        for pid in [p for p in self._cache if p not in keep]:
+            del self._cache[pid]
+
+    def __len__(self) -> int:
+        return len(self._cache)
+
+    # --- reads: each failure just leaves that label empty ---------------------------------
+
+    def _read(self, pid: int) -> JobLabels:
+        self.reads += 1
+        base = f"{self.procfs}/{pid}"
+        job, pod_uid, container = parse_cgroup(_read_text(f"{base}/cgroup") or "")
+        want_slurm = "slurm" in self.sources
+        want_k8s = "kubernetes" in self.sources
+        env: dict[str, str] = {}
+        if (want_slurm and not job) or (want_k8s and pod_uid):
+            raw = _read_bytes(f"{base}/environ")
+            env = parse_environ(raw) if raw else {}
+        hpc_job = (job or env.get("SLURM_JOB_ID", "")) if want_slurm else ""
+        pod = namespace = ""
+        if want_k8s and pod_uid:
+            pod = env.get("POD_NAME") or env.get("HOSTNAME") or pod_uid
+            namespace = env.get("POD_NAMESPACE") or (
+                _read_text(f"{base}/root/{_SA_NAMESPACE}") or ""
+            ).strip()
+        else:
+            container = ""
+        return JobLabels(hpc_job=hpc_job, pod=pod, namespace=namespace, container=container)
+
+
+def _read_bytes(path: str) -> bytes | None:
+    try:
+        with open(path, "rb") as fh:
+            return fh.read(_ENV_LIMIT)
+    except OSError:  # gone, permission denied, not a directory: the label stays empty
+        return None
+
+
+def _read_text(path: str) -> str | None:
+    raw = _read_bytes(path)
+    return None if raw is None else raw.decode(errors="replace")
