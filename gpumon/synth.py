@@ -418,6 +418,10 @@ def generate(scenario: str, seed: int = 0, *, gpus: int | None = None,
                                                              4242)
         snaps.append(Snapshot(tick_t, tuple(samples), host, tree))
     labels = tuple(lab for g in timelines for lab in g.labels)
+    if coarse:  # no host data: no cause can be known
+        labels = tuple(Label(lab.start_s, lab.end_s, lab.gpu, lab.state,
+                             Cause.UNKNOWN if lab.state is State.STARVED else lab.cause,
+                             lab.note) for lab in labels)
     return SynthTrace(f"{scenario}/{seed}", seed, header, tuple(snaps), labels,
                       tuple(phases), period)
 

@@ -17,7 +17,7 @@ from gpumon.detect.advice import advice_for
 from gpumon.detect.config import DetectorConfig
 from gpumon.detect.gpu import H_BUSY, H_COV, GpuTrack, Window
 from gpumon.detect.host import HostTrack
-from gpumon.detect.rings import Ring, quantile
+from gpumon.detect.rings import quantile
 from gpumon.model import (
     Cause,
     Episode,
@@ -78,6 +78,7 @@ class Detector:
         self._straggler: int | None = None
         self._opened: list[Episode] = []
         self._closed: list[Episode] = []
+        self._multi_cache: tuple[float, Evidence] | None = None
 
     # --- public API ----------------------------------------------------------------------
 
@@ -117,7 +118,7 @@ class Detector:
             for tr in self._tracks.values():
                 tr.record(t)
             self._host.record(t)
-        elif t - self._last_eval >= self.cfg.eval_interval_s:
+        elif t - self._last_eval >= 0.9 * self.cfg.eval_interval_s:  # ticks jitter
             self._evaluate(t)
             self._last_eval = t
         return DetectorUpdate(tuple(self._opened), tuple(self._closed), tuple(bursts),
@@ -201,7 +202,6 @@ class Detector:
         return w
 
     def _evaluate(self, t: float) -> None:
-        cfg = self.cfg
         for tr in self._tracks.values():
             tr.record(t)
         self._host.record(t)
@@ -220,7 +220,6 @@ class Detector:
             if start is not None:
                 switched.append(start)
         self._run_state(t, switched)
-        del cfg
 
     def _classify(self, tr: GpuTrack, w: Window, t: float) -> _Candidate:
         """The per-GPU rules: one candidate state from this GPU's window alone."""
@@ -239,18 +238,23 @@ class Detector:
                 tr.seen_work = True
                 # Later windows never reach back into start-up.
                 # (skipping the first, partial sample of the work).
-                tr.work_start_s = t - w.active * w.span_s + (tr.period_s or 0.0)
+                onset = t - w.active * w.span_s
+                if tr.was_act and t - tr.act_on >= 2.0 and tr.act_on > onset:
+                    onset = tr.act_on  # continuous work since then: blips before are no work
+                tr.work_start_s = onset + (tr.period_s or 0.0)
                 w = tr.window(t, max(cfg.eval_interval_s * 2, t - tr.work_start_s))
                 d = w.duty if w.duty is not None else d
-                tr.cycles = Ring(cfg.ring_events)  # start-up blips are no cycle pattern
-                tr.cycle_ends = Ring(cfg.ring_events)
+                tr.reset_cycles()
             else:
                 note = "no process" if held is False else "start-up"
                 return _Candidate(State.IDLE, None, note, t)
+        if tr.work_start_s is not None and cur is State.IDLE and tr.note == "start-up" and \
+                t - tr.work_start_s < max(3.0, 2.5 * (tr.period_s or 1.0)):
+            return _Candidate(State.IDLE, None, "start-up", t)  # too little work to judge yet
         gap = tr.open_gap_s()
         if d >= cfg.idle_duty and gap >= (cfg.idle_gap_s if held is False else cfg.dip_max_s):
             # A long gap in progress: judge idleness on the gap itself, not the window.
-            wg = tr.window(t, gap)
+            wg = tr.window(t, gap - cfg.eval_interval_s)  # records are per eval
             if wg.duty is not None and wg.duty < cfg.idle_duty and wg.coverage >= 0.5:
                 d = wg.duty
         if d < cfg.idle_duty:
@@ -269,9 +273,10 @@ class Detector:
         coarse = tr.period_s is None or tr.period_s >= cfg.coarse_period_s
         if coarse and held is not True:
             per = tr.period_s or 0.0
+            why = "no process information" if held is None else "no visible process"
             return _Candidate(State.UNKNOWN, None,
-                              f"data too coarse (one sample per {per:.1f} s) and no process "
-                              "information: a low flat duty cycle could be small work", t)
+                              f"data too coarse (one sample per {per:.1f} s) and {why}: a "
+                              "low flat duty cycle could be small work", t)
         cause = self._cause(t, w.span_s)
         note = f"coarse data (one sample per {tr.period_s:.1f} s): judged on the duty " \
                "cycle alone" if coarse else None
@@ -343,7 +348,8 @@ class Detector:
         paused = len(working) >= 2
         for i in working:
             tr = self._tracks[i]
-            rec = tr.hist.at_or_before(t - cfg.eval_interval_s * 0.999)
+            look = max(cfg.eval_interval_s, tr.period_s or 0.0)  # >= one driver sample
+            rec = tr.hist.at_or_before(t - look * 0.999)
             if rec is None:
                 paused = False
                 break
@@ -471,6 +477,8 @@ class Detector:
         self._evidence_age[key] = age
 
     def _run_state(self, t: float, switched: list[float]) -> None:
+        if not switched and None in self._episodes:
+            return  # no GPU changed: neither did the run
         states = [ep for k, ep in self._episodes.items() if k is not None]
         if not states:
             return
@@ -566,6 +574,14 @@ class Detector:
         return ev
 
     def _multi_evidence(self, t: float) -> Evidence:
+        """Run-wide numbers (computed once per eval, shared by every GPU's evidence)."""
+        if self._multi_cache is not None and self._multi_cache[0] == t:
+            return self._multi_cache[1]
+        ev = self._compute_multi(t)
+        self._multi_cache = (t, ev)
+        return ev
+
+    def _compute_multi(self, t: float) -> Evidence:
         ev: Evidence = {}
         duties = [tr.window(t, self._window_s(tr)).duty for tr in self._tracks.values()]
         known = [d for d in duties if d is not None]

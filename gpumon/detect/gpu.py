@@ -46,6 +46,8 @@ class GpuTrack:
         self.cum_cov = 0.0
         self.cum_busy = 0.0  # util-weighted busy seconds
         self.cum_act = 0.0  # seconds with any activity (util >= 5 %)
+        self.was_act = False
+        self.act_on = 0.0  # start of the current stretch of activity
         self.cum_gaps = 0
         self.cum_bursts = 0
         self.samples = 0
@@ -53,6 +55,9 @@ class GpuTrack:
         self.gaps = Ring(cfg.ring_events)
         self.cycles = Ring(cfg.ring_events)
         self.cycle_ends = Ring(cfg.ring_events)
+        self._cp_key = -1
+        self._cp_t = 0.0
+        self._cp_val: float | None = None
         self.last_burst: float | None = None
         self.cum_pw = 0.0
         self.cum_pw_cov = 0.0
@@ -81,10 +86,15 @@ class GpuTrack:
         pts = g.util_samples
         if pts:
             self.has_fine = True
+        elif self.has_fine and self.last_t is not None and \
+                g.t_s - self.last_t < 2.5 * (self.period_s or 1.0):
+            pts = ()  # the driver's next sample is simply not due yet
         else:
+            # Coarse source, or a buffer silent for longer than its period ("possibly idle",
+            # NVML NotFound): fall back on the instantaneous reading, else on power.
             u = g.util_pct
             if u is None and self._looks_powered_down(g.power_watts):
-                u = 0.0  # silent buffer and low power: "possibly idle", read as idle
+                u = 0.0
             pts = () if u is None else (UtilPoint(g.t_s, u),)
         if pts:
             self._fold(pts, cfg, out_bursts, out_gaps)
@@ -134,6 +144,8 @@ class GpuTrack:
         cov = 0.0
         busy = 0.0
         act = 0.0
+        was_act = self.was_act
+        act_on = self.act_on
         events = []
         if last_t is None:
             first = pts[0]
@@ -157,6 +169,11 @@ class GpuTrack:
             busy += dt * u
             if u >= 5.0:
                 act += dt
+                if not was_act:
+                    act_on = last_t
+                    was_act = True
+            elif was_act:
+                was_act = False
             if b is not run_busy:
                 events.append((run_busy, last_t - run_start))
                 run_busy = b
@@ -166,6 +183,8 @@ class GpuTrack:
         self.cum_cov += cov
         self.cum_busy += busy * 0.01
         self.cum_act += act
+        self.was_act = was_act
+        self.act_on = act_on
         self.last_t = last_t
         self.run_busy = run_busy
         self.run_start = run_start
@@ -220,7 +239,26 @@ class GpuTrack:
 
     def cycle_period_s(self, t: float | None = None, recent_s: float = 90.0
                        ) -> float | None:
-        """Median burst+gap cycle, of cycles that ended in the last ``recent_s``."""
+        """Median burst+gap cycle, of cycles that ended in the last ``recent_s``.
+
+        Cached: recomputed when a gap completed or 10 s passed (quantiles are not free).
+        """
+        if t is None:
+            return self._cycle_period(None, recent_s)
+        key = self.cum_gaps
+        if (key == self._cp_key or self._cp_val is not None) and t - self._cp_t < 5.0:
+            return self._cp_val
+        self._cp_key, self._cp_t = key, t
+        self._cp_val = self._cycle_period(t, recent_s)
+        return self._cp_val
+
+    def reset_cycles(self) -> None:
+        """Forget the cycle pattern (start-up blips are no pattern)."""
+        self.cycles = Ring(self.cfg.ring_events)
+        self.cycle_ends = Ring(self.cfg.ring_events)
+        self._cp_key = -1
+
+    def _cycle_period(self, t: float | None, recent_s: float) -> float | None:
         vals = self.cycles.values()
         if t is not None:
             ends = self.cycle_ends.values()

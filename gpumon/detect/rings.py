@@ -54,15 +54,37 @@ class History:
             self.n += 1
 
     def at_or_before(self, t: float) -> tuple[float, ...] | None:
-        """The newest record with time <= t, or the oldest kept if none is that old."""
+        """The newest record with time <= t, or the oldest kept if none is that old.
+
+        Records come at a near-constant pace, so the index is guessed from the mean
+        spacing and corrected by a step or two: O(1) on a steady stream.
+        """
+        n = self.n
+        if n == 0:
+            return None
         size, buf = self.size, self.buf
-        j = self.i
-        rec = None
-        for _ in range(self.n):
-            j = (j - 1) % size
-            rec = buf[j]
-            if rec is not None and rec[0] <= t:
-                return rec
+        newest = buf[(self.i - 1) % size]
+        oldest = buf[(self.i - n) % size]
+        if newest[0] <= t:  # type: ignore[index]
+            return newest
+        if oldest[0] >= t:  # type: ignore[index]
+            return oldest
+        # Position k counts back from the newest (0 = newest).
+        pace = (newest[0] - oldest[0]) / (n - 1)  # type: ignore[index]
+        k = int((newest[0] - t) / pace) if pace > 0 else 0  # type: ignore[index]
+        k = min(max(k, 0), n - 1)
+        base = self.i - 1
+        rec = buf[(base - k) % size]
+        while rec[0] > t and k < n - 1:  # type: ignore[index]
+            k += 1
+            rec = buf[(base - k) % size]
+        while k > 0:
+            nxt = buf[(base - k + 1) % size]
+            if nxt[0] <= t:  # type: ignore[index]
+                k -= 1
+                rec = nxt
+            else:
+                break
         return rec
 
     def __len__(self) -> int:
