@@ -197,9 +197,7 @@ class Assembler:
             if entry is None:
                 entry = rows[gpu] = [[], t, util, payload]
             else:
-                entry[1] = t
-                entry[2] = util
-                entry[3] = payload
+                entry[1:] = (t, util, payload)
             if util is not None:
                 entry[0].append(UtilPoint(t, util))
             return out

@@ -16,22 +16,21 @@ header *and* without units that is impossible and the error says how to re-run.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from itertools import chain
 
 from gpumon.errors import TraceFormatError
 from gpumon.model import GpuIdentity, GpuSample, Snapshot, TraceHeader, UtilPoint
 from gpumon.traces._common import (
+    MIB,
     NVSMI_TIME_RE,
     Assembler,
     Positional,
     bad_line,
     cut_short_warning,
-    int_or_none,
     is_cut_short,
     median_interval,
-    mib_bytes,
     num,
     nvsmi_time,
     repeat_period,
@@ -255,32 +254,40 @@ def _reasons(cells: list[str], at: dict[str, int]) -> int | None:
     return None if value is None else int(value, 16 if value.lower().startswith("0x") else 10)
 
 
+def _opt(cells: list[str], i: int | None) -> float | None:
+    return None if i is None else num(cells[i])
+
+
 def make_sample(
     gpu: int, t: float, util: float | None, points: tuple[UtilPoint, ...],
     cols: Columns, cells: list[str]
 ) -> GpuSample:
     """A GpuSample from one row's cells (raises ValueError on a malformed cell)."""
     at = cols.at
-    mem_used = _field(cells, at, "mem_used")
-    mem_total = _field(cells, at, "mem_total")
+    get = at.get
+    mem_used = _opt(cells, get("mem_used"))
+    mem_total = _opt(cells, get("mem_total"))
     if mem_used is None and mem_total is not None and "mem_free" in at:
         free = _field(cells, at, "mem_free")
         mem_used = None if free is None else mem_total - free
-    lost = any(c.strip() == "[GPU is lost]" for c in cells)
+    clock = _opt(cells, get("sm_clock"))
+    u_at = get("util")
+    # A GPU that fell off the bus reads "[GPU is lost]" in every cell.
+    lost = util is None and u_at is not None and cells[u_at].strip() == "[GPU is lost]"
     return GpuSample(
         t_s=t,
         gpu=gpu,
         uuid=_text(cells, at, "uuid") or _text(cells, at, "bus") or f"gpu{gpu}",
         util_samples=points,
         util_pct=util,
-        mem_util_pct=_field(cells, at, "mem_util"),
-        mem_used_bytes=mib_bytes(mem_used),
-        mem_total_bytes=mib_bytes(mem_total),
-        power_watts=_field(cells, at, "power"),
-        power_limit_watts=_field(cells, at, "power_limit"),
-        sm_clock_mhz=int_or_none(_field(cells, at, "sm_clock")),
-        clock_event_reasons=_reasons(cells, at),
-        temperature_c=_field(cells, at, "temp"),
+        mem_util_pct=_opt(cells, get("mem_util")),
+        mem_used_bytes=None if mem_used is None else int(mem_used * MIB),
+        mem_total_bytes=None if mem_total is None else int(mem_total * MIB),
+        power_watts=_opt(cells, get("power")),
+        power_limit_watts=_opt(cells, get("power_limit")),
+        sm_clock_mhz=None if clock is None else int(clock),
+        clock_event_reasons=_reasons(cells, at) if "reasons" in at else None,
+        temperature_c=_opt(cells, get("temp")),
         lost=lost,
     )
 
@@ -442,20 +449,17 @@ def _snapshots(
             raise bad_line(path, no, line, f"malformed value ({exc})") from None
 
     asm = Assembler(build, interval)
+    add = asm.add
     split = 0.5 * interval
-
-    def fresh_gpus(c: Columns) -> tuple[_Gpus, Callable[[list[str]], float] | None]:
-        pos = Positional(positional_n or 1, split) if c.key_column() is None else None
-        t_at = c.at.get("time")
-        return _Gpus(c, pos), ((lambda cells: nvsmi_time(cells[t_at])) if t_at is not None
-                              else None)
-
-    gpus, time_of = fresh_gpus(cols)
-    u_at = cols.at.get("util")
-    ncols = cols.count
     tick = -1
     seen: set[int] = set()
     header_names: list[str] | None = None
+    # Per-header state, rebuilt when a different header appears mid-file.
+    gpus = _Gpus(cols, Positional(positional_n or 1, split) if cols.key_column() is None
+                 else None)
+    t_at, u_at, ncols = cols.at.get("time"), cols.at.get("util"), cols.count
+    index_at = cols.at.get("index") if gpus.key == "index" else None
+    last_stamp, last_t = "", 0.0  # the GPUs of one tick share their timestamp text
     for no, line in lines:
         if line[:1].isalpha() and is_header(line):
             cells = line.lstrip("\ufeff").rstrip("\r\n").split(",")
@@ -464,8 +468,10 @@ def _snapshots(
                 continue  # the same header again (nvidia-smi restarted, logs concatenated)
             header_names = names
             cols = Columns.from_header(cells)
-            gpus, time_of = fresh_gpus(cols)
-            u_at, ncols = cols.at.get("util"), cols.count
+            gpus = _Gpus(cols, Positional(positional_n or 1, split)
+                         if cols.key_column() is None else None)
+            t_at, u_at, ncols = cols.at.get("time"), cols.at.get("util"), cols.count
+            index_at = cols.at.get("index") if gpus.key == "index" else None
             continue
         cells = line.rstrip("\r\n").split(",")
         if len(cells) != ncols:
@@ -476,23 +482,34 @@ def _snapshots(
                 break
             raise bad_line(path, no, line, f"expected {ncols} columns, found {len(cells)}")
         try:
-            if time_of is not None:
-                t = time_of(cells) - t0
-                gpu = gpus.of(cells, t)
+            if t_at is not None:
+                stamp = cells[t_at]
+                if stamp != last_stamp:
+                    last_t = nvsmi_time(stamp) - t0
+                    last_stamp = stamp
+                t = last_t
+                gpu = int(cells[index_at]) if index_at is not None else gpus.of(cells, t)
             else:
-                gpu = gpus.of(cells, None)
+                gpu = int(cells[index_at]) if index_at is not None else gpus.of(cells, None)
                 if gpu in seen or not seen:
                     seen.clear()
                     tick += 1
                 seen.add(gpu)
                 t = tick * interval
-            util = num(cells[u_at]) if u_at is not None else None
+            if u_at is None:
+                util = None
+            else:
+                cell = cells[u_at]
+                try:  # the common case, "92 %" or "92", without the general parser
+                    util = float(cell.rstrip(" %"))
+                except ValueError:
+                    util = num(cell)
         except (ValueError, IndexError) as exc:
             if is_cut_short(line):
                 warns.append(cut_short_warning(path, no))
                 break
             raise bad_line(path, no, line, f"malformed value ({exc})") from None
-        snap = asm.add(t, gpu, util, (cols, cells, no, line))
+        snap = add(t, gpu, util, (cols, cells, no, line))
         if snap is not None:
             yield snap
     snap = asm.flush()
