@@ -58,6 +58,7 @@ class DetectorConfig:
     busywait_util_pct: float = 90.0
     busywait_power_share: float = 0.55
     power_ref_of_limit: float = 0.75
+    busywait_window_s: float = 4.0
     # All-GPU pauses (checkpoint, host-side sync): a second in which every working GPU is
     # below ``pause_util_pct`` (or busy-waiting).  Pauses of ``sync_pause_min_s`` to
     # ``sync_pause_max_s`` taking more than ``sync_pause_share`` of the last

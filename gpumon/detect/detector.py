@@ -322,6 +322,10 @@ class Detector:
         for idx, w in wins.items():
             tr = self._tracks[idx]
             ref = tr.power_ref_watts(self._run_peak_watts)
+            if ref is None or w.power_watts is None:
+                continue  # no power reading: a busy GPU is never taken for a waiting one
+            if w.span_s > cfg.busywait_window_s:  # power is a 1 s mean: a short window will do
+                w = tr.window(t, cfg.busywait_window_s)
             if w.duty is not None and w.power_watts is not None and ref and \
                     tr.seen_work and w.duty * 100 >= cfg.busywait_util_pct and \
                     w.power_watts <= cfg.busywait_power_share * ref:
@@ -358,9 +362,15 @@ class Detector:
             if cov <= 0:
                 paused = False
                 break
-            if busy / cov * 100 >= cfg.pause_util_pct and i not in busywait:
-                paused = False
-                break
+            u = busy / cov * 100
+            if u >= cfg.pause_util_pct:
+                # Spinning through the pause counts as paused: high util, low power now.
+                ref = tr.power_ref_watts(self._run_peak_watts)
+                p = tr.power_watts
+                if not (u >= cfg.busywait_util_pct and p is not None and ref and
+                        p <= cfg.busywait_power_share * ref):
+                    paused = False
+                    break
         if paused and self._pause_start is None:
             self._pause_start = self._last_eval if self._last_eval is not None else t
         elif not paused and self._pause_start is not None:
