@@ -19,6 +19,7 @@ import sys
 import threading
 import time
 from contextlib import ExitStack
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from gpumon.errors import GpumonError
@@ -65,6 +66,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="S",
         help="seconds between ticks (default 0.5; every driver sample between ticks is "
         "kept whatever the interval)",
+    )
+    p.add_argument(
+        "--window",
+        type=positive_float,
+        metavar="S",
+        help="seconds of recent samples each verdict is judged on (default: the "
+        "detector's, 8 s); shorter decides sooner, longer flaps less",
     )
     p.add_argument("--summary-json", metavar="FILE", help="write the end-of-run summary as JSON")
     p.add_argument(
@@ -134,7 +142,10 @@ class _Run:
     # --- setup -------------------------------------------------------------------------
 
     def start(self) -> None:
-        from gpumon.detect import Detector  # the face only asks; detection lives there
+        from gpumon.detect import (
+            Detector,
+            DetectorConfig,
+        )  # the face only asks; detection lives there
         from gpumon.sample.nvml import nvml_init
 
         pid = self.args.pid
@@ -156,7 +167,10 @@ class _Run:
                 self.child.wait()
             raise
         assert monitor.nvml is not None
-        monitor.detector = Detector(gpus=monitor.nvml.gpus)
+        config = DetectorConfig()
+        if self.args.window is not None:
+            config = replace(config, window_s=self.args.window)
+        monitor.detector = Detector(config, gpus=monitor.nvml.gpus)
         self.monitor = monitor
         self.state = WatchState(
             pid=pid,
@@ -178,7 +192,7 @@ class _Run:
             if writer is not None:
                 _write(writer, snap, self.args.record)
             if tick.update is not None:
-                self.episodes.add(getattr(tick.update, "closed", ()))
+                self.episodes.add(tick.update.closed)
             self.verdict = monitor.detector.verdict() if monitor.detector else None
             for g in snap.gpus:
                 use = self.uses.get(g.uuid)
@@ -224,9 +238,8 @@ class _Run:
         monitor = self.monitor
         assert monitor is not None
         det = monitor.detector
-        finished = det.finish() if det is not None else None
-        if isinstance(finished, list | tuple):
-            self.episodes.add(finished)
+        if det is not None:
+            self.episodes.add(det.finish().closed)
         per = det.seconds_in_state() if det is not None else {}
         run_seconds = per.get(None)
         if run_seconds is None and per:
@@ -235,8 +248,17 @@ class _Run:
         lost = det.lost_gpu_seconds() if det is not None else None
         if det is not None:
             self.verdict = det.verdict()
-        verdict = dominant(seconds)
         episodes = self.episodes.run_level()
+        # Start-up (before the first sustained work) is idle to the detector, but it is not
+        # what the run did: it counts in "seconds", never towards the verdict.
+        startup = sum(
+            e.duration_s or 0.0
+            for e in episodes
+            if e.gpu is None and e.state is State.IDLE and e.note == "start-up"
+        )
+        judged = dict(seconds)
+        judged[State.IDLE] = max(0.0, judged.get(State.IDLE, 0.0) - startup)
+        verdict = dominant(judged)
         cause = dominant_cause(episodes, verdict) if verdict is State.STARVED else None
         if verdict is State.STARVED and cause is None:
             cause = _cause_from(self.verdict, verdict)
@@ -255,8 +277,11 @@ class _Run:
                     f"({', '.join(map(str, invisible[:6]))}): running in a container without "
                     "the host PID namespace? (docker run --pid=host)"
                 )
-        uses = [self.uses.get(u) or GpuUse(gpu=g.index, uuid=g.uuid, name=g.name)
-                for g in monitor.nvml.gpus if (u := g.uuid) in monitor.tree_gpu_uuids]
+        uses = [
+            self.uses.get(u) or GpuUse(gpu=g.index, uuid=g.uuid, name=g.name)
+            for g in monitor.nvml.gpus
+            if (u := g.uuid) in monitor.tree_gpu_uuids
+        ]
         return Summary(
             pid=self.state.pid,
             command=self.state.command,
@@ -274,6 +299,7 @@ class _Run:
             invisible_gpu_pids=invisible,
             fail_on=self.args.fail_on or (),
             fail_threshold=self.args.fail_threshold if self.args.fail_on else None,
+            startup_s=startup,
         )
 
 
@@ -328,8 +354,10 @@ def run(args: argparse.Namespace) -> int:
     if args.pid is not None and command:
         raise GpumonError("give either --pid PID or -- CMD, not both.")
     if args.pid is None and not command:
-        raise GpumonError("nothing to watch: give --pid PID or -- CMD ARGS... "
-                          "(e.g. gpumon watch -- python train.py).")
+        raise GpumonError(
+            "nothing to watch: give --pid PID or -- CMD ARGS... "
+            "(e.g. gpumon watch -- python train.py)."
+        )
     if args.pid is not None and args.pid <= 0:
         raise GpumonError(f"no process with pid {args.pid} exists.")
     r = _Run(args, command)
@@ -378,9 +406,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             summary.write_json(args.summary_json)
         except OSError as exc:
-            raise GpumonError(
-                f"cannot write {args.summary_json}: {exc.strerror or exc}."
-            ) from None
+            raise GpumonError(f"cannot write {args.summary_json}: {exc.strerror or exc}.") from None
     if exit_status:
         return exit_status
     return EXIT_FAIL_ON if summary.failed else 0

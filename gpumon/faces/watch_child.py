@@ -10,6 +10,7 @@ replayed to the terminal when the view closes, then passed straight through.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -75,8 +76,10 @@ class OutputPump:
                 return
             out = sys.stdout.buffer
             if self.dropped:
-                out.write(f"gpumon: {self.dropped} earlier lines of the command's output were "
-                          "only shown in the live view\n".encode())
+                out.write(
+                    f"gpumon: {self.dropped} earlier lines of the command's output were "
+                    "only shown in the live view\n".encode()
+                )
             out.writelines(self.lines)
             out.flush()
             self.lines.clear()
@@ -151,10 +154,8 @@ class Child:
 
     def send(self, signum: int) -> None:
         if self.proc.returncode is None:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 self.proc.send_signal(signum)
-            except ProcessLookupError:
-                pass
 
     # --- the end ---------------------------------------------------------------------------
 

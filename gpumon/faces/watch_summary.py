@@ -101,6 +101,7 @@ class Summary:
     invisible_gpu_pids: tuple[int, ...] = ()
     fail_on: tuple[State, ...] = ()
     fail_threshold: float | None = None
+    startup_s: float = 0.0  # of the idle seconds, those before the first sustained work
 
     @property
     def tracked_s(self) -> float:
@@ -130,6 +131,7 @@ class Summary:
                 {"gpu": g.gpu, "uuid": g.uuid, "name": g.name, "duty_cycle": g.duty_cycle}
                 for g in self.gpus
             ],
+            "startup_s": round(self.startup_s, 3),
             "lost_gpu_seconds": None
             if self.lost_gpu_seconds is None
             else round(self.lost_gpu_seconds, 3),
@@ -175,9 +177,15 @@ class Summary:
             pct = f" ({100 * secs / total:.0f}%)" if total > 0 else ""
             parts.append(f"{s.value} {fmt_duration(secs)}{pct}")
         lines.append("  time in state    " + ", ".join(parts))
+        if self.startup_s > 0:
+            lines.append(
+                f"                   (idle includes {fmt_duration(self.startup_s)} of "
+                "start-up before the first sustained work)"
+            )
         if not self.used_gpu:
-            lines.append("  GPUs             none: no process of the run appeared in any GPU's "
-                         "process list")
+            lines.append(
+                "  GPUs             none: no process of the run appeared in any GPU's process list"
+            )
         for g in self.gpus:
             duty = "n/a" if g.duty_cycle is None else f"{100 * g.duty_cycle:.0f}%"
             name = f" {g.name}" if g.name else ""

@@ -8,6 +8,8 @@ ticks; the plain line carries no escape codes at all (Slurm output files, CI log
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import os
 import select
 import sys
@@ -63,9 +65,24 @@ _EVIDENCE: tuple[tuple[str, str, str], ...] = (
     ("skew_s", "skew", "s"),
     ("effective_gpus", "effective GPUs", "f2"),
     ("mem_headroom_ratio", "mem headroom", "pct1"),
+    ("max_core_pct", "busiest core", "pct"),
+    ("lost_gpu_seconds", "lost GPU-s", "f1"),
 )
-_SKIP_EVIDENCE = {"samples", "sample_period_s", "mem_used_bytes", "mem_total_bytes",
-                  "power_limit_watts", "power_peak_watts", "burst_p90_s", "cpu_count"}
+_SKIP_EVIDENCE = {
+    "samples",
+    "sample_period_s",
+    "mem_used_bytes",
+    "mem_total_bytes",
+    "power_limit_watts",
+    "power_peak_watts",
+    "burst_p90_s",
+    "cpu_count",
+    "window_s",
+    "gpus",
+    "processes",
+    "larger_batch_fits",
+    "duration_s",
+}
 
 
 # --- the face's memory of the run ---------------------------------------------------------
@@ -109,8 +126,9 @@ class WatchState:
     status: str | None = None
     output: deque[str] | None = None  # the command's last lines, in `watch -- CMD` mode
 
-    def feed(self, snapshot: Snapshot, verdict: Verdict | None,
-             invisible_gpu_pids: Iterable[int] = ()) -> None:
+    def feed(
+        self, snapshot: Snapshot, verdict: Verdict | None, invisible_gpu_pids: Iterable[int] = ()
+    ) -> None:
         with self.lock:
             self.snapshot = snapshot
             self.verdict = verdict
@@ -119,8 +137,10 @@ class WatchState:
             for g in snapshot.gpus:
                 trace = self.gpus.get(g.uuid)
                 if trace is None:
-                    ident = next((i for i in self.identities if i.uuid == g.uuid),
-                                 GpuIdentity(index=g.gpu, uuid=g.uuid))
+                    ident = next(
+                        (i for i in self.identities if i.uuid == g.uuid),
+                        GpuIdentity(index=g.gpu, uuid=g.uuid),
+                    )
                     trace = self.gpus[g.uuid] = GpuTrace(ident)
                 trace.add(g)
                 pids.update(p.pid for p in g.processes or ())
@@ -161,16 +181,24 @@ def fmt_evidence(value: object, kind: str) -> str:
         return f"{value:.0f}"
     if kind == "f2":
         return f"{value:.2f}"
+    if kind == "f1":
+        return f"{value:.1f}"
     return f"{value:.3g}"
 
 
 def evidence_items(evidence: dict[str, object]) -> list[tuple[str, str]]:
     """(label, value) pairs in a stable, most-telling-first order."""
-    out = [(label, fmt_evidence(evidence[key], kind))
-           for key, label, kind in _EVIDENCE if evidence.get(key) is not None]
+    out = [
+        (label, fmt_evidence(evidence[key], kind))
+        for key, label, kind in _EVIDENCE
+        if evidence.get(key) is not None
+    ]
     known = {k for k, _, _ in _EVIDENCE} | _SKIP_EVIDENCE
-    out += [(k.replace("_", " "), fmt_evidence(v, "")) for k, v in evidence.items()
-            if k not in known and v is not None]
+    out += [
+        (k.replace("_", " "), fmt_evidence(v, ""))
+        for k, v in evidence.items()
+        if k not in known and v is not None
+    ]
     return out
 
 
@@ -183,8 +211,7 @@ def timeline(points: Sequence[UtilPoint], width: int) -> tuple[Text, float]:
     cells: list[tuple[str, str]] = []
     period = 0.0
     if points:
-        diffs = sorted(b.t_s - a.t_s for a, b in zip(points, points[1:], strict=False)
-                       if b.t_s > a.t_s)
+        diffs = sorted(b.t_s - a.t_s for a, b in itertools.pairwise(points) if b.t_s > a.t_s)
         period = diffs[len(diffs) // 2] if diffs else 0.0
         prev: UtilPoint | None = None
         for p in points:
@@ -248,9 +275,14 @@ def render(st: WatchState, *, width: int | None = None, quit_hint: str = "") -> 
     parts.append(_host_panel(st))
     if st.output is not None and st.output:
         tail = list(st.output)[-6:]
-        parts.append(Panel(Text("\n".join(tail), overflow="ellipsis", no_wrap=True),
-                           title="command output (last lines)", title_align="left",
-                           border_style="dim"))
+        parts.append(
+            Panel(
+                Text("\n".join(tail), overflow="ellipsis", no_wrap=True),
+                title="command output (last lines)",
+                title_align="left",
+                border_style="dim",
+            )
+        )
     return Group(*parts)
 
 
@@ -312,8 +344,12 @@ def _verdict_panel(st: WatchState) -> Panel:
         for a in advice[:4]:
             adv.append(f"\n  • {a}")
         parts.append(adv)
-    return Panel(Group(*parts), title="verdict", title_align="left",
-                 border_style=STATE_STYLE.get(v.state, "white").replace("bold ", ""))
+    return Panel(
+        Group(*parts),
+        title="verdict",
+        title_align="left",
+        border_style=STATE_STYLE.get(v.state, "white").replace("bold ", ""),
+    )
 
 
 def _gpu_state_text(g: GpuVerdict) -> Text:
@@ -346,8 +382,10 @@ def _waiting_panel(st: WatchState) -> Panel:
     elif not st.identities:
         msg = Text("NVML reports no GPU on this machine.", style="yellow")
     else:
-        msg = Text("waiting for the run to use a GPU (no process of its tree is in any GPU's "
-                   f"process list yet; {len(st.identities)} GPU(s) on this machine).")
+        msg = Text(
+            "waiting for the run to use a GPU (no process of its tree is in any GPU's "
+            f"process list yet; {len(st.identities)} GPU(s) on this machine)."
+        )
     return Panel(msg, title="GPUs", title_align="left")
 
 
@@ -355,8 +393,11 @@ def _gpu_panel(trace: GpuTrace, verdict: Verdict | None, width: int) -> Panel:
     ident, g = trace.identity, trace.latest
     inner = max(10, width - 4)
     line, span = timeline(list(trace.points), inner)
-    kind = "per tick: the driver's sample buffer is unavailable" if trace.from_ticks \
+    kind = (
+        "per tick: the driver's sample buffer is unavailable"
+        if trace.from_ticks
         else "one character per driver sample"
+    )
     label = Text(f"utilisation, last {span:.0f}s ({kind})", style="dim")
     info = Table.grid(padding=(0, 1))
     for _ in range(3):
@@ -365,11 +406,15 @@ def _gpu_panel(trace: GpuTrace, verdict: Verdict | None, width: int) -> Panel:
     mem_total = (None if g is None else g.mem_total_bytes) or ident.mem_total_bytes
     power = None if g is None else g.power_watts
     limit = (None if g is None else g.power_limit_watts) or ident.power_limit_watts
-    info.add_row("memory", bar(mem_used, mem_total),
-                 f"{fmt_bytes(mem_used)} / {fmt_bytes(mem_total)}")
-    info.add_row("power", bar(power, limit),
-                 f"{'–' if power is None else f'{power:.0f} W'} / "
-                 f"{'–' if limit is None else f'{limit:.0f} W'}")
+    info.add_row(
+        "memory", bar(mem_used, mem_total), f"{fmt_bytes(mem_used)} / {fmt_bytes(mem_total)}"
+    )
+    info.add_row(
+        "power",
+        bar(power, limit),
+        f"{'–' if power is None else f'{power:.0f} W'} / "
+        f"{'–' if limit is None else f'{limit:.0f} W'}",
+    )
     extra = []
     if g is not None and g.util_pct is not None:
         extra.append(f"utilization.gpu {g.util_pct:.0f}%")
@@ -383,8 +428,7 @@ def _gpu_panel(trace: GpuTrace, verdict: Verdict | None, width: int) -> Panel:
     if ident.name:
         title.append(f" {ident.name}")
     title.append(f" {ident.uuid}", style="dim")
-    gv = None if verdict is None else next((x for x in verdict.gpus if x.uuid == ident.uuid),
-                                           None)
+    gv = None if verdict is None else next((x for x in verdict.gpus if x.uuid == ident.uuid), None)
     if gv is not None:
         title.append("  ")
         title.append(gv.state.value, style=STATE_STYLE.get(gv.state, ""))
@@ -415,9 +459,15 @@ def _host_panel(st: WatchState) -> Panel:
             head.append("  disk read ", style="dim")
             head.append(fmt_bytes(host.disk_read_bytes_per_s, "/s"))
     table = Table(box=None, padding=(0, 1), show_edge=False, header_style="bold dim")
-    for col, justify in (("pid", "right"), ("role", "left"), ("name", "left"),
-                         ("CPU", "right"), ("thr", "right"), ("read", "right"),
-                         ("status", "left")):
+    for col, justify in (
+        ("pid", "right"),
+        ("role", "left"),
+        ("name", "left"),
+        ("CPU", "right"),
+        ("thr", "right"),
+        ("read", "right"),
+        ("status", "left"),
+    ):
         table.add_column(col, justify=justify, no_wrap=True)  # type: ignore[arg-type]
     procs = _ordered_procs(tree.processes if tree else (), None if tree is None else tree.root_pid)
     limit = 10
@@ -426,7 +476,9 @@ def _host_panel(st: WatchState) -> Panel:
         if p.pid in st.gpu_pids:
             role += "+GPU"
         table.add_row(
-            str(p.pid), role, (p.name or "?")[:20],
+            str(p.pid),
+            role,
+            (p.name or "?")[:20],
             "–" if p.cpu_pct is None else f"{p.cpu_pct:.0f}%",
             "–" if p.num_threads is None else str(p.num_threads),
             fmt_bytes(p.read_bytes_per_s, "/s"),
@@ -438,8 +490,7 @@ def _host_panel(st: WatchState) -> Panel:
     if tree is not None and not tree.root_alive:
         parts.append(Text("the watched process has exited", style="yellow"))
     n = len(procs)
-    return Panel(Group(*parts), title=f"host and process tree ({n} processes)",
-                 title_align="left")
+    return Panel(Group(*parts), title=f"host and process tree ({n} processes)", title_align="left")
 
 
 def _ordered_procs(procs: Iterable[ProcessSample], root: int | None) -> list[ProcessSample]:
@@ -466,18 +517,25 @@ def plain_line(st: WatchState, now_wall: float | None = None) -> str:
     snap = st.snapshot
     if st.waiting:
         if st.invisible_gpu_pids:
-            parts.append("no GPU of this run visible: NVML lists pids not present here "
-                         "(running in a container without the host PID namespace?)")
+            parts.append(
+                "no GPU of this run visible: NVML lists pids not present here "
+                "(running in a container without the host PID namespace?)"
+            )
         else:
             parts.append("waiting for the run to use a GPU")
     elif snap is not None:
         for g in sorted(snap.gpus, key=lambda x: x.gpu):
             duty = tick_duty(g)
-            parts.append(f"gpu{g.gpu}=lost" if g.lost else
-                         f"gpu{g.gpu}={'n/a' if duty is None else f'{100 * duty:.0f}%'}")
+            parts.append(
+                f"gpu{g.gpu}=lost"
+                if g.lost
+                else f"gpu{g.gpu}={'n/a' if duty is None else f'{100 * duty:.0f}%'}"
+            )
     v = st.verdict
     parts.append(f"state={'unknown' if v is None else v.state.value}")
     parts.append(f"cause={'-' if v is None or v.cause is None else v.cause.value}")
+    if v is not None and v.note:
+        parts.append(f"({v.note})")
     if v is not None and len(v.gpus) > 1:
         parts.append(" ".join(f"gpu{g.gpu}:{g.state.value}" for g in v.gpus))
     if snap is not None and snap.tree is not None:
@@ -528,8 +586,6 @@ class KeyReader:
         if self._thread.is_alive():
             self._thread.join(timeout=1.0)
         if self._saved is not None:
-            try:
+            with contextlib.suppress(termios.error):
                 termios.tcsetattr(self.fd, termios.TCSADRAIN, self._saved)
-            except termios.error:
-                pass
             self._saved = None

@@ -1,0 +1,412 @@
+"""`gpumon watch` end to end: the real CLI in a subprocess, the fake NVML, a real process tree.
+
+The tree is ``tests/helpers/proctree.py`` (a parent with CPU-burning or sleeping workers);
+the fake lists one worker's pid as a GPU process, so the Monitor follows that GPU and the
+detector sees both the GPU's bursts and the workers' CPU.  Scenarios use a 1 s burst period
+and ``--window 3`` so the detector decides within a few seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+try:
+    from fakenvml import FakeGPU, Pattern, Process, Scenario
+except ImportError:  # tests/ became a package
+    from tests.fakenvml import FakeGPU, Pattern, Process, Scenario  # type: ignore[no-redef]
+
+pytestmark = pytest.mark.slow
+
+PROCTREE = Path(__file__).parent / "helpers" / "proctree.py"
+ROOT = Path(__file__).resolve().parent.parent
+STATE_LINE = re.compile(r"gpu0=(\d+)% state=(\w+) cause=(\S+)")
+
+
+class Tree:
+    """A running proctree.py: parent pid and its workers' pids."""
+
+    def __init__(self, proc: subprocess.Popen[str], workers: list[int]) -> None:
+        self.proc = proc
+        self.pid = proc.pid
+        self.workers = workers
+
+
+def start_tree(burners: int, sleepers: int, lifetime: float, *extra: float) -> Tree:
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            str(PROCTREE),
+            str(burners),
+            str(sleepers),
+            str(lifetime),
+            *map(str, extra),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    line = proc.stdout.readline().split()  # type: ignore[union-attr]
+    assert line and line[0] == "ready", line
+    return Tree(proc, [int(x) for x in line[1:]])
+
+
+@pytest.fixture
+def trees() -> Iterator[list[Tree]]:
+    started: list[Tree] = []
+    yield started
+    for t in started:
+        if t.proc.poll() is None:
+            t.proc.terminate()
+            t.proc.wait(5)
+
+
+def watch(env: dict[str, str], *args: str, timeout: float = 40) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "gpumon", "watch", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+    )
+
+
+def gpu_with(pid: int, pattern: Pattern, **kw: object) -> FakeGPU:
+    return FakeGPU(pattern=pattern, processes=[Process(pid=pid)], **kw)  # type: ignore[arg-type]
+
+
+def plain_states(stdout: str) -> list[tuple[int, str, str]]:
+    return [(int(m[1]), m[2], m[3]) for m in STATE_LINE.finditer(stdout)]
+
+
+# --- verdicts on a real tree -----------------------------------------------------------
+
+
+def test_burst_gap_with_busy_workers_is_starved_by_cpu(fake_nvml, trees, tmp_path: Path) -> None:
+    tree = start_tree(2, 0, 10)  # two workers burning CPU; the tree exits after 10 s
+    trees.append(tree)
+    # A second GPU busy for someone else: never this run's.
+    other = FakeGPU(pattern=Pattern.steady(100), processes=[Process(pid=1)])
+    fake_nvml.set(Scenario(gpus=[gpu_with(tree.workers[0], Pattern.burst(1.0, 0.3)), other]))
+    out = tmp_path / "summary.json"
+    trace = tmp_path / "trace.jsonl"
+    r = watch(
+        fake_nvml.env,
+        "--pid",
+        str(tree.pid),
+        "--interval",
+        "0.25",
+        "--window",
+        "3",
+        "--summary-json",
+        str(out),
+        "--fail-on",
+        "starved,sync_stall",
+        "--record",
+        str(trace),
+    )
+    assert "\x1b" not in r.stdout  # not a terminal: no escape codes at all
+    states = plain_states(r.stdout)
+    assert len(states) > 20, r.stdout
+    assert ("starved", "cpu") in {(s, c) for _, s, c in states}, r.stdout
+    assert "gpu1" not in r.stdout  # the other user's GPU is not shown
+    summary = json.loads(out.read_text())
+    assert summary["pid"] == tree.pid
+    assert summary["command"][-4:] == [str(PROCTREE), "2", "0", "10"]
+    assert summary["verdict"] == "starved" and summary["cause"] == "cpu"
+    assert set(summary["seconds"]) == {"healthy", "starved", "sync_stall", "idle", "unknown"}
+    assert summary["seconds"]["starved"] > 2.0
+    assert [g["gpu"] for g in summary["gpus"]] == [0]
+    assert summary["gpus"][0]["uuid"] == FakeGPU().default_uuid(0)
+    assert 0.2 < summary["gpus"][0]["duty_cycle"] < 0.4
+    assert summary["lost_gpu_seconds"] > 2.0
+    assert any("num_workers" in a for a in summary["advice"])
+    assert summary["ended"] == "exited"
+    # --fail-on starved: the run spent well over 25 % starved.
+    assert summary["fail_on"]["failed"] is True
+    assert r.returncode == 5, r.stderr
+    assert "verdict          starved (cause: cpu)" in r.stdout
+    assert trace.read_text().count("\n") > 20  # --record kept the trace
+
+
+def test_steady_work_is_healthy_and_fail_on_passes(fake_nvml, trees, tmp_path: Path) -> None:
+    tree = start_tree(0, 1, 8)
+    trees.append(tree)
+    fake_nvml.set(Scenario(gpus=[gpu_with(tree.workers[0], Pattern.steady(100))]))
+    out = tmp_path / "summary.json"
+    r = watch(
+        fake_nvml.env,
+        "--pid",
+        str(tree.pid),
+        "--interval",
+        "0.25",
+        "--window",
+        "3",
+        "--summary-json",
+        str(out),
+        "--fail-on",
+        "starved,sync_stall",
+    )
+    assert r.returncode == 0, r.stderr
+    states = plain_states(r.stdout)
+    assert states[-1][1] == "healthy", r.stdout
+    assert "starved" not in {s for _, s, _ in states}
+    summary = json.loads(out.read_text())
+    assert summary["verdict"] == "healthy" and summary["cause"] is None
+    assert summary["seconds"]["healthy"] > 2.0 and summary["seconds"]["starved"] == 0
+    assert summary["gpus"][0]["duty_cycle"] > 0.95
+    assert summary["fail_on"] == {
+        "states": ["starved", "sync_stall"],
+        "threshold": 0.25,
+        "share": 0.0,
+        "failed": False,
+    }
+
+
+# --- watch -- CMD ---------------------------------------------------------------------------
+
+
+def test_command_exit_status_is_returned_and_no_gpu_is_said(fake_nvml, tmp_path: Path) -> None:
+    out = tmp_path / "summary.json"
+    r = watch(
+        fake_nvml.env,
+        "--interval",
+        "0.2",
+        "--summary-json",
+        str(out),
+        "--",
+        sys.executable,
+        "-c",
+        "import sys, time; print('training', flush=True); time.sleep(0.8); sys.exit(3)",
+    )
+    assert r.returncode == 3, r.stderr
+    assert "training" in r.stdout
+    assert "waiting for the run to use a GPU" in r.stdout
+    summary = json.loads(out.read_text())
+    assert summary["exit_status"] == 3 and summary["used_gpu"] is False
+    assert summary["gpus"] == []
+    assert "never used a GPU" in " ".join(summary["notes"])
+    assert "never used a GPU" in r.stdout
+
+
+def test_command_on_a_gpu_is_followed_and_succeeds(fake_nvml, tmp_path: Path) -> None:
+    """The test finds the command's pid, lists it on the GPU, and watches it be picked up."""
+    fake_nvml.set(Scenario(gpus=[FakeGPU(pattern=Pattern.steady(90))]))
+    out = tmp_path / "summary.json"
+    gpumon = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "gpumon",
+            "watch",
+            "--interval",
+            "0.2",
+            "--summary-json",
+            str(out),
+            "--",
+            sys.executable,
+            "-c",
+            "import time; time.sleep(3)",
+        ],
+        env=fake_nvml.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
+    child = _wait_for_child(gpumon.pid)
+    fake_nvml.set(Scenario(gpus=[gpu_with(child, Pattern.steady(90))]))
+    stdout, stderr = gpumon.communicate(timeout=20)
+    assert gpumon.returncode == 0, stderr
+    summary = json.loads(out.read_text())
+    assert summary["used_gpu"] is True and summary["pid"] == child
+    assert summary["command"][-2:] == ["-c", "import time; time.sleep(3)"]
+    assert summary["gpus"][0]["duty_cycle"] == pytest.approx(0.9, abs=0.05)
+    assert "gpu0=90%" in stdout
+
+
+def test_sigterm_is_forwarded_and_the_command_status_returned(fake_nvml) -> None:
+    script = (
+        "import signal, sys, time\n"
+        "signal.signal(signal.SIGTERM, lambda *_: (print('child got TERM', flush=True), "
+        "sys.exit(42)))\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(30)\n"
+    )
+    gpumon = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "gpumon",
+            "watch",
+            "--interval",
+            "0.2",
+            "--",
+            sys.executable,
+            "-c",
+            script,
+        ],
+        env=fake_nvml.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
+    _wait_for_child(gpumon.pid)
+    time.sleep(0.5)  # let the child install its handler
+    gpumon.send_signal(signal.SIGTERM)
+    stdout, stderr = gpumon.communicate(timeout=15)
+    assert "child got TERM" in stdout
+    assert gpumon.returncode == 42, stderr
+
+
+def test_command_that_cannot_start_is_one_sentence(fake_nvml) -> None:
+    r = watch(fake_nvml.env, "--", "/nonexistent/train.py")
+    assert r.returncode == 127
+    assert r.stderr.strip() == "gpumon: cannot run '/nonexistent/train.py': command not found."
+
+
+# --- bad input and a tree that changes under us -----------------------------------------------
+
+
+def test_pid_that_does_not_exist(fake_nvml) -> None:
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    r = watch(fake_nvml.env, "--pid", str(gone.pid))
+    assert r.returncode == 4
+    assert r.stderr.strip() == f"gpumon: no process with pid {gone.pid} exists."
+    assert r.stdout == ""
+
+
+def test_nothing_to_watch_is_an_error(fake_nvml) -> None:
+    r = watch(fake_nvml.env)
+    assert r.returncode != 0
+    assert "nothing to watch" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_process_exiting_mid_run_ends_the_watch_cleanly(fake_nvml, trees, tmp_path) -> None:
+    # The burning workers and their parent exit together after 4 s, amid 0.1 s ticks.
+    tree = start_tree(2, 0, 4)
+    trees.append(tree)
+    fake_nvml.set(Scenario(gpus=[gpu_with(tree.workers[1], Pattern.burst(1.0, 0.3))]))
+    out = tmp_path / "summary.json"
+    r = watch(
+        fake_nvml.env,
+        "--pid",
+        str(tree.pid),
+        "--interval",
+        "0.1",
+        "--summary-json",
+        str(out),
+        timeout=20,
+    )
+    assert r.returncode == 0, r.stderr
+    assert "Traceback" not in r.stderr
+    summary = json.loads(out.read_text())
+    assert summary["ended"] == "exited" and summary["used_gpu"] is True
+    assert summary["wall_s"] < 6
+
+
+WORKER_LATER = """
+import os, sys, time
+time.sleep(1.0)
+pid = os.fork()
+if pid == 0:
+    end = time.monotonic() + 1.2
+    while time.monotonic() < end:
+        pass
+    os._exit(0)
+print(pid, flush=True)
+os.waitpid(pid, 0)
+time.sleep(1.0)
+"""
+
+
+def test_worker_appearing_and_vanishing_is_followed(fake_nvml, tmp_path: Path) -> None:
+    parent = subprocess.Popen(
+        [sys.executable, "-c", WORKER_LATER], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        fake_nvml.set(Scenario(gpus=[gpu_with(parent.pid, Pattern.steady(100))]))
+        trace = tmp_path / "trace.jsonl"
+        r = watch(
+            fake_nvml.env,
+            "--pid",
+            str(parent.pid),
+            "--interval",
+            "0.1",
+            "--record",
+            str(trace),
+            timeout=20,
+        )
+        worker = int(parent.stdout.readline())  # type: ignore[union-attr]
+    finally:
+        parent.kill()
+        parent.wait()
+    assert r.returncode == 0, r.stderr
+    counts = [int(m) for m in re.findall(r"procs=(\d+)", r.stdout)]
+    # One process, then two while the worker lives, then one again.
+    assert counts[0] == 1 and 2 in counts
+    first_two, last_two = counts.index(2), len(counts) - 1 - counts[::-1].index(2)
+    assert all(c == 2 for c in counts[first_two : last_two + 1])
+    assert 1 in counts[last_two + 1 :]
+    ticks = [json.loads(x) for x in trace.read_text().splitlines()[1:]]
+    seen = [
+        any(p["pid"] == worker for p in t.get("tree", {}).get("processes", []))
+        for t in ticks
+        if "tree" in t
+    ]
+    assert seen.index(True) > 0 and True in seen and not seen[-1]
+
+
+def test_gpu_pids_not_visible_here_say_container(fake_nvml, trees, tmp_path: Path) -> None:
+    tree = start_tree(0, 1, 2.5)
+    trees.append(tree)
+    pid_max = int(Path("/proc/sys/kernel/pid_max").read_text())
+    ghost = pid_max + 12345 if pid_max < 4_000_000 else 4_194_000
+    assert not psutil.pid_exists(ghost)
+    fake_nvml.set(Scenario(gpus=[gpu_with(ghost, Pattern.steady(100))]))
+    out = tmp_path / "summary.json"
+    r = watch(
+        fake_nvml.env,
+        "--pid",
+        str(tree.pid),
+        "--interval",
+        "0.2",
+        "--summary-json",
+        str(out),
+        timeout=20,
+    )
+    assert r.returncode == 0, r.stderr
+    assert "container without the host PID namespace?" in r.stdout
+    summary = json.loads(out.read_text())
+    assert summary["used_gpu"] is False and summary["invisible_gpu_pids"] == [ghost]
+
+
+def _wait_for_child(pid: int, timeout: float = 10.0) -> int:
+    """The pid of gpumon's first child (the command it started)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        kids = psutil.Process(pid).children()
+        if kids:
+            return kids[0].pid
+        time.sleep(0.02)
+    raise AssertionError("gpumon did not start the command")
+
+
+def test_env_fixture_points_at_the_fake(fake_nvml) -> None:
+    """Guard: every subprocess above must load the fake, never a real driver."""
+    assert "LD_LIBRARY_PATH" in fake_nvml.env
+    assert os.path.exists(
+        os.path.join(fake_nvml.env["LD_LIBRARY_PATH"].split(":")[0], "libnvidia-ml.so.1")
+    )
