@@ -1,0 +1,375 @@
+"""`dstat --gpu` and `dool --gpu` for real: Debian's dstat 0.7.4 under /usr/bin/python3 and
+dool from PyPI, with the plugin installed by `gpumon dstat install` and the fake NVML library.
+
+Every run starts at once in a module fixture (the detector needs ~10 s of ticks before its
+first verdict), so the whole module takes about as long as its longest run.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+try:
+    from fakenvml import FakeGPU, Pattern, Process, Scenario, fake_env, missing_library_env
+    from fakenvml import write_scenario as write
+except ImportError:  # tests/ became a package
+    from tests.fakenvml import (  # type: ignore[no-redef]
+        FakeGPU,
+        Pattern,
+        Process,
+        Scenario,
+        fake_env,
+        missing_library_env,
+    )
+    from tests.fakenvml import write_scenario as write  # type: ignore[no-redef]
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parent.parent
+DSTAT = Path("/usr/bin/dstat")
+# Ticks for the runs that must reach a verdict: the detector judges after ~10 s of ticks.
+VERDICT_TICKS = 15
+BUSY = [Process(pid=4242)]  # a process holds each GPU: the detector's "in use"
+
+
+def _dool() -> str | None:
+    beside = Path(sys.executable).with_name("dool")
+    if beside.exists():
+        return str(beside)
+    return shutil.which("dool")
+
+
+def _clean_env(env: dict[str, str]) -> dict[str, str]:
+    """No PYTHONPATH: the plugin must find gpumon through what the installer wrote."""
+    env = {k: v for k, v in env.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+    env["TERM"] = "dumb"
+    return env
+
+
+@dataclass
+class Run:
+    """One dstat/dool process started by the fixture; ``result()`` waits for it."""
+
+    argv: list[str]
+    proc: subprocess.Popen[str]
+    csv_path: Path | None = None
+    _out: tuple[str, str] | None = None
+
+    def result(self, timeout: float = 60.0) -> tuple[int, str, str]:
+        if self._out is None:
+            try:
+                self._out = self.proc.communicate(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self._out = self.proc.communicate()
+        return self.proc.returncode, self._out[0], self._out[1]
+
+
+def _start(argv: list[str], env: dict[str, str], cwd: Path, **kw: Path) -> Run:
+    proc = subprocess.Popen(
+        argv,
+        env=_clean_env(env),
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        text=True,
+    )
+    return Run(argv, proc, **kw)
+
+
+def _install(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "gpumon", "dstat", "install", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Run]]:
+    if not DSTAT.exists():
+        pytest.skip("dstat is not installed (apt-get install dstat)")
+    root = tmp_path_factory.mktemp("dstat")
+
+    def scenario(name: str, scn: Scenario) -> dict[str, str]:
+        return fake_env(write(root / f"{name}.txt", scn))
+
+    # dstat through a symlink, so it finds <root>/bin/plugins/ (installed by --dir).
+    bindir = root / "bin"
+    (bindir / "plugins").mkdir(parents=True)
+    (bindir / "dstat").symlink_to(DSTAT)
+    installed = _install(["--dir", str(bindir / "plugins")], dict(os.environ))
+    assert installed.returncode == 0, installed.stderr
+    dstat = [str(bindir / "dstat")]
+    # A plugin folder holding the bare plugin file, never wired to gpumon.
+    barebin = root / "bare"
+    (barebin / "plugins").mkdir(parents=True)
+    (barebin / "dstat").symlink_to(DSTAT)
+    shutil.copy(REPO / "dstat_plugins" / "dstat_gpu.py", barebin / "plugins")
+
+    steady = Scenario(gpus=[FakeGPU(pattern=Pattern.steady(97), processes=BUSY)])
+    burst = Scenario(gpus=[FakeGPU(pattern=Pattern.burst(1.0, 0.3), processes=BUSY)])
+    two = Scenario.uniform(2, Pattern.steady(90), processes=BUSY)
+    mixed = Scenario(
+        gpus=[
+            FakeGPU(pattern=Pattern.steady(97), processes=BUSY),
+            FakeGPU(pattern=Pattern.burst(1.0, 0.3), processes=BUSY),
+        ]
+    )
+    n = str(VERDICT_TICKS)
+    out: dict[str, Run] = {}
+    out["steady"] = _start([*dstat, "--gpu", "1", n], scenario("steady", steady), root)
+    out["burst"] = _start([*dstat, "--gpu", "1", n], scenario("burst", burst), root)
+    csv_path = root / "dstat.csv"
+    out["csv"] = _start(
+        [*dstat, "-c", "--gpu", "--output", str(csv_path), "1", "3"],
+        scenario("csv", two),
+        root,
+        csv_path=csv_path,
+    )
+    lost_env = scenario("lost", two)
+    out["lost"] = _start([*dstat, "-f", "--gpu", "1", "8"], lost_env, root)
+    out["nodriver"] = _start([*dstat, "--gpu", "1", "1"], missing_library_env(), root)
+    out["nogpu"] = _start([*dstat, "--gpu", "1", "1"], scenario("nogpu", Scenario(gpus=[])), root)
+    out["bare"] = _start(
+        [str(barebin / "dstat"), "--gpu", "1", "1"], scenario("bare", steady), root
+    )
+
+    dool = _dool()
+    home = root / "home"
+    home.mkdir()
+    dool_lost_env: dict[str, str] | None = None
+    if dool is not None:
+        # dool finds ~/.dool/ first: HOME points at a fresh folder.
+        henv = {**os.environ, "HOME": str(home)}
+        installed = _install(["--dool"], henv)
+        assert installed.returncode == 0, installed.stderr
+        assert (home / ".dool" / "dool_gpu.py").exists()
+        d = [dool, "--nocolor"]
+        out["dool_mixed"] = _start(
+            [*d, "-f", "--gpu", "1", n], {**scenario("dool_mixed", mixed), "HOME": str(home)}, root
+        )
+        dcsv = root / "dool.csv"
+        out["dool_csv"] = _start(
+            [*d, "-c", "-f", "--gpu", "--output", str(dcsv), "1", "3"],
+            {**scenario("dool_csv", two), "HOME": str(home)},
+            root,
+            csv_path=dcsv,
+        )
+        dool_lost_env = {**scenario("dool_lost", two), "HOME": str(home)}
+        out["dool_lost"] = _start([*d, "-f", "--gpu", "1", "8"], dool_lost_env, root)
+        out["dool_nodriver"] = _start(
+            [*d, "--gpu", "1", "1"], {**missing_library_env(), "HOME": str(home)}, root
+        )
+
+    # GPU 1 falls off the bus ~3 s into the lost runs.
+    def lose() -> None:
+        time.sleep(3.5)
+        lost = two.with_gpu(1, lost=True)
+        write(lost_env["FAKE_NVML_SCENARIO"], lost)
+        if dool_lost_env is not None:
+            write(dool_lost_env["FAKE_NVML_SCENARIO"], lost)
+
+    t = threading.Thread(target=lose, daemon=True)
+    t.start()
+    yield out
+    t.join()
+    for run in out.values():
+        if run.proc.poll() is None:
+            run.proc.kill()
+            run.proc.communicate()
+
+
+def rows(stdout: str) -> list[str]:
+    """The data rows of dstat's output: everything after the two header lines."""
+    lines = [ln for ln in stdout.splitlines() if ln.strip()]
+    return lines[2:]
+
+
+def gpu_part(row: str) -> str:
+    """The GPU band(s) of a row: after the last '|' when other bands precede it."""
+    return row.rsplit("|", 1)[-1].rsplit("\u2502", 1)[-1]
+
+
+def words(row: str) -> list[str]:
+    """The state word of every GPU band in a row (util mem state per band)."""
+    out = []
+    for band in gpu_part(row).replace("\u250a", ":").split(":"):
+        parts = band.split()
+        out.append(parts[-1] if parts else "")
+    return out
+
+
+def read_csv(path: Path) -> tuple[list[str], list[list[str]]]:
+    """dstat's CSV: a preamble, two title lines, then one line per tick."""
+    lines = list(csv.reader(path.read_text().splitlines()))
+    header_at = next(i for i, r in enumerate(lines) if r and r[0] == "usr")
+    return lines[header_at], [r for r in lines[header_at + 1 :] if r]
+
+
+# --- dstat ----------------------------------------------------------------------------------
+
+
+def test_dstat_gpu_prints_header_and_rows(runs: dict[str, Run]) -> None:
+    rc, out, err = runs["steady"].result()
+    assert rc == 0, err
+    lines = out.splitlines()
+    assert lines[0].strip() == "-----gpu0-----", out
+    assert lines[1].split() == ["util", "mem", "state"]
+    data = rows(out)
+    assert len(data) == VERDICT_TICKS
+    for row in data:
+        util, mem, _ = row.split()
+        assert int(util) == 97  # the mean of the driver samples since the last tick
+        assert int(mem) == 2  # 1.5 GiB of 80 GiB
+    assert "Exception" not in out and "Traceback" not in err
+
+
+def test_dstat_state_turns_ok_for_a_steady_gpu(runs: dict[str, Run]) -> None:
+    rc, out, err = runs["steady"].result()
+    assert rc == 0, err
+    states = [words(r)[0] for r in rows(out)]
+    assert states[0] == "?"  # no verdict before the detector's first window
+    assert states[-1] == "ok", out
+    assert not {"STARV", "SYNC", "idle"} & set(states), out
+
+
+def test_dstat_state_turns_starved_for_bursts_and_gaps(runs: dict[str, Run]) -> None:
+    rc, out, err = runs["burst"].result()
+    assert rc == 0, err
+    data = rows(out)
+    # 30 % duty: a tick's window holds 6 or 7 driver samples of 1/6 s, so 30 give or take one.
+    assert all(abs(int(r.split()[0]) - 30) <= 12 for r in data), out
+    states = [words(r)[0] for r in data]
+    assert states[-1] == "STARV", out
+    assert "ok" not in states, out
+
+
+def test_dstat_output_csv_has_numeric_gpu_columns(runs: dict[str, Run]) -> None:
+    run = runs["csv"]
+    rc, out, err = run.result()
+    assert rc == 0, err  # dstat 0.7.4's own CSV writer dies of a NameError without the repair
+    assert "Exception" not in out
+    assert run.csv_path is not None
+    header, body = read_csv(run.csv_path)
+    assert header[-3:] == ["util", "mem", "state"]
+    assert len(body) == 3
+    for r in body:
+        assert len(r) == len(header)
+        float(r[0])  # dstat's own cpu column, written by the repaired writer
+        assert float(r[-3]) == pytest.approx(90.0)
+        assert float(r[-2]) == pytest.approx(100 * 1.5 / 80)
+        assert r[-1] in ("unknown", "healthy")
+    # And the screen still shows both bands.
+    assert rows(out)[0].count("|") == 1
+
+
+def test_dstat_gpu_lost_mid_run_keeps_printing_rows(runs: dict[str, Run]) -> None:
+    rc, out, err = runs["lost"].result()
+    assert rc == 0, err
+    assert "Exception" not in out and "Traceback" not in err
+    lines = out.splitlines()
+    assert lines[0].split() == ["-----gpu0-----", "-----gpu1-----"]
+    data = rows(out)
+    assert len(data) == 8
+    assert words(data[0]) == ["?", "?"]
+    last = data[-1]
+    assert words(last)[1] == "lost", out
+    assert words(last)[0] != "lost"
+    assert int(gpu_part(last).split()[0]) == 90  # GPU 0 is still read
+    assert gpu_part(last).split(":")[1].split()[:2] == ["-", "-"]
+
+
+def test_dstat_without_a_driver_says_why(runs: dict[str, Run]) -> None:
+    rc, _, err = runs["nodriver"].result()
+    assert rc == 8  # dstat: "None of the stats you selected are available."
+    assert "Module dstat_gpu failed to load. (cannot read GPUs: no NVIDIA driver found" in err
+    assert "Traceback" not in err
+
+
+def test_dstat_without_a_gpu_says_why(runs: dict[str, Run]) -> None:
+    rc, _, err = runs["nogpu"].result()
+    assert rc == 8
+    assert "Module dstat_gpu failed to load. (the NVIDIA driver reports no GPU" in err
+
+
+def test_dstat_plugin_not_wired_to_gpumon_says_why(runs: dict[str, Run]) -> None:
+    rc, _, err = runs["bare"].result()
+    assert rc == 8
+    assert "Module dstat_gpu failed to load. (gpumon cannot be imported by /usr/bin/python3" in err
+    assert "gpumon dstat install" in err
+
+
+# --- dool -----------------------------------------------------------------------------------
+
+
+def _need_dool(runs: dict[str, Run]) -> None:
+    if "dool_mixed" not in runs:
+        pytest.skip("dool is not installed (pip install dool)")
+
+
+def test_dool_gpu_full_shows_ok_and_starved_bands(runs: dict[str, Run]) -> None:
+    _need_dool(runs)
+    rc, out, err = runs["dool_mixed"].result()
+    assert rc == 0, err
+    assert "Traceback" not in err
+    text = out.replace("\x1b[0;0m", "")
+    lines = [ln for ln in text.splitlines() if ln.strip() and not ln.startswith("\x1b")]
+    assert "gpu0" in lines[0] and "gpu1" in lines[0]
+    data = lines[2:]
+    assert len(data) == VERDICT_TICKS
+    utils = [int(b.split()[0]) for b in gpu_part(data[-1]).replace("\u250a", ":").split(":")]
+    assert utils[0] == 97 and abs(utils[1] - 30) <= 12
+    assert words(data[-1]) == ["ok", "STARV"], text
+
+
+def test_dool_output_csv(runs: dict[str, Run]) -> None:
+    _need_dool(runs)
+    run = runs["dool_csv"]
+    rc, _, err = run.result()
+    assert rc == 0, err
+    assert run.csv_path is not None
+    header, body = read_csv(run.csv_path)
+    assert header[-6:] == [
+        "gpu0:util",
+        "gpu0:mem",
+        "gpu0:state",
+        "gpu1:util",
+        "gpu1:mem",
+        "gpu1:state",
+    ]
+    assert len(body) == 3
+    assert all(float(r[-3]) == pytest.approx(90.0) for r in body)
+
+
+def test_dool_gpu_lost_mid_run_keeps_printing_rows(runs: dict[str, Run]) -> None:
+    _need_dool(runs)
+    rc, out, err = runs["dool_lost"].result()
+    assert rc == 0, err  # dool does not catch extract() errors: one would end the run
+    assert "Traceback" not in err
+    text = out.replace("\x1b[0;0m", "")
+    data = [ln for ln in text.splitlines() if ln.strip() and not ln.startswith("\x1b")][2:]
+    assert len(data) == 8
+    assert words(data[-1])[1] == "lost"
+
+
+def test_dool_without_a_driver_says_why(runs: dict[str, Run]) -> None:
+    _need_dool(runs)
+    rc, _, err = runs["dool_nodriver"].result()
+    assert rc == 8
+    assert "dool_gpu.py failed to load. (cannot read GPUs: no NVIDIA driver found" in err
