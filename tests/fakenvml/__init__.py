@@ -277,7 +277,10 @@ class Scenario:
     cuda_version: int = 12040
     init_error: str | None = None  #: e.g. "DRIVER_NOT_LOADED": nvmlInit fails with it
     timestamp_clock: str = "realtime"  #: clock of driver-sample timestamps (µs)
-    epoch: float | None = None  #: time.monotonic() origin of patterns; None: at write time
+    #: time.monotonic() origin of the patterns.  None: when the file is written, snapped back
+    #: (by less than one sample period) to each GPU's sample grid, so a burst starts on a sample
+    #: boundary and sample values do not depend on where the write fell between two samples.
+    epoch: float | None = None
     unsupported: set[str] = field(default_factory=set)  #: for every GPU / system call
     errors: dict[str, str] = field(default_factory=dict)  #: e.g. {"count": "NO_PERMISSION"}
 
@@ -314,6 +317,7 @@ class Scenario:
             f"init_error={self.init_error or ''}",
             f"timestamp_clock={self.timestamp_clock}",
             f"epoch={epoch!r}",
+            f"epoch_align={int(self.epoch is None)}",
             *_error_lines(self.unsupported, self.errors),
         ]
         for i, gpu in enumerate(self.gpus):

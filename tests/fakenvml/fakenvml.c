@@ -195,6 +195,7 @@ typedef struct {
     int buffer_len, idle_no_samples, samples_supported, lost;
     int pattern;
     double busy_pct, idle_pct, mem_busy_pct, period_s, duty, phase_s, noise_pct;
+    double epoch; /* pattern origin (CLOCK_MONOTONIC s), maybe snapped to the sample grid */
     unsigned long long clock_reasons;
     int err[N_CALLS];
     int nproc;
@@ -203,7 +204,7 @@ typedef struct {
 
 typedef struct {
     char driver_version[80], nvml_version[80];
-    int cuda_version, init_error, ts_clock;
+    int cuda_version, init_error, ts_clock, epoch_align;
     double epoch;
     int err[N_CALLS];
     int ngpu;
@@ -467,8 +468,14 @@ static void global_set(scn_t *s, const char *key, const char *v) {
         s->ts_clock = strcmp(v, "monotonic") == 0 ? TS_MONOTONIC
                       : strcmp(v, "boottime") == 0 ? TS_BOOTTIME : TS_REALTIME;
     else if (KEY("epoch")) s->epoch = strtod(v, NULL);
+    else if (KEY("epoch_align")) s->epoch_align = parse_bool(v);
     else if (KEY("unsupported")) add_errors(s->err, v, NVML_ERROR_NOT_SUPPORTED);
     else if (KEY("error")) add_errors(s->err, v, 0);
+}
+
+static long long sample_period_us(const gpu_t *g) {
+    long long sp = llround(g->sample_period_s * 1e6);
+    return sp < 1000 ? 1000 : sp;
 }
 
 /* Parse the scenario text; returns a new heap object or NULL. */
@@ -501,9 +508,22 @@ static scn_t *parse_scenario(char *text) {
         else if (s->ngpu == 0) global_set(s, key, eq + 1);
     }
     if (isnan(s->epoch)) s->epoch = mono_now();
-    for (int i = 0; i < s->ngpu; i++)
+    /* Offset of the timestamp clock from CLOCK_MONOTONIC, to snap epochs to sample grids. */
+    long long off_us = ts_now_us(s->ts_clock) - llround(mono_now() * 1e6);
+    for (int i = 0; i < s->ngpu; i++) {
+        gpu_t *gi = &s->gpus[i];
         for (int c = 0; c < N_CALLS; c++)
-            if (!s->gpus[i].err[c]) s->gpus[i].err[c] = s->err[c];
+            if (!gi->err[c]) gi->err[c] = s->err[c];
+        gi->epoch = s->epoch;
+        if (s->epoch_align) {
+            /* Start the pattern on a sample boundary (a shift < one sample period), so that
+             * sample values do not depend on where the write fell between two samples. */
+            long long sp = sample_period_us(gi);
+            long long e_ts = llround(s->epoch * 1e6) + off_us;
+            long long snapped = (e_ts / sp) * sp;
+            gi->epoch = (double)(snapped - off_us) * 1e-6;
+        }
+    }
     return s;
 }
 
@@ -579,7 +599,8 @@ static double cum_busy(const gpu_t *g, double u) {
 }
 
 static double busy_between(const scn_t *s, const gpu_t *g, double t0, double t1) {
-    double off = g->phase_s - s->epoch;
+    (void)s;
+    double off = g->phase_s - g->epoch;
     return cum_busy(g, t1 + off) - cum_busy(g, t0 + off);
 }
 
@@ -587,7 +608,8 @@ static int busy_at(const scn_t *s, const gpu_t *g, double t) {
     if (g->pattern == PAT_OFF) return 0;
     if (g->pattern == PAT_STEADY) return 1;
     double P = g->period_s > 0 ? g->period_s : 1.0;
-    double u = t - s->epoch + g->phase_s;
+    (void)s;
+    double u = t - g->epoch + g->phase_s;
     double r = u - floor(u / P) * P;
     return r < g->duty * P;
 }
@@ -1059,8 +1081,7 @@ API nvmlReturn_t nvmlDeviceGetSamples(nvmlDevice_t device, int type,
     NONNULL(sampleCount);
     if (!G->samples_supported) return NVML_ERROR_NOT_SUPPORTED;
     if (type < 0 || type > 9) return NVML_ERROR_INVALID_ARGUMENT;
-    long long sp = llround(G->sample_period_s * 1e6);
-    if (sp < 1000) sp = 1000;
+    long long sp = sample_period_us(G);
     long long now_ts = ts_now_us(S->ts_clock);
     double now_m = mono_now();
     long long off_us = now_ts - llround(now_m * 1e6); /* ts clock minus monotonic */
@@ -1394,8 +1415,7 @@ EMPTY_PROCS(nvmlDeviceGetMPSComputeRunningProcesses)
 
 /* Timestamp of the newest driver sample: per-process samples carry it. */
 static unsigned long long last_sample_ts(const scn_t *s, const gpu_t *g) {
-    long long sp = llround(g->sample_period_s * 1e6);
-    if (sp < 1000) sp = 1000;
+    long long sp = sample_period_us(g);
     return (unsigned long long)((ts_now_us(s->ts_clock) / sp) * sp);
 }
 
