@@ -1,0 +1,342 @@
+"""`gpumon serve`'s parts on data: job labels, the log, histograms, the daemon state and
+the collector — no NVML, no subprocess.
+
+Ticks are synthetic: each GPU delivers driver points every 1/6 s, busy (100) or idle (0)
+following a burst pattern, as ``nvmlDeviceGetSamples`` would.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import weakref
+from pathlib import Path
+
+import pytest
+from prometheus_client import generate_latest
+
+from gpumon.model import GpuIdentity, GpuProcess, GpuSample, HostSample, Snapshot, State
+from gpumon.monitor import Monitor, Tick
+from gpumon.serve.collector import METRIC_NAMES, make_registry
+from gpumon.serve.config import ServeConfig
+from gpumon.serve.daemon import Histogram, ServeState
+from gpumon.serve.joblabels import JobLabels, JobResolver, parse_cgroup, parse_environ
+from gpumon.serve.logfile import EventLog
+
+PERIOD = 1.0 / 6.0
+POD_UID = "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0"
+CID = "a" * 64
+
+
+# --------------------------------------------------------------------------- job labels
+@pytest.mark.parametrize(
+    ("cgroup", "expected"),
+    [
+        ("0::/system.slice/slurmstepd.scope/job_1234/step_0/user/task_0\n", ("1234", "", "")),
+        ("12:memory:/slurm/uid_1000/job_77/step_batch/task_0\n4:cpu:/slurm/uid_1000/job_77\n",
+         ("77", "", "")),
+        (f"0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod"
+         f"{POD_UID.replace('-', '_')}.slice/cri-containerd-{CID}.scope\n",
+         ("", POD_UID, CID[:12])),
+        (f"11:devices:/kubepods/besteffort/pod{POD_UID}/{CID}\n", ("", POD_UID, CID[:12])),
+        ("0::/user.slice/user-1000.slice/session-3.scope\n", ("", "", "")),
+        ("0::/system.slice/docker-" + CID + ".scope\n", ("", "", "")),
+    ],
+)
+def test_parse_cgroup(cgroup: str, expected: tuple[str, str, str]) -> None:
+    assert parse_cgroup(cgroup) == expected
+
+
+def test_parse_environ_takes_only_what_it_needs() -> None:
+    env = b"PATH=/bin\0SLURM_JOB_ID=991\0HOSTNAME=trainer-0\0SECRET=x\0"
+    assert parse_environ(env) == {"SLURM_JOB_ID": "991", "HOSTNAME": "trainer-0"}
+
+
+def fake_proc(root: Path, pid: int, cgroup: str, environ: bytes | None = None,
+              namespace: str | None = None) -> None:
+    d = root / str(pid)
+    d.mkdir(parents=True)
+    (d / "cgroup").write_text(cgroup)
+    if environ is not None:
+        (d / "environ").write_bytes(environ)
+    if namespace is not None:
+        ns = d / "root/var/run/secrets/kubernetes.io/serviceaccount"
+        ns.mkdir(parents=True)
+        (ns / "namespace").write_text(namespace + "\n")
+
+
+def test_resolver_reads_each_pid_once_and_forgets_gone_pids(tmp_path: Path) -> None:
+    fake_proc(tmp_path, 10, "0::/user.slice\n", b"SLURM_JOB_ID=55\0")
+    fake_proc(tmp_path, 11, f"0::/kubepods/burstable/pod{POD_UID}/{CID}\n",
+              b"HOSTNAME=bert-worker-1\0", namespace="ml")
+    fake_proc(tmp_path, 12, f"0::/kubepods/burstable/pod{POD_UID}/{CID}\n")  # no environ
+    r = JobResolver(procfs=str(tmp_path))
+    assert r.labels(10) == JobLabels(hpc_job="55")
+    assert r.labels(11) == JobLabels(pod="bert-worker-1", namespace="ml", container=CID[:12])
+    assert r.labels(12) == JobLabels(pod=POD_UID, container=CID[:12])  # uid when no name
+    assert r.labels(999) == JobLabels() and not r.labels(999).known  # vanished: no labels
+    assert r.reads == 4
+    r.labels(10)
+    r.labels(11)
+    assert r.reads == 4  # cached
+    r.retain({11})
+    assert len(r) == 1
+    r.labels(10)
+    assert r.reads == 5  # read again after it left the GPUs (its pid may be reused)
+
+
+def test_resolver_sources_can_be_turned_off(tmp_path: Path) -> None:
+    fake_proc(tmp_path, 10, "0::/slurm/uid_0/job_9/step_0\n", b"SLURM_JOB_ID=9\0")
+    fake_proc(tmp_path, 11, f"0::/kubepods/pod{POD_UID}/{CID}\n", b"HOSTNAME=p\0")
+    assert JobResolver(["kubernetes"], procfs=str(tmp_path)).labels(10) == JobLabels()
+    assert JobResolver(["slurm"], procfs=str(tmp_path)).labels(11) == JobLabels()
+    assert JobResolver([], procfs=str(tmp_path)).labels(10) == JobLabels()
+
+
+def test_resolver_cache_is_bounded(tmp_path: Path) -> None:
+    r = JobResolver(procfs=str(tmp_path), max_cached=3)
+    for pid in range(10):
+        r.labels(pid)
+    assert len(r) == 3
+
+
+# --------------------------------------------------------------------------- the log
+def test_log_writes_reopens_and_survives_failures(tmp_path: Path) -> None:
+    err = io.StringIO()
+    path = tmp_path / "g.jsonl"
+    log = EventLog(str(path), stderr=err)
+    assert log.write({"event": "a", "x": float("nan")})
+    path.rename(tmp_path / "g.jsonl.1")
+    log.request_reopen()
+    assert log.write({"event": "b"})
+    assert [json.loads(x) for x in path.read_text().splitlines()] == [{"event": "b"}]
+    assert json.loads((tmp_path / "g.jsonl.1").read_text()) == {"event": "a", "x": None}
+    # The directory disappears: failures are counted, reported once, then recovery once.
+    path.unlink()
+    (tmp_path / "g.jsonl.1").unlink()
+    tmp_path.rename(tmp_path.with_name(tmp_path.name + "-moved"))
+    log.reopen()
+    assert not log.write({"event": "c"})
+    assert not log.write({"event": "d"})
+    assert log.errors_total == 3  # reopen + two writes
+    assert err.getvalue().count("cannot write the log") == 1
+    tmp_path.mkdir()
+    assert log.write({"event": "e"})
+    assert "works again" in err.getvalue()
+    log.close()
+
+
+def test_log_off_writes_nothing() -> None:
+    log = EventLog(None)
+    assert not log.write({"event": "a"}) and log.errors_total == 0
+
+
+# --------------------------------------------------------------------------- histograms
+def test_histogram_is_cumulative_and_fixed_size() -> None:
+    h = Histogram((0.1, 1.0))
+    for x in (0.05, 0.1, 0.5, 3.0, float("nan"), -1.0):
+        h.observe(x)
+    assert h.cumulative() == [("0.1", 2), ("1.0", 3), ("+Inf", 4)]
+    assert h.count == 4 and h.sum == pytest.approx(3.65)
+    for _ in range(10000):
+        h.observe(0.2)
+    assert len(h.counts) == 3
+
+
+# --------------------------------------------------------------------------- daemon state
+IDENTS = (
+    GpuIdentity(0, "GPU-0", "H100", "0:17", 80 << 30, 700.0),
+    GpuIdentity(1, "GPU-1", "H100", "0:18", 80 << 30, 700.0),
+)
+
+
+def busy(pattern: str, t: float) -> bool:
+    """'steady', or 'burst' (0.5 s period, 30 % busy)."""
+    return pattern == "steady" or (t % 0.5) < 0.15
+
+
+class Feeder:
+    """Drives a ServeState with synthetic ticks of 0.5 s, like the loop would."""
+
+    def __init__(self, state: ServeState, pids: dict[int, tuple[int, ...]]) -> None:
+        self.state = state
+        self.pids = pids
+        self.t = 100.0
+        self.next_point = self.t
+
+    def run(self, seconds: float, patterns: dict[int, str], lost: frozenset[int] = frozenset()
+            ) -> None:
+        end = self.t + seconds
+        while self.t < end:
+            self.t += 0.5
+            gpus = []
+            for g in IDENTS:
+                if g.index in lost:
+                    gpus.append(GpuSample(t_s=self.t, gpu=g.index, uuid=g.uuid, lost=True))
+                    continue
+                pts = []
+                tp = self.next_point
+                while tp + PERIOD <= self.t + 1e-9:
+                    tp += PERIOD
+                    pts.append((tp, 100.0 if busy(patterns[g.index], tp) else 0.0))
+                from gpumon.model import UtilPoint
+
+                gpus.append(GpuSample(
+                    t_s=self.t, gpu=g.index, uuid=g.uuid,
+                    util_samples=tuple(UtilPoint(a, b) for a, b in pts),
+                    util_pct=pts[-1][1] if pts else None,
+                    mem_used_bytes=4 << 30, mem_total_bytes=80 << 30,
+                    power_watts=600.0 if patterns[g.index] == "steady" else 300.0,
+                    power_limit_watts=700.0,
+                    processes=tuple(GpuProcess(pid) for pid in self.pids.get(g.index, ())),
+                ))
+            while self.next_point + PERIOD <= self.t + 1e-9:
+                self.next_point += PERIOD
+            host = HostSample(t_s=self.t, cpu_pct=35.0, iowait_pct=2.0)
+            self.state.ingest(Tick(Snapshot(t_s=self.t, gpus=tuple(gpus), host=host),
+                                   sample_duration_s=0.004))
+
+
+def make_state(tmp_path: Path, **cfg: object) -> tuple[ServeState, Path]:
+    for pid, job in ((101, "A"), (102, "B"), (103, "A")):
+        fake_proc(tmp_path / "proc", pid, f"0::/slurm/uid_0/job_{job}/step_0\n".replace(
+            f"job_{job}", f"job_{ord(job)}"))
+    log = tmp_path / "g.jsonl"
+    state = ServeState(
+        Monitor(None), ServeConfig(**cfg),  # type: ignore[arg-type]
+        EventLog(str(log)),
+        resolver=JobResolver(procfs=str(tmp_path / "proc")), gpus=IDENTS,
+    )
+    return state, log
+
+
+_REGISTRIES: weakref.WeakKeyDictionary[ServeState, object] = weakref.WeakKeyDictionary()
+
+
+def metrics(state: ServeState) -> dict[str, float]:
+    """One scrape through the state's registry (one per state, as the daemon has)."""
+    registry = _REGISTRIES.setdefault(state, make_registry(state))
+    out = {}
+    for line in generate_latest(registry).decode().splitlines():  # type: ignore[arg-type]
+        if line and not line.startswith("#"):
+            k, _, v = line.rpartition(" ")
+            out[k] = float(v)
+    return out
+
+
+def value(m: dict[str, float], name: str, **labels: str) -> float:
+    hits = [v for k, v in m.items() if (k == name or k.startswith(name + "{"))
+            and all(f'{a}="{b}"' in k for a, b in labels.items())]
+    assert len(hits) == 1, (name, labels, hits)
+    return hits[0]
+
+
+def test_two_jobs_get_their_own_states_and_every_metric_is_emitted(tmp_path: Path) -> None:
+    state, log = make_state(tmp_path)
+    f = Feeder(state, {0: (101,), 1: (102,)})  # job 65 ("A") on GPU 0, job 66 on GPU 1
+    f.run(15, {0: "steady", 1: "steady"})
+    f.run(15, {0: "burst", 1: "steady"})
+    m = metrics(state)
+    assert value(m, "gpumon_gpu_state", gpu="0", state="starved") == 1
+    assert value(m, "gpumon_gpu_state", gpu="1", state="healthy") == 1
+    assert value(m, "gpumon_job_state", hpc_job="65", state="starved") == 1
+    assert value(m, "gpumon_job_state", hpc_job="66", state="healthy") == 1
+    assert value(m, "gpumon_gpu_job_info", gpu="0", hpc_job="65") == 1
+    assert value(m, "gpumon_gpu_cause", gpu="0", cause="unknown") + value(
+        m, "gpumon_gpu_cause", gpu="0", cause="cpu") <= 1
+    assert value(m, "gpumon_gpu_idle_gap_seconds_bucket", gpu="0", le="0.5") >= 20
+    assert value(m, "gpumon_gpu_idle_gap_seconds_bucket", gpu="0", le="0.25") == 0
+    assert value(m, "gpumon_gpu_state_seconds_total", gpu="0", state="starved") > 0
+    assert value(m, "gpumon_host_cpu_ratio") == pytest.approx(0.35)
+    assert value(m, "gpumon_host_iowait_ratio") == pytest.approx(0.02)
+    assert value(m, "gpumon_gpu_power_watts", gpu="1") == 600
+    assert value(m, "gpumon_sample_duration_seconds") == pytest.approx(0.004)
+    assert value(m, "gpumon_samples_total") == 60
+    # Every family the collector can emit was emitted, and nothing else.
+    metrics(state)  # a second scrape adds gpumon_scrape_duration_seconds
+    families = {k.split("{")[0] for k in metrics(state)}
+    families = {n.removesuffix("_bucket").removesuffix("_count").removesuffix("_sum")
+                for n in families}
+    emitted = {n.removesuffix("_total") for n in families}
+    declared = {n.removesuffix("_total") for n in METRIC_NAMES}
+    missing = declared - emitted
+    assert emitted <= declared, emitted - declared
+    assert not missing - {"gpumon_nvml_errors"}, missing  # no NVML errors without NVML
+    # Two jobs on subsets of the GPUs: each has its own detector.
+    assert all(j.detector is not None for j in state.jobs.values())
+    records = [json.loads(x) for x in log.read_text().splitlines()]
+    starved = [r for r in records if r["event"] == "episode_start" and r["state"] == "starved"]
+    assert any(r["scope"] == "gpu" and r["gpu"] == 0 and r["job"] == "65" for r in starved)
+    assert any(r["scope"] == "job" and r["jobs"][0]["hpc_job"] == "65" for r in starved)
+    assert not any(r.get("job") == "66" for r in starved)
+
+
+def test_one_job_on_every_gpu_shares_the_node_detector(tmp_path: Path) -> None:
+    state, _ = make_state(tmp_path)
+    Feeder(state, {0: (101,), 1: (103,)}).run(5, {0: "steady", 1: "steady"})
+    (job,) = state.jobs.values()
+    assert job.detector is None and job.gpus == frozenset({0, 1})
+
+
+def test_jobs_are_forgotten_and_capped(tmp_path: Path) -> None:
+    state, _ = make_state(tmp_path, job_linger_s=3.0, max_jobs=1)
+    f = Feeder(state, {0: (101,), 1: (102,)})
+    f.run(3, {0: "steady", 1: "steady"})
+    assert len(state.jobs) == 1 and state.jobs_dropped_total > 0
+    f.pids = {}
+    f.run(5, {0: "steady", 1: "steady"})
+    assert not state.jobs and len(state.resolver) == 0
+    assert value(metrics(state), "gpumon_jobs_untracked_total") == state.jobs_dropped_total
+
+
+def test_lost_gpu_is_marked_and_its_values_absent(tmp_path: Path) -> None:
+    state, _ = make_state(tmp_path)
+    f = Feeder(state, {0: (101,)})
+    f.run(3, {0: "steady", 1: "steady"})
+    f.run(2, {0: "steady", 1: "steady"}, lost=frozenset({1}))
+    m = metrics(state)
+    assert value(m, "gpumon_gpu_lost", gpu="1") == 1
+    assert value(m, "gpumon_gpu_lost", gpu="0") == 0
+    assert not [k for k in m if k.startswith("gpumon_gpu_power_watts") and 'gpu="1"' in k]
+    assert value(m, "gpumon_gpu_info", gpu="1") == 1
+
+
+def test_a_failing_part_never_fails_the_scrape(tmp_path: Path, monkeypatch) -> None:
+    state, _ = make_state(tmp_path)
+    Feeder(state, {}).run(2, {0: "steady", 1: "steady"})
+
+    def boom() -> None:
+        raise RuntimeError("detector bug")
+
+    monkeypatch.setattr(state.detector, "verdict", boom)
+    m = metrics(state)
+    assert value(m, "gpumon_scrape_errors_total") == 1
+    assert value(m, "gpumon_gpu_utilization_ratio", gpu="0") == 1.0  # the rest is served
+    assert not [k for k in m if k.startswith("gpumon_gpu_state{")]
+
+
+def test_a_failing_tick_is_counted_and_skipped(tmp_path: Path, capsys) -> None:
+    state, _ = make_state(tmp_path)
+
+    class Broken:
+        nvml = None
+
+        def tick(self) -> Tick:
+            raise OSError("driver hiccup")
+
+    state.monitor = Broken()  # type: ignore[assignment]
+    state.step()
+    state.step()
+    assert state.tick_errors_total == 2
+    assert capsys.readouterr().err.count("a tick failed") == 1
+
+
+def test_stop_line_keeps_the_states_and_closes_episodes(tmp_path: Path) -> None:
+    state, log = make_state(tmp_path)
+    Feeder(state, {0: (101,), 1: (102,)}).run(15, {0: "steady", 1: "steady"})
+    state.finish("signal SIGTERM")
+    records = [json.loads(x) for x in log.read_text().splitlines()]
+    assert records[-1]["event"] == "stop" and records[-1]["node_state"] == str(State.HEALTHY)
+    opened = sum(r["event"] == "episode_start" for r in records)
+    closed = sum(r["event"] == "episode_end" for r in records)
+    assert opened == closed > 0
