@@ -584,3 +584,28 @@ def test_call_overhead_is_small(fake_nvml):
         best = min(best, (time.perf_counter() - t0) / 2000)
     assert util.gpu == 100
     assert best < 20e-6
+
+
+@pytest.mark.parametrize("tool", ["gpustat", "nvitop"])
+def test_common_monitors_run_against_the_fake(fake_nvml, tool):
+    """gpustat and nvitop (the benchmark's baselines) read the scripted values."""
+    pytest.importorskip(tool)
+    fake_nvml.set(
+        Scenario(gpus=[FakeGPU(pattern=Pattern.steady(95), processes=[Process(1, GiB)]),
+                       FakeGPU(lost=True)]),
+        settle=0,
+    )  # fmt: skip
+    code = {
+        "gpustat": """
+            import json, gpustat
+            gpus = gpustat.new_query().jsonify()["gpus"]
+            print(json.dumps([g["utilization.gpu"] for g in gpus[:1]]))
+            """,
+        "nvitop": """
+            import json
+            from nvitop import Device
+            print(json.dumps([Device(0).gpu_utilization(), Device.count()]))
+            """,
+    }[tool]
+    out = _run_child(code, fake_nvml.env)
+    assert out[0] == 95
