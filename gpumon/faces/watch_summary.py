@@ -164,12 +164,17 @@ class Summary:
         who = "the run" if self.pid is None else f"pid {self.pid}"
         if self.command:
             who += f" ({_short_command(self.command)})"
-        head = f"gpumon watch summary: {who}"
         if self.ended == "stopped":
-            head += ", watching stopped (process still running)"
+            ended = "watching stopped; the process is still running"
         elif self.exit_status is not None:
-            head += f", exit status {self.exit_status}"
-        lines = [head, f"  wall time        {fmt_duration(self.wall_s)}"]
+            ended = f"the command exited with status {self.exit_status}"
+        else:
+            ended = "the process exited"
+        lines = [
+            f"gpumon watch summary: {who}",
+            f"  ended            {ended}",
+            f"  wall time        {fmt_duration(self.wall_s)}",
+        ]
         total = self.tracked_s
         parts = []
         for s in STATES:

@@ -21,7 +21,7 @@ from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from rich.console import Group, RenderableType
+from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
@@ -259,9 +259,10 @@ class LiveView:
         self.state = state
         self.quit_hint = quit_hint
 
-    def __rich__(self) -> RenderableType:
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        # The width the console really has (a terminal resized mid-run included).
         with self.state.lock:
-            return render(self.state, quit_hint=self.quit_hint)
+            yield render(self.state, width=options.max_width, quit_hint=self.quit_hint)
 
 
 def render(st: WatchState, *, width: int | None = None, quit_hint: str = "") -> RenderableType:
