@@ -59,6 +59,8 @@ HERE = Path(__file__).resolve().parent
 C_SOURCE = HERE / "fakenvml.c"
 LIB_NAME = "libnvidia-ml.so.1"
 ENV_SCENARIO = "FAKE_NVML_SCENARIO"
+MAX_GPUS = 64  # MAX_GPUS in fakenvml.c
+MAX_PROCS = 64  # MAX_PROCS in fakenvml.c
 
 #: Short call names accepted by ``unsupported`` and ``errors`` (mirrors CALL_LIST in the C file).
 CALL_NAMES = frozenset(
@@ -221,6 +223,8 @@ class FakeGPU:
     def lines(self, index: int) -> list[str]:
         """Serialise to the scenario file's ``[gpu]`` block."""
         _check_calls(self.unsupported, self.errors)
+        if len(self.processes) > MAX_PROCS:
+            raise ValueError(f"the fake supports at most {MAX_PROCS} processes per GPU")
         pat = self.pattern
         out = [
             "[gpu]",
@@ -306,6 +310,8 @@ class Scenario:
         if self.timestamp_clock not in TIMESTAMP_CLOCKS:
             raise ValueError(f"timestamp_clock must be one of {TIMESTAMP_CLOCKS}")
         _check_calls(self.unsupported, self.errors)
+        if len(self.gpus) > MAX_GPUS:
+            raise ValueError(f"the fake supports at most {MAX_GPUS} GPUs")
         if self.init_error is not None:
             _check_error(self.init_error)
         epoch = self.epoch if self.epoch is not None else (time.monotonic() if now is None else now)
@@ -384,7 +390,8 @@ def _cache_root() -> Path:
     return root
 
 
-CFLAGS = ["-shared", "-fPIC", "-O1", "-Wall", "-Wextra", f"-Wl,-soname,{LIB_NAME}"]
+# -Og: about twice as fast to build as -O2 (under a second), and calls cost about the same.
+CFLAGS = ["-shared", "-fPIC", "-Og", "-pipe", "-Wall", "-Wextra", f"-Wl,-soname,{LIB_NAME}"]
 
 
 def build_library(force: bool = False) -> Path:
