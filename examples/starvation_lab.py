@@ -34,6 +34,7 @@ import math
 import mmap
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -497,9 +498,9 @@ def phase_starved_io(torch: Any, trainer: Trainer, args: argparse.Namespace,
 
 def phase_busy_wait(torch: Any, trainer: Trainer, args: argparse.Namespace,
                     plan: dict[str, Any], until: float) -> dict[str, Any]:
-    if not trainer.cuda:
+    if not trainer.cuda or not hasattr(torch.cuda, "_sleep"):
         time.sleep(max(0.0, until - time.monotonic()))
-        return {"spins": 0, "note": "no GPU: nothing to spin"}
+        return {"spins": 0, "note": "no GPU (or no torch.cuda._sleep): nothing spun"}
     cycles = plan["spin_cycles"]
     n = 0
     while time.monotonic() < until:
@@ -552,6 +553,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     torch = load_torch(args.device)
     if torch is None:
         return EXIT_NO_GPU
+    # SIGTERM (a scheduler, `kill`) ends the run like Ctrl-C: sample files are removed.
+    signal.signal(signal.SIGTERM, _terminate)
     if args.phase_log:
         PHASE_LOG.append(open(args.phase_log, "w", encoding="utf-8"))  # noqa: SIM115
     try:
@@ -560,6 +563,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         for f in PHASE_LOG:
             f.close()
         PHASE_LOG.clear()
+
+
+def _terminate(_signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 def run(args: argparse.Namespace, torch: Any) -> int:
@@ -574,7 +581,7 @@ def run(args: argparse.Namespace, torch: Any) -> int:
          gpu=torch.cuda.get_device_name(device) if trainer.cuda else None,
          torch=torch.__version__, argv=sys.argv[1:])
     plan = calibrate(args, torch, trainer)
-    if trainer.cuda and "busy-wait" in args.phases:
+    if trainer.cuda and "busy-wait" in args.phases and hasattr(torch.cuda, "_sleep"):
         plan["spin_cycles"] = spin_cycles(torch)
     io_dir = None
     try:
