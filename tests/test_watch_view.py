@@ -1,0 +1,311 @@
+"""`gpumon watch` rendering and summary on hand-built data: no NVML, no processes, no clock."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from gpumon.faces.watch_summary import (
+    EXIT_FAIL_ON,
+    EpisodeLog,
+    GpuUse,
+    Summary,
+    advice_for_run,
+    dominant,
+    dominant_cause,
+    parse_states,
+)
+from gpumon.faces.watch_view import (
+    HOLE,
+    LiveView,
+    WatchState,
+    evidence_items,
+    plain_line,
+    tick_duty,
+    timeline,
+)
+from gpumon.model import (
+    Cause,
+    Episode,
+    GpuIdentity,
+    GpuProcess,
+    GpuSample,
+    GpuVerdict,
+    HostSample,
+    ProcessSample,
+    ProcTreeSample,
+    Snapshot,
+    State,
+    UtilPoint,
+    Verdict,
+)
+
+UUID = "GPU-1234"
+ADVICE = ("raise num_workers (now 2 on 8 cores)", "pin_memory=True")
+
+
+def burst_points(t0: float, n: int, period: float = 1 / 6) -> tuple[UtilPoint, ...]:
+    """Two busy samples then four idle ones: a 1 s burst/gap cycle."""
+    return tuple(UtilPoint(t0 + i * period, 100.0 if i % 6 < 2 else 0.0) for i in range(n))
+
+
+def snapshot(t: float = 10.0, points: tuple[UtilPoint, ...] | None = None) -> Snapshot:
+    g = GpuSample(
+        t_s=t,
+        gpu=0,
+        uuid=UUID,
+        util_samples=burst_points(t - 3, 18) if points is None else points,
+        util_pct=33.0,
+        mem_used_bytes=20 * 2**30,
+        mem_total_bytes=80 * 2**30,
+        power_watts=250.0,
+        power_limit_watts=700.0,
+        temperature_c=41.0,
+        processes=(GpuProcess(pid=101, used_mem_bytes=2**30),),
+    )
+    tree = ProcTreeSample(
+        t_s=t,
+        root_pid=100,
+        processes=(
+            ProcessSample(100, 1, "python", 12.0, 30, 0.0, 0.0, "sleeping"),
+            ProcessSample(101, 100, "pt_data_worker", 98.0, 4, 5e6, 0.0, "running"),
+            ProcessSample(102, 100, "pt_data_worker", 97.0, 4, 4e6, 0.0, "running"),
+        ),
+    )
+    host = HostSample(
+        t_s=t, cpu_pct=96.0, iowait_pct=0.5, load_1m=7.9, cpu_pct_per_core=(96.0,) * 8
+    )
+    return Snapshot(t_s=t, gpus=(g,), host=host, tree=tree)
+
+
+def starved_verdict(t: float = 10.0) -> Verdict:
+    ev = {
+        "duty_cycle": 0.31,
+        "burst_p50_s": 0.33,
+        "gap_p50_s": 0.67,
+        "period_s": 1.0,
+        "workers_cpu_pct": 97.5,
+        "workers": 2,
+        "main_cpu_pct": 12.0,
+        "samples": 60,
+        "window_s": 8.0,
+        "some_new_key": 1.5,
+    }
+    gv = GpuVerdict(0, UUID, State.STARVED, Cause.CPU, 4.0, ev, ADVICE)
+    return Verdict(t, State.STARVED, Cause.CPU, (gv,), {"effective_gpus": 0.31}, ADVICE)
+
+
+def state_with(verdict: Verdict | None, snap: Snapshot | None = None) -> WatchState:
+    st = WatchState(
+        pid=100,
+        command=("python", "train.py"),
+        identities=(GpuIdentity(0, UUID, "Fake H100", None, 80 * 2**30, 700.0),),
+        started_mono_s=0.0,
+    )
+    st.feed(snap or snapshot(), verdict)
+    return st
+
+
+def screen(st: WatchState, width: int = 110) -> str:
+    console = Console(
+        width=width, record=True, force_terminal=True, color_system="truecolor", file=io.StringIO()
+    )
+    console.print(LiveView(st))
+    return console.export_text()
+
+
+# --- the full-screen view ------------------------------------------------------------------
+
+
+def test_view_shows_timeline_memory_power_tree_state_evidence_and_advice() -> None:
+    text = screen(state_with(starved_verdict()))
+    assert "state: starved  cause: cpu" in text
+    assert "duty cycle 31%" in text and "gap p50 0.67s" in text and "workers CPU 98%" in text
+    assert "some new key 1.5" in text  # evidence the view has no label for still shows
+    assert "samples" not in text.split("GPU 0 NVIDIA")[0].split("advice")[0].replace(
+        "per driver sample", ""
+    )
+    assert "raise num_workers (now 2 on 8 cores)" in text
+    row = next(line for line in text.splitlines() if "█" in line and "▁" in line)
+    assert "██▁▁▁▁██▁▁▁▁██▁▁▁▁" in row  # one character per driver sample, oldest first
+    assert "20.0 GiB / 80.0 GiB" in text and "250 W / 700 W" in text
+    assert "main" in text and "worker+GPU" in text and "pt_data_worker" in text
+    assert "host CPU 96%" in text and "iowait 0.5%" in text
+    # Busiest worker first after the main process.
+    assert text.index(" 101 ") < text.index(" 102 ")
+
+
+def test_view_before_the_run_uses_a_gpu_says_waiting() -> None:
+    st = WatchState(pid=100, command=None, identities=(GpuIdentity(0, UUID),), started_mono_s=0)
+    st.feed(Snapshot(t_s=1.0, gpus=(), tree=snapshot().tree), None)
+    text = screen(st)
+    assert "waiting for the run to use a GPU" in text
+    assert "state: unknown" in text
+
+
+def test_view_in_a_container_says_so_instead_of_nothing() -> None:
+    st = WatchState(pid=100, command=None, identities=(GpuIdentity(0, UUID),), started_mono_s=0)
+    st.feed(Snapshot(t_s=1.0, gpus=()), None, invisible_gpu_pids={4242})
+    text = screen(st, width=250)
+    assert "container without the host PID namespace?" in text and "4242" in text
+
+
+def test_view_falls_back_to_ticks_without_the_driver_buffer() -> None:
+    snap = snapshot(points=())
+    text = screen(state_with(None, snap))
+    assert "per tick" in text
+
+
+# --- pieces -------------------------------------------------------------------------------
+
+
+def test_timeline_draws_holes_as_dots_never_as_zero() -> None:
+    pts = (*(UtilPoint(i / 10, 100.0) for i in range(4)), UtilPoint(0.7, 100.0))
+    text, span = timeline(pts, 10)
+    assert text.plain == "  ████···█"  # three sample periods without a sample
+    assert span == pytest.approx(0.7)
+
+
+def test_timeline_keeps_the_newest_samples_when_too_many() -> None:
+    pts = tuple(UtilPoint(i * 0.1, 0.0 if i < 50 else 100.0) for i in range(60))
+    text, _ = timeline(pts, 10)
+    assert text.plain == "█" * 10
+
+
+def test_tick_duty_prefers_driver_samples() -> None:
+    g = GpuSample(t_s=1, gpu=0, uuid=UUID, util_samples=burst_points(0, 6), util_pct=90.0)
+    assert tick_duty(g) == pytest.approx(2 / 6)
+    assert tick_duty(GpuSample(t_s=1, gpu=0, uuid=UUID, util_pct=90.0)) == pytest.approx(0.9)
+    assert tick_duty(GpuSample(t_s=1, gpu=0, uuid=UUID)) is None
+
+
+def test_plain_line_has_time_duty_state_and_cause_without_escapes() -> None:
+    line = plain_line(state_with(starved_verdict()), now_wall=0.0)
+    assert "\x1b" not in line and "\n" not in line
+    assert " gpu0=33% " in line and "state=starved cause=cpu" in line
+    assert line.endswith("procs=3")
+    waiting = WatchState(pid=1, command=None)
+    waiting.feed(Snapshot(t_s=0.0), None)
+    assert "waiting for the run to use a GPU state=unknown cause=-" in plain_line(waiting)
+
+
+def test_evidence_items_are_ordered_and_skip_bookkeeping() -> None:
+    items = evidence_items({"samples": 9, "gap_p50_s": 0.7, "duty_cycle": 0.5, "x_y": "z"})
+    assert items == [("duty cycle", "50%"), ("gap p50", "0.70s"), ("x y", "z")]
+
+
+def test_hole_marker_is_not_a_block() -> None:
+    assert HOLE not in "▁▂▃▄▅▆▇█"
+
+
+# --- the summary ---------------------------------------------------------------------------
+
+
+def _ep(
+    state: State,
+    cause: Cause | None,
+    start: float,
+    end: float,
+    advice: tuple[str, ...] = (),
+    note: str | None = None,
+) -> Episode:
+    return Episode(None, None, state, cause, start, end, {}, advice, note)
+
+
+def test_dominant_state_and_cause() -> None:
+    secs = {State.HEALTHY: 10.0, State.STARVED: 30.0, State.UNKNOWN: 100.0}
+    assert dominant(secs) is State.STARVED  # unknown only when nothing else was seen
+    assert dominant({State.UNKNOWN: 5.0}) is State.UNKNOWN
+    eps = [
+        _ep(State.STARVED, Cause.IO, 0, 5),
+        _ep(State.STARVED, Cause.CPU, 5, 20),
+        _ep(State.HEALTHY, None, 20, 60),
+    ]
+    assert dominant_cause(eps, State.STARVED) is Cause.CPU
+    assert dominant_cause(eps, State.IDLE) is None
+
+
+def test_advice_comes_from_the_longest_matching_episode() -> None:
+    eps = [
+        _ep(State.STARVED, Cause.CPU, 0, 2, ("short",)),
+        _ep(State.STARVED, Cause.CPU, 2, 20, ("long",)),
+        _ep(State.STARVED, Cause.IO, 20, 60, ("io",)),
+    ]
+    assert advice_for_run(eps, State.STARVED, Cause.CPU, None) == ("long",)
+    assert advice_for_run([], State.STARVED, Cause.CPU, starved_verdict()) == ADVICE
+    assert advice_for_run([], State.HEALTHY, None, starved_verdict()) == ()
+
+
+def test_episode_log_keeps_closed_run_episodes() -> None:
+    log = EpisodeLog()
+    gpu_ep = Episode(0, UUID, State.STARVED, Cause.CPU, 0, 1)
+    log.add([gpu_ep, _ep(State.IDLE, None, 0, None), _ep(State.HEALTHY, None, 1, 2)])  # type: ignore[arg-type]
+    assert [e.state for e in log.run_level()] == [State.HEALTHY]
+
+
+def _summary(**kw: object) -> Summary:
+    base: dict[str, object] = dict(
+        pid=100,
+        command=("python", "train.py"),
+        wall_s=75.2,
+        verdict=State.STARVED,
+        cause=Cause.CPU,
+        seconds={State.HEALTHY: 20.0, State.STARVED: 50.0, State.IDLE: 5.0},
+        gpus=[GpuUse(0, UUID, "Fake H100", util_sum=3100.0, util_n=100)],
+        lost_gpu_seconds=34.5,
+        advice=ADVICE,
+        used_gpu=True,
+        exit_status=0,
+    )
+    base.update(kw)
+    return Summary(**base)  # type: ignore[arg-type]
+
+
+def test_fail_on_trips_above_the_threshold_share() -> None:
+    s = _summary(fail_on=(State.STARVED, State.SYNC_STALL), fail_threshold=0.25)
+    assert s.share(s.fail_on) == pytest.approx(50 / 75)
+    assert s.failed
+    assert not _summary(fail_on=(State.SYNC_STALL,), fail_threshold=0.25).failed
+    assert not _summary(fail_on=(State.STARVED,), fail_threshold=0.7).failed
+    assert not _summary().failed  # no --fail-on, never fails
+    assert EXIT_FAIL_ON not in (0, 1, 2, 3, 4, 130)
+
+
+def test_summary_json_has_every_documented_key(tmp_path: Path) -> None:
+    path = tmp_path / "s.json"
+    _summary(fail_on=(State.STARVED,), fail_threshold=0.25).write_json(str(path))
+    data = json.loads(path.read_text())
+    assert data["pid"] == 100 and data["command"] == ["python", "train.py"]
+    assert data["verdict"] == "starved" and data["cause"] == "cpu"
+    assert data["seconds"] == {
+        "healthy": 20.0,
+        "starved": 50.0,
+        "sync_stall": 0.0,
+        "idle": 5.0,
+        "unknown": 0.0,
+    }
+    assert data["gpus"] == [{"gpu": 0, "uuid": UUID, "name": "Fake H100", "duty_cycle": 0.31}]
+    assert data["lost_gpu_seconds"] == 34.5 and data["advice"] == list(ADVICE)
+    assert data["fail_on"]["failed"] is True
+    assert not list(tmp_path.glob("*.tmp*"))  # written atomically
+
+
+def test_summary_text_reads_well() -> None:
+    text = _summary().text()
+    assert "wall time        1m 15s" in text
+    assert "starved 50.0s (67%)" in text
+    assert "GPU-seconds lost waiting  34.5" in text
+    assert "verdict          starved (cause: cpu)" in text
+    assert "advice           - raise num_workers" in text
+    none = _summary(used_gpu=False, gpus=[], verdict=State.UNKNOWN, cause=None).text()
+    assert "none: no process of the run appeared" in none
+
+
+def test_parse_states() -> None:
+    assert parse_states("starved, sync_stall,starved") == (State.STARVED, State.SYNC_STALL)
+    with pytest.raises(ValueError, match="unknown state 'slow'"):
+        parse_states("starved,slow")
