@@ -308,7 +308,7 @@ def test_a_failing_part_never_fails_the_scrape(tmp_path: Path, monkeypatch) -> N
     def boom() -> None:
         raise RuntimeError("detector bug")
 
-    monkeypatch.setattr(state.detector, "verdict", boom)
+    monkeypatch.setattr(state.detector, "seconds_in_state", boom)
     m = metrics(state)
     assert value(m, "gpumon_scrape_errors_total") == 1
     assert value(m, "gpumon_gpu_utilization_ratio", gpu="0") == 1.0  # the rest is served

@@ -27,7 +27,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from gpumon.model import Cause, State
+from gpumon.model import Cause, Episode, State
 from gpumon.serve.daemon import ServeState
 
 GPU = ["gpu", "uuid"]
@@ -172,7 +172,6 @@ class GpumonCollector(Collector):
 
     def _detection(self) -> list[Metric]:
         st = self.state
-        verdict = st.detector.verdict()
         seconds = st.detector.seconds_in_state()
         state = GaugeMetricFamily(
             "gpumon_gpu_state",
@@ -197,20 +196,18 @@ class GpumonCollector(Collector):
         bursts = HistogramMetricFamily(
             "gpumon_gpu_busy_burst_seconds",
             "Lengths of the GPU's busy bursts, from the driver's sample buffer.", labels=GPU)
-        by_gpu = {v.gpu: v for v in verdict.gpus}
         for idx in sorted(st.gpus):
             rt = st.gpus[idx]
             lv = [str(idx), rt.identity.uuid]
-            v = by_gpu.get(idx)
-            cur = str(v.state) if v is not None else str(State.UNKNOWN)
+            ep = st.episodes.get(idx)
+            cur = str(ep.state) if ep is not None else str(State.UNKNOWN)
             for s in STATES:
                 state.add_metric([*lv, s], 1.0 if s == cur else 0.0)
-            if v is not None and v.state is State.STARVED:
-                c = str(v.cause or Cause.UNKNOWN)
+            if ep is not None and ep.state is State.STARVED:
+                c = str(ep.cause or Cause.UNKNOWN)
                 for name in CAUSES:
                     cause.add_metric([*lv, name], 1.0 if name == c else 0.0)
-            is_strag = v is not None and v.evidence.get("straggler_gpu") == idx
-            strag.add_metric(lv, 1.0 if is_strag else 0.0)
+            strag.add_metric(lv, 1.0 if ep is not None and is_straggler(ep) else 0.0)
             per = seconds.get(idx, {})
             for s in State:
                 secs.add_metric([*lv, str(s)], per.get(s, 0.0))
@@ -220,8 +217,10 @@ class GpumonCollector(Collector):
             "gpumon_node_state",
             "The node's overall state over all its GPUs: 1 for the current state.",
             labels=["state"])
+        node_ep = st.episodes.get(None)
+        node_state = str(node_ep.state) if node_ep is not None else str(State.UNKNOWN)
         for s in STATES:
-            node.add_metric([s], 1.0 if s == str(verdict.state) else 0.0)
+            node.add_metric([s], 1.0 if s == node_state else 0.0)
         node_secs = CounterMetricFamily(
             "gpumon_node_state_seconds",
             "Seconds the node (all GPUs together) spent in each state.", labels=["state"])
@@ -242,15 +241,11 @@ class GpumonCollector(Collector):
             labels=[*JOB[:3], "state"])
         gpus = GaugeMetricFamily("gpumon_job_gpus", "GPUs of this node the job uses.",
                                  labels=JOB[:3])
-        node = None
         for job in st.jobs.values():
             lb = job.labels
             lv = [lb.hpc_job, lb.pod, lb.namespace]
-            if job.detector is None:
-                node = node or st.detector.verdict()
-                cur = node.state
-            else:
-                cur = job.detector.verdict().state
+            ep = st.job_episode(job)
+            cur = State.UNKNOWN if ep is None else ep.state
             for s in STATES:
                 state.add_metric([*lv, s], 1.0 if s == str(cur) else 0.0)
             gpus.add_metric(lv, float(len(job.gpus)))
@@ -299,6 +294,11 @@ class GpumonCollector(Collector):
                                        "Log lines that could not be written (full disk, "
                                        "unwritable file).", value=st.log.errors_total))
         return out
+
+
+def is_straggler(ep: Episode) -> bool:
+    """The detector marks the GPU its peers wait on with a sync_stall 'straggler' note."""
+    return ep.state is State.SYNC_STALL and (ep.note or "").startswith("straggler")
 
 
 def _add(family: GaugeMetricFamily, labels: list[str], value: float | int | None) -> None:

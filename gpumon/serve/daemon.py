@@ -27,8 +27,10 @@ from gpumon.serve.logfile import EventLog
 
 # Gaps: a DataLoader hiccup is 50-500 ms, a starved step 0.2-2 s, a checkpoint or an
 # evaluation tens of seconds to minutes.  Bursts: one step's kernels, 50 ms to seconds.
-GAP_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 300.0)
-BURST_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 300.0)
+# Few buckets on purpose: every bucket is a series per GPU, and formatting series is most
+# of a scrape's cost.
+GAP_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0, 60.0)
+BURST_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0, 60.0)
 
 JobKey = tuple[str, str, str]
 
@@ -96,6 +98,7 @@ class JobRuntime:
     gpus: frozenset[int]
     last_seen_s: float
     detector: Detector | None = None
+    episode: Episode | None = None  # the job's open run-level episode (own detector)
 
 
 class ServeState:
@@ -124,6 +127,9 @@ class ServeState:
         self.detector = Detector(self.detector_config, idents)
         self.gpus: dict[int, GpuRuntime] = {g.index: GpuRuntime(g) for g in idents}
         self.jobs: dict[JobKey, JobRuntime] = {}
+        # The open episode per GPU (and None: the node), kept from the detector's updates:
+        # a scrape reads states from here instead of recomputing a full verdict.
+        self.episodes: dict[int | None, Episode] = {}
         self.host: HostSample | None = None
         self.lock = threading.Lock()
         self._wall = wall
@@ -178,6 +184,7 @@ class ServeState:
         """Fold one tick in; the caller holds ``lock``."""
         snap = tick.snapshot
         update = tick.update if tick.update is not None else self.detector.update(snap)
+        _track(self.episodes, update)
         self.host = snap.host
         for g in snap.gpus:
             rt = self.gpus.get(g.gpu)
@@ -265,13 +272,19 @@ class ServeState:
             if job.detector is not None:
                 sub = Snapshot(t_s=t, gpus=tuple(g for g in snap.gpus if g.gpu in job.gpus),
                                host=snap.host)
-                upd = job.detector.update(sub)
-                out.append((labels, _run_level(upd)))
+                upd = _run_level(job.detector.update(sub))
+                if upd.opened:
+                    job.episode = upd.opened[-1]
+                out.append((labels, upd))
         for key in [k for k, j in self.jobs.items() if t - j.last_seen_s > self.cfg.job_linger_s]:
             job = self.jobs.pop(key)
             if job.detector is not None:
                 out.append((job.labels, _run_level(job.detector.finish())))
         return out
+
+    def job_episode(self, job: JobRuntime) -> Episode | None:
+        """The job's open episode: its own detector's, or the node's for a whole-node job."""
+        return job.episode if job.detector is not None else self.episodes.get(None)
 
     def _job_detector(self, gpus: frozenset[int]) -> Detector:
         idents = [rt.identity for i, rt in self.gpus.items() if i in gpus]
@@ -361,6 +374,14 @@ def _run_level(update: DetectorUpdate) -> DetectorUpdate:
         tuple(e for e in update.opened if e.gpu is None),
         tuple(e for e in update.closed if e.gpu is None),
     )
+
+
+def _track(open_episodes: dict[int | None, Episode], update: DetectorUpdate) -> None:
+    for ep in update.closed:
+        if open_episodes.get(ep.gpu) is not None and open_episodes[ep.gpu].start_s == ep.start_s:
+            del open_episodes[ep.gpu]
+    for ep in update.opened:
+        open_episodes[ep.gpu] = ep
 
 
 def _only_closed(update: DetectorUpdate) -> DetectorUpdate:
