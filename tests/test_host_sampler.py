@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -11,7 +12,16 @@ from pathlib import Path
 import pytest
 
 from gpumon.errors import ProcessGoneError
-from gpumon.sample.host import HostSampler, ProcessTreeSampler, cpu_busy_pct, rate
+from gpumon.sample.host import (
+    HostSampler,
+    ProcessTreeSampler,
+    cpu_busy_pct,
+    parse_diskstats,
+    parse_io,
+    parse_meminfo,
+    parse_stat,
+    rate,
+)
 
 PROCTREE = Path(__file__).parent / "helpers" / "proctree.py"
 
@@ -130,3 +140,53 @@ def test_rate_clamps_counter_resets() -> None:
     assert rate(100.0, 50.0, 1.0) == 0.0
     assert rate(None, 50.0, 1.0) is None
     assert rate(0.0, 50.0, 0.5) == 100.0
+
+
+def test_parse_stat_handles_names_with_spaces_and_parentheses() -> None:
+    text = (
+        "4242 (pt data (worker) 3) S 4200 4242 4200 0 -1 4194560 100 0 0 0 "
+        "250 50 0 0 20 0 7 0 123456 1000000 500 18446744073709551615 "
+        "1 1 0 0 0 0 0 0 0 0 0 0 17 3 0 0 0 0 0\n"
+    )
+    stat = parse_stat(text)
+    assert stat.name == "pt data (worker) 3"
+    assert stat.state == "sleeping"
+    assert stat.ppid == 4200
+    assert stat.cpu_s == pytest.approx(300 / os.sysconf("SC_CLK_TCK"))
+    assert stat.num_threads == 7
+    assert stat.start_ticks == 123456
+
+
+def test_parse_stat_of_this_process_agrees_with_the_kernel() -> None:
+    stat = parse_stat(Path(f"/proc/{os.getpid()}/stat").read_text())
+    assert stat.ppid == os.getppid()
+    assert stat.state == "running"
+
+
+def test_parse_io_and_meminfo_and_diskstats() -> None:
+    io = "rchar: 10\nwchar: 20\nsyscr: 1\nsyscw: 2\nread_bytes: 4096\nwrite_bytes: 8192\n"
+    assert parse_io(io) == (4096.0, 8192.0)
+    meminfo = "MemTotal:       1000 kB\nMemFree:         100 kB\nMemAvailable:    400 kB\n"
+    assert parse_meminfo(meminfo) == (600 * 1024, 1000 * 1024)
+    assert parse_meminfo("MemTotal: 1 kB\n") is None
+    diskstats = (
+        "   8       0 sda 100 0 2000 0 50 0 1000 0 0 0 0\n"
+        "   8       1 sda1 100 0 2000 0 50 0 1000 0 0 0 0\n"
+        " 253       0 dm-0 100 0 2000 0 50 0 1000 0 0 0 0\n"
+        " 259       0 nvme0n1 10 0 8 0 5 0 4 0 0 0 0\n"
+    )
+    disks = frozenset({"sda", "nvme0n1"})
+    assert parse_diskstats(diskstats, disks) == (2008 * 512.0, 1004 * 512.0)
+
+
+def test_a_reused_root_pid_is_not_the_watched_process(tmp_path: Path) -> None:
+    """A pid whose start time changed belongs to a new process: the run has ended."""
+    proc_dir = tmp_path / "4242"
+    proc_dir.mkdir()
+    stat = "4242 (python) S 1 4242 1 0 -1 0 0 0 0 0 10 5 0 0 20 0 1 0 {start} 0 0 0\n"
+    (proc_dir / "stat").write_text(stat.format(start=1000))
+    sampler = ProcessTreeSampler(4242, procfs=str(tmp_path))
+    assert sampler.root_alive()
+    (proc_dir / "stat").write_text(stat.format(start=2000))
+    assert not sampler.root_alive()
+    assert sampler.sample().processes == ()
