@@ -472,20 +472,45 @@ def test_scenario_reload_while_running(fake_nvml):
     assert pynvml.nvmlDeviceGetCount() == 3
 
 
-def test_steady_to_burst_switch_restarts_the_pattern_clock(fake_nvml):
-    """A rewrite without an epoch starts the new pattern when written (busy first)."""
-    _init(fake_nvml, Scenario.uniform(1, pattern=Pattern.steady(), sample_period_s=0.05))
+def test_steady_to_burst_switch_keeps_the_past(fake_nvml):
+    """A rewrite starts the new pattern when written; samples from before it stay steady."""
+    sp = 0.05
+    _init(fake_nvml, Scenario.uniform(1, pattern=Pattern.steady(), sample_period_s=sp))
     h = pynvml.nvmlDeviceGetHandleByIndex(0)
     _, before = pynvml.nvmlDeviceGetSamples(h, 1, 0)
     assert {s.sampleValue.uiVal for s in before} == {100}
-    last = before[-1].timeStamp
-    fake_nvml.set(Scenario.uniform(1, pattern=Pattern.burst(0.4, 0.5), sample_period_s=0.05))
+    time.sleep(0.3)  # unread steady samples accumulate
+    written_us = time.time() * 1e6
+    fake_nvml.set(Scenario.uniform(1, pattern=Pattern.burst(0.4, 0.5), sample_period_s=sp))
     time.sleep(0.85)
-    _, after = pynvml.nvmlDeviceGetSamples(h, 1, last)
-    values = [s.sampleValue.uiVal for s in after]
-    assert 0 in values
-    assert 100 in values
-    assert 0.3 <= sum(values) / (100 * len(values)) <= 0.7
+    _, after = pynvml.nvmlDeviceGetSamples(h, 1, before[-1].timeStamp)
+    old = [s.sampleValue.uiVal for s in after if s.timeStamp <= written_us - sp * 1e6]
+    new = [s.sampleValue.uiVal for s in after if s.timeStamp > written_us + sp * 1e6]
+    assert len(old) >= 4
+    assert set(old) == {100}
+    assert 0 in new
+    assert 100 in new
+    assert 0.3 <= sum(new) / (100 * len(new)) <= 0.7
+
+
+def test_rewrite_with_an_unchanged_pattern_keeps_its_phase(fake_nvml):
+    sp, period = 0.05, 0.4
+    pattern = Pattern.burst(period, 0.5)
+    epoch = time.monotonic() - 10
+    _init(fake_nvml, Scenario.uniform(1, pattern=pattern, sample_period_s=sp, epoch=epoch))
+    h = pynvml.nvmlDeviceGetHandleByIndex(0)
+    # Rewrite half a period out of phase, where a restarted pattern would be inverted.
+    time.sleep(period - (time.monotonic() - epoch) % period + period / 2)
+    scn = Scenario.uniform(1, pattern=pattern, sample_period_s=sp, name="renamed")
+    fake_nvml.set(scn)
+    assert pynvml.nvmlDeviceGetName(h) == "renamed"
+    time.sleep(0.5)
+    offset = _sample_times_to_monotonic("realtime")
+    _, samples = pynvml.nvmlDeviceGetSamples(h, 1, 0)
+    for s in samples[-12:]:
+        t1 = s.timeStamp / 1e6 - offset
+        expected = 100 * pattern.busy_fraction(t1 - sp, t1, epoch)
+        assert abs(s.sampleValue.uiVal - expected) <= 1.5
 
 
 def test_reload_is_thread_safe(fake_nvml):

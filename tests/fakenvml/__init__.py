@@ -32,7 +32,7 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 __all__ = [
@@ -289,10 +289,18 @@ class Scenario:
     errors: dict[str, str] = field(default_factory=dict)  #: e.g. {"count": "NO_PERMISSION"}
 
     @classmethod
-    def uniform(cls, n_gpus: int, pattern: Pattern | None = None, **gpu_kwargs: object) -> Scenario:
-        """``n_gpus`` identical GPUs (each with its own UUID and bus id)."""
+    def uniform(cls, n_gpus: int, pattern: Pattern | None = None, **kwargs: object) -> Scenario:
+        """``n_gpus`` identical GPUs (each with its own UUID and bus id).
+
+        Keyword arguments naming a Scenario field (``epoch``, ``timestamp_clock``, ...) go to
+        the scenario, the rest to every FakeGPU.
+        """
+        own = {f.name for f in fields(cls)} - {"gpus"}
+        scn_kw = {k: v for k, v in kwargs.items() if k in own}
+        gpu_kw = {k: v for k, v in kwargs.items() if k not in own}
         pat = pattern or Pattern()
-        return cls(gpus=[FakeGPU(pattern=pat, **gpu_kwargs) for _ in range(n_gpus)])  # type: ignore[arg-type]
+        gpus = [FakeGPU(pattern=pat, **gpu_kw) for _ in range(n_gpus)]  # type: ignore[arg-type]
+        return cls(gpus=gpus, **scn_kw)  # type: ignore[arg-type]
 
     @classmethod
     def no_driver(cls) -> Scenario:

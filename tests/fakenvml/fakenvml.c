@@ -181,6 +181,12 @@ typedef struct {
     int memutil;
 } proc_t;
 
+/* A utilisation pattern; `epoch` is its origin in CLOCK_MONOTONIC seconds. */
+typedef struct {
+    int kind;
+    double busy_pct, idle_pct, period_s, duty, phase_s, noise_pct, epoch;
+} pat_t;
+
 typedef struct {
     char uuid[STR_LEN], name[STR_LEN], bus_id[32], serial[32], vbios[32];
     unsigned int pci_domain, pci_bus, pci_dev, pci_func, pci_device_id, pci_subsys_id;
@@ -193,9 +199,11 @@ typedef struct {
     unsigned int persistence, compute_mode;
     double sample_period_s;
     int buffer_len, idle_no_samples, samples_supported, lost;
-    int pattern;
-    double busy_pct, idle_pct, mem_busy_pct, period_s, duty, phase_s, noise_pct;
-    double epoch; /* pattern origin (CLOCK_MONOTONIC s), maybe snapped to the sample grid */
+    pat_t pat;      /* the scenario's pattern (epoch maybe snapped to the sample grid) */
+    pat_t prev;     /* after a rewrite: the pattern that ran before switch_t */
+    int has_prev;
+    double switch_t;
+    double mem_busy_pct;
     unsigned long long clock_reasons;
     int err[N_CALLS];
     int nproc;
@@ -221,6 +229,7 @@ static atomic_llong g_last_check_ns;
 static atomic_llong g_generation;
 static struct stat g_stat;       /* of the loaded file; guarded by g_lock */
 static char g_path[4096];        /* guarded by g_lock */
+static char g_loaded_path[4096]; /* the file g_scn came from; guarded by g_lock */
 #define RETIRE_RING 32
 static scn_t *g_retired[RETIRE_RING]; /* old scenarios are freed late: readers never lock */
 static int g_retired_pos;
@@ -359,12 +368,12 @@ static void gpu_defaults(gpu_t *g, int index) {
     g->sample_period_s = 1.0 / 6.0;
     g->buffer_len = 120;
     g->samples_supported = 1;
-    g->pattern = PAT_STEADY;
-    g->busy_pct = 100;
-    g->idle_pct = 0;
+    g->pat.kind = PAT_STEADY;
+    g->pat.busy_pct = 100;
+    g->pat.idle_pct = 0;
     g->mem_busy_pct = 40;
-    g->period_s = 1;
-    g->duty = 0.5;
+    g->pat.period_s = 1;
+    g->pat.duty = 0.5;
     parse_bus_id(g);
 }
 
@@ -432,15 +441,15 @@ static void gpu_set(gpu_t *g, const char *key, const char *v) {
     else if (KEY("samples_supported")) g->samples_supported = parse_bool(v);
     else if (KEY("lost")) g->lost = parse_bool(v);
     else if (KEY("pattern"))
-        g->pattern = strcmp(v, "burst") == 0 ? PAT_BURST : strcmp(v, "off") == 0 ? PAT_OFF
+        g->pat.kind = strcmp(v, "burst") == 0 ? PAT_BURST : strcmp(v, "off") == 0 ? PAT_OFF
                                                                                  : PAT_STEADY;
-    else if (KEY("busy_pct")) g->busy_pct = strtod(v, NULL);
-    else if (KEY("idle_pct")) g->idle_pct = strtod(v, NULL);
+    else if (KEY("busy_pct")) g->pat.busy_pct = strtod(v, NULL);
+    else if (KEY("idle_pct")) g->pat.idle_pct = strtod(v, NULL);
     else if (KEY("mem_busy_pct")) g->mem_busy_pct = strtod(v, NULL);
-    else if (KEY("period_s")) g->period_s = strtod(v, NULL);
-    else if (KEY("duty")) g->duty = strtod(v, NULL);
-    else if (KEY("phase_s")) g->phase_s = strtod(v, NULL);
-    else if (KEY("noise_pct")) g->noise_pct = strtod(v, NULL);
+    else if (KEY("period_s")) g->pat.period_s = strtod(v, NULL);
+    else if (KEY("duty")) g->pat.duty = strtod(v, NULL);
+    else if (KEY("phase_s")) g->pat.phase_s = strtod(v, NULL);
+    else if (KEY("noise_pct")) g->pat.noise_pct = strtod(v, NULL);
     else if (KEY("clock_reasons")) g->clock_reasons = strtoull(v, NULL, 0);
     else if (KEY("unsupported")) add_errors(g->err, v, NVML_ERROR_NOT_SUPPORTED);
     else if (KEY("error")) add_errors(g->err, v, 0);
@@ -514,14 +523,14 @@ static scn_t *parse_scenario(char *text) {
         gpu_t *gi = &s->gpus[i];
         for (int c = 0; c < N_CALLS; c++)
             if (!gi->err[c]) gi->err[c] = s->err[c];
-        gi->epoch = s->epoch;
+        gi->pat.epoch = s->epoch;
         if (s->epoch_align) {
             /* Start the pattern on a sample boundary (a shift < one sample period), so that
              * sample values do not depend on where the write fell between two samples. */
             long long sp = sample_period_us(gi);
             long long e_ts = llround(s->epoch * 1e6) + off_us;
             long long snapped = (e_ts / sp) * sp;
-            gi->epoch = (double)(snapped - off_us) * 1e-6;
+            gi->pat.epoch = (double)(snapped - off_us) * 1e-6;
         }
     }
     return s;
@@ -540,6 +549,32 @@ static char *read_file(const char *path, struct stat *st) {
     return buf;
 }
 
+static int same_pattern(const pat_t *a, const pat_t *b) {
+    return a->kind == b->kind && a->busy_pct == b->busy_pct && a->idle_pct == b->idle_pct &&
+           a->period_s == b->period_s && a->duty == b->duty && a->phase_s == b->phase_s &&
+           a->noise_pct == b->noise_pct;
+}
+
+/* After a rewrite of the same file, keep each GPU's past: the old pattern holds until the new
+ * one's epoch, and an unchanged pattern without an explicit epoch simply carries on. */
+static void link_history(scn_t *s, const scn_t *old) {
+    int n = s->ngpu < old->ngpu ? s->ngpu : old->ngpu;
+    for (int i = 0; i < n; i++) {
+        gpu_t *g = &s->gpus[i];
+        const gpu_t *o = &old->gpus[i];
+        if (s->epoch_align && same_pattern(&g->pat, &o->pat)) {
+            g->pat.epoch = o->pat.epoch;
+            g->prev = o->prev;
+            g->has_prev = o->has_prev;
+            g->switch_t = o->switch_t;
+        } else {
+            g->prev = o->has_prev && g->pat.epoch < o->switch_t ? o->prev : o->pat;
+            g->has_prev = 1;
+            g->switch_t = g->pat.epoch;
+        }
+    }
+}
+
 static void retire(scn_t *old) {
     if (!old) return;
     free(g_retired[g_retired_pos]);
@@ -555,6 +590,9 @@ static int load_locked(void) {
     scn_t *s = parse_scenario(text);
     free(text);
     if (!s) return -1;
+    scn_t *old = atomic_load(&g_scn);
+    if (old && strcmp(g_loaded_path, g_path) == 0) link_history(s, old);
+    copy_field(g_loaded_path, sizeof g_loaded_path, g_path);
     g_stat = st;
     retire(atomic_exchange(&g_scn, s));
     atomic_fetch_add(&g_generation, 1);
@@ -587,31 +625,51 @@ static inline scn_t *cur(void) {
 }
 
 /* ------------------------------------------------------------------ the time model */
-/* Busy seconds in [0, u] of pattern time u (u = t - epoch + phase); any sign of u. */
-static double cum_busy(const gpu_t *g, double u) {
-    if (g->pattern == PAT_OFF) return 0.0;
-    if (g->pattern == PAT_STEADY) return u;
-    double P = g->period_s > 0 ? g->period_s : 1.0;
-    double d = g->duty < 0 ? 0 : g->duty > 1 ? 1 : g->duty;
+/* Busy seconds of pattern p in [epoch - phase, t]; any t. */
+static double pat_cum(const pat_t *p, double t) {
+    double u = t - p->epoch + p->phase_s;
+    if (p->kind == PAT_OFF) return 0.0;
+    if (p->kind == PAT_STEADY) return u;
+    double P = p->period_s > 0 ? p->period_s : 1.0;
+    double d = p->duty < 0 ? 0 : p->duty > 1 ? 1 : p->duty;
     double n = floor(u / P);
     double r = u - n * P;
     return n * d * P + fmin(r, d * P);
 }
 
+static int pat_busy_at(const pat_t *p, double t) {
+    if (p->kind == PAT_OFF) return 0;
+    if (p->kind == PAT_STEADY) return 1;
+    double P = p->period_s > 0 ? p->period_s : 1.0;
+    double u = t - p->epoch + p->phase_s;
+    double r = u - floor(u / P) * P;
+    return r < p->duty * P;
+}
+
+/* Integral over [t0, t1] of busy (want_util = 0) or of the utilisation % (want_util = 1). */
+static double pat_integral(const pat_t *p, double t0, double t1, int want_util) {
+    if (t1 <= t0) return 0.0;
+    double busy = pat_cum(p, t1) - pat_cum(p, t0);
+    if (!want_util) return busy;
+    return busy * p->busy_pct + ((t1 - t0) - busy) * p->idle_pct;
+}
+
+/* The same over a GPU's history: the previous pattern before a rewrite, the new one after. */
+static double gpu_integral(const gpu_t *g, double t0, double t1, int want_util) {
+    if (!g->has_prev || t0 >= g->switch_t) return pat_integral(&g->pat, t0, t1, want_util);
+    if (t1 <= g->switch_t) return pat_integral(&g->prev, t0, t1, want_util);
+    return pat_integral(&g->prev, t0, g->switch_t, want_util) +
+           pat_integral(&g->pat, g->switch_t, t1, want_util);
+}
+
 static double busy_between(const scn_t *s, const gpu_t *g, double t0, double t1) {
     (void)s;
-    double off = g->phase_s - g->epoch;
-    return cum_busy(g, t1 + off) - cum_busy(g, t0 + off);
+    return gpu_integral(g, t0, t1, 0);
 }
 
 static int busy_at(const scn_t *s, const gpu_t *g, double t) {
-    if (g->pattern == PAT_OFF) return 0;
-    if (g->pattern == PAT_STEADY) return 1;
-    double P = g->period_s > 0 ? g->period_s : 1.0;
     (void)s;
-    double u = t - g->epoch + g->phase_s;
-    double r = u - floor(u / P) * P;
-    return r < g->duty * P;
+    return pat_busy_at(g->has_prev && t < g->switch_t ? &g->prev : &g->pat, t);
 }
 
 static double frac_last_1s(const scn_t *s, const gpu_t *g, double now) {
@@ -619,8 +677,9 @@ static double frac_last_1s(const scn_t *s, const gpu_t *g, double now) {
     return f < 0 ? 0 : f > 1 ? 1 : f;
 }
 
-static double util_of(const gpu_t *g, double frac) {
-    return frac * g->busy_pct + (1.0 - frac) * g->idle_pct;
+/* Mean utilisation % over [t0, t1]. */
+static double util_between(const gpu_t *g, double t0, double t1) {
+    return gpu_integral(g, t0, t1, 1) / (t1 - t0);
 }
 
 static double power_w(const gpu_t *g, double frac) {
@@ -1154,8 +1213,9 @@ API nvmlReturn_t nvmlGpmQueryDeviceSupport(nvmlDevice_t device, nvmlGpmSupport_t
 API nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvmlUtilization_t *util) {
     DEV(UTILIZATION);
     NONNULL(util);
-    double f = frac_last_1s(S, G, mono_now());
-    util->gpu = clamp_pct(util_of(G, f));
+    double now = mono_now();
+    double f = frac_last_1s(S, G, now);
+    util->gpu = clamp_pct(util_between(G, now - 1.0, now));
     util->memory = clamp_pct(f * G->mem_busy_pct);
     return NVML_SUCCESS;
 }
@@ -1190,12 +1250,12 @@ static int sample_value(const scn_t *s, const gpu_t *g, int type, long long k, d
         *value = (unsigned int)lround(power_w(g, frac) * 1000.0);
         return 1;
     case 1: {
-        double v = util_of(g, frac) + g->noise_pct * noise_unit(k, gi, type);
+        double v = util_between(g, t0, t1) + g->pat.noise_pct * noise_unit(k, gi, type);
         *value = clamp_pct(v);
         return 1;
     }
     case 2: {
-        double v = frac * g->mem_busy_pct + g->noise_pct * noise_unit(k, gi, type);
+        double v = frac * g->mem_busy_pct + g->pat.noise_pct * noise_unit(k, gi, type);
         *value = clamp_pct(v);
         return 1;
     }
@@ -1563,7 +1623,9 @@ static unsigned long long last_sample_ts(const scn_t *s, const gpu_t *g) {
 
 static unsigned int proc_sm(const scn_t *s, const gpu_t *g, const proc_t *p) {
     if (p->sm >= 0) return (unsigned int)p->sm;
-    return clamp_pct(util_of(g, frac_last_1s(s, g, mono_now())));
+    (void)s;
+    double now = mono_now();
+    return clamp_pct(util_between(g, now - 1.0, now));
 }
 
 API nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device,
