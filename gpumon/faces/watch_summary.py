@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import textwrap
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -163,7 +164,7 @@ class Summary:
         """The summary as plain lines (printed after the live view or the plain lines)."""
         who = "the run" if self.pid is None else f"pid {self.pid}"
         if self.command:
-            who += f" ({_short_command(self.command)})"
+            who += f" ({short_command(self.command)})"
         if self.ended == "stopped":
             ended = "watching stopped; the process is still running"
         elif self.exit_status is not None:
@@ -179,22 +180,21 @@ class Summary:
         parts = []
         for s in STATES:
             secs = self.seconds.get(s, 0.0)
-            pct = f" ({100 * secs / total:.0f}%)" if total > 0 else ""
-            parts.append(f"{s.value} {fmt_duration(secs)}{pct}")
-        lines.append("  time in state    " + ", ".join(parts))
-        if self.startup_s > 0:
-            lines.append(
-                f"                   (idle includes {fmt_duration(self.startup_s)} of "
-                "start-up before the first sustained work)"
-            )
+            if secs <= 0:
+                continue  # the JSON has every state; people read the ones that happened
+            extra = f"{100 * secs / total:.0f}%"
+            if s is State.IDLE and self.startup_s > 0:
+                extra += f", {fmt_duration(self.startup_s)} of it start-up"
+            parts.append(f"{s.value} {fmt_duration(secs)} ({extra})")
+        lines.append("  time in state    " + ("  ".join(parts) or "none classified"))
         if not self.used_gpu:
             lines.append(
                 "  GPUs             none: no process of the run appeared in any GPU's process list"
             )
         for g in self.gpus:
             duty = "n/a" if g.duty_cycle is None else f"{100 * g.duty_cycle:.0f}%"
-            name = f" {g.name}" if g.name else ""
-            lines.append(f"  GPU {g.gpu}            {g.uuid}{name}, mean utilisation {duty}")
+            name = f"{g.name}, " if g.name else ""
+            lines.append(f"  GPU {g.gpu:<13d}{name}mean utilisation {duty} ({g.uuid})")
         if self.lost_gpu_seconds is not None:
             lines.append(f"  GPU-seconds lost waiting  {self.lost_gpu_seconds:.1f}")
         verdict = self.verdict.value
@@ -202,7 +202,12 @@ class Summary:
             verdict += f" (cause: {self.cause.value})"
         lines.append(f"  verdict          {verdict}")
         for i, a in enumerate(self.advice):
-            lines.append(("  advice           " if i == 0 else "                   ") + f"- {a}")
+            lines += textwrap.wrap(
+                a,
+                width=100,
+                initial_indent=("  advice           " if i == 0 else " " * 19) + "- ",
+                subsequent_indent=" " * 21,
+            )
         if self.fail_on:
             states = ",".join(s.value for s in self.fail_on)
             mark = "FAILED" if self.failed else "ok"
@@ -269,6 +274,7 @@ def fmt_duration(seconds: float) -> str:
     return f"{h}h {m:02d}m {sec:02d}s" if h else f"{m}m {sec:02d}s"
 
 
-def _short_command(command: tuple[str, ...], limit: int = 60) -> str:
-    text = " ".join(command)
+def short_command(command: tuple[str, ...], limit: int = 60) -> str:
+    """``/usr/bin/python3 /a/b/train.py --lr 3e-4`` -> ``python3 train.py --lr 3e-4``."""
+    text = " ".join(os.path.basename(a) if i < 2 and "/" in a else a for i, a in enumerate(command))
     return text if len(text) <= limit else text[: limit - 1] + "…"

@@ -26,7 +26,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from gpumon.faces.watch_summary import fmt_duration
+from gpumon.faces.watch_summary import fmt_duration, short_command
 from gpumon.model import (
     GpuIdentity,
     GpuSample,
@@ -303,8 +303,7 @@ def _header(st: WatchState, quit_hint: str) -> Text:
     if st.pid is not None:
         t.append(f"  pid {st.pid}")
     if st.command:
-        cmd = " ".join(st.command)
-        t.append(f"  {cmd[:70] + '…' if len(cmd) > 70 else cmd}", style="cyan")
+        t.append(f"  {short_command(st.command, 50)}", style="cyan")
     t.append(f"  elapsed {fmt_duration(time.monotonic() - st.started_mono_s)}")
     if st.status:
         t.append(f"  {st.status}", style="yellow")
@@ -333,7 +332,9 @@ def _verdict_panel(st: WatchState) -> Panel:
     table.add_column()
     rows = [g for g in v.gpus if g.evidence or g.state is not State.UNKNOWN]
     for g in rows:
-        table.add_row(_gpu_state_text(g), _evidence_text(g.evidence))
+        # Host and run numbers are the same for every GPU: shown once, on the run's row.
+        own = {k: x for k, x in g.evidence.items() if k not in v.evidence}
+        table.add_row(_gpu_state_text(g), _evidence_text(own))
     if v.evidence:
         table.add_row(Text("run", style="bold"), _evidence_text(v.evidence))
     advice = list(dict.fromkeys([*v.advice, *(a for g in v.gpus for a in g.advice)]))
@@ -341,10 +342,13 @@ def _verdict_panel(st: WatchState) -> Panel:
     if rows or v.evidence:
         parts.append(table)
     if advice:
-        adv = Text("advice:", style="bold")
+        parts.append(Text("advice:", style="bold"))
+        bullets = Table.grid(padding=(0, 1))
+        bullets.add_column(no_wrap=True)
+        bullets.add_column()
         for a in advice[:4]:
-            adv.append(f"\n  • {a}")
-        parts.append(adv)
+            bullets.add_row("  •", a)  # wrapped lines stay under their text
+        parts.append(bullets)
     return Panel(
         Group(*parts),
         title="verdict",
