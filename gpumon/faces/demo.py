@@ -34,10 +34,14 @@ from gpumon.sample.replay import Replay, TraceFile
 DATA = Path(__file__).resolve().parent.parent / "data"
 SYNTHETIC = DATA / "demo-synthetic.jsonl.gz"
 # Where real recordings of the starvation lab live in a source checkout.
-REAL_DIRS = (DATA, Path(__file__).resolve().parents[2] / "tests" / "data" / "real")
+CHECKOUT = Path(__file__).resolve().parents[2]
+REAL_DIRS = (DATA, CHECKOUT / "tests" / "data" / "real")
 # By default the replay lasts about this long, whatever the trace's length.
 TARGET_WALL_S = 40.0
 SERVE_INTERVAL_S = 0.5
+# On a terminal the full-screen view hides what was printed before it: a moment to read
+# the metrics URL and the log path first.
+TUI_PAUSE_S = 3.0
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -88,8 +92,9 @@ def is_synthetic(header: TraceHeader) -> bool:
 
 def bundled_trace() -> Path:
     """A real recording when one ships (``demo-real*`` or ``tests/data/real``), else synthetic."""
+    in_checkout = (CHECKOUT / "pyproject.toml").is_file()
     for folder in REAL_DIRS:
-        if not folder.is_dir():
+        if not folder.is_dir() or (folder != DATA and not in_checkout):
             continue
         for path in sorted(folder.glob("*.jsonl*")):
             if folder == DATA and not path.name.startswith("demo-real"):
@@ -170,7 +175,7 @@ class DemoServer:
         cfg = ServeConfig(address="127.0.0.1", port=0, interval_s=SERVE_INTERVAL_S,
                           log_path=self.log_path, job_sources=())
         disable_created_metrics()
-        wall0 = time.time()
+        wall0 = time.time() + (live_start_s - time.monotonic())  # wall time at live start
         # The daemon's clocks follow the replay, so log times and periodic summaries are
         # those of the recorded run, started now.
         self.state = ServeState(
@@ -265,16 +270,22 @@ def run(args: argparse.Namespace) -> int:
         phases = " -> ".join(str(p.get("phase")) for p in story if isinstance(p, dict))
         print(f"gpumon demo: the run's phases: {phases}.", file=out)
 
-    live_start = time.monotonic()
+    pause = TUI_PAUSE_S if tui and not args.no_serve else 0.0
+    live_start = time.monotonic() + pause  # both replays start on this instant
     server = None
     if not args.no_serve:
         log_dir = tempfile.mkdtemp(prefix="gpumon-demo-")
         server = DemoServer(trace, speed, live_start, log_dir)
-        server.start()
         print(f"gpumon demo: Prometheus metrics at {server.url} (try: curl -s {server.url} "
               "| grep gpumon_gpu_state)", file=out)
         print(f"gpumon demo: the daemon's log: {server.log_path}", file=out)
+    if pause:
+        print(f"gpumon demo: the live view opens in {pause:g} s; q quits it.", file=out)
     out.flush()
+    if pause:
+        time.sleep(max(0.0, live_start - time.monotonic()))
+    if server is not None:
+        server.start()
 
     replay = Replay(trace.snapshots, header=trace.header, speed=speed,
                     live_start_s=live_start)
