@@ -3,10 +3,11 @@
     python benchmarks/bench_tick.py [--quick]
 
 The floor is the same NVML calls made directly through ``pynvml`` in a loop with no
-processing.  gpumon's NVML part is ``NvmlSampler.sample()``; the whole tick is
-``Monitor.tick()``: NVML + host + the process tree + the detector.  Both run in this
-process against the same fake GPUs, alternating in batches, so machine noise hits both
-alike; the figure that matters is the ratio.  Medians over repeats.
+processing (each result's fields are read out, nothing more).  gpumon's NVML part is
+``NvmlSampler.sample()``; the whole tick is ``Monitor.tick()``: NVML + host + the
+process tree + the detector.  Both run in this process against the same fake GPUs,
+alternating in batches, so machine noise hits both alike; the figure that matters is
+the ratio.  Medians over repeats.
 
 Targets (issue 7): NVML part within 1.3x of the bare calls; a whole tick under 1 ms at
 8 GPUs and a 32-process tree.
@@ -61,23 +62,33 @@ def make_floor(n_gpus: int) -> Callable[[], None]:
     last_proc = [0] * n_gpus
 
     def floor() -> None:
+        # Each call's values are read out (a struct's fields, each sample's timestamp and
+        # value): calls whose results are never looked at would not be a fair floor.
         for i, h in enumerate(handles):
             try:
                 _, samples = n.nvmlDeviceGetSamples(h, n.NVML_GPU_UTILIZATION_SAMPLES, last[i])
-                last[i] = samples[-1].timeStamp if samples else last[i]
+                for s in samples:
+                    last[i] = max(last[i], s.timeStamp)
+                    s.sampleValue.uiVal  # noqa: B018
             except n.NVMLError_NotFound:
                 pass
-            n.nvmlDeviceGetUtilizationRates(h)
-            n.nvmlDeviceGetMemoryInfo(h)
+            rates = n.nvmlDeviceGetUtilizationRates(h)
+            rates.gpu, rates.memory  # noqa: B018
+            mem = n.nvmlDeviceGetMemoryInfo(h)
+            mem.used, mem.total  # noqa: B018
             n.nvmlDeviceGetPowerUsage(h)
             n.nvmlDeviceGetEnforcedPowerLimit(h)
             n.nvmlDeviceGetClockInfo(h, n.NVML_CLOCK_SM)
             n.nvmlDeviceGetCurrentClocksEventReasons(h)
             n.nvmlDeviceGetTemperature(h, n.NVML_TEMPERATURE_GPU)
-            if n.nvmlDeviceGetComputeRunningProcesses(h):
+            procs = n.nvmlDeviceGetComputeRunningProcesses(h)
+            for p in procs:
+                p.pid, p.usedGpuMemory  # noqa: B018
+            if procs:
                 try:
                     for s in n.nvmlDeviceGetProcessUtilization(h, last_proc[i]):
                         last_proc[i] = max(last_proc[i], s.timeStamp)
+                        s.pid, s.smUtil  # noqa: B018
                 except n.NVMLError_NotFound:
                     pass
 

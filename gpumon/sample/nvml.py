@@ -43,8 +43,7 @@ _NO_DRIVER = {
     "(nvidia-smi would fail too); load it or run gpumon on a GPU node",
     pynvml.NVML_ERROR_NO_PERMISSION: "no permission to talk to the NVIDIA driver; check "
     "access to /dev/nvidia*",
-    pynvml.NVML_ERROR_FUNCTION_NOT_FOUND: "the NVIDIA driver is too old for these NVML "
-    "bindings",
+    pynvml.NVML_ERROR_FUNCTION_NOT_FOUND: "the NVIDIA driver is too old for these NVML bindings",
 }
 
 # Bits of nvmlDeviceGetCurrentClocksEventReasons, for display.
@@ -269,17 +268,8 @@ class NvmlSampler:
         ident = st.identity
         if st.lost:
             return GpuSample(t_s=t_s, gpu=ident.index, uuid=ident.uuid, lost=True)
-        h = st.handle
         util_samples = self._util_samples(st)
-        rates = self._read(st, "utilization", pynvml.nvmlDeviceGetUtilizationRates, h)
-        mem = self._read(st, "memory", pynvml.nvmlDeviceGetMemoryInfo, h)
-        power_mw = self._read(st, "power", pynvml.nvmlDeviceGetPowerUsage, h)
-        limit_mw = self._read(st, "power_limit", pynvml.nvmlDeviceGetEnforcedPowerLimit, h)
-        sm_clock = self._read(st, "clocks", pynvml.nvmlDeviceGetClockInfo, h, pynvml.NVML_CLOCK_SM)
-        reasons = self._read(st, "clock_reasons", pynvml.nvmlDeviceGetCurrentClocksEventReasons, h)
-        temp = self._read(
-            st, "temperature", pynvml.nvmlDeviceGetTemperature, h, pynvml.NVML_TEMPERATURE_GPU
-        )
+        rates, mem, power_mw, limit_mw, sm_clock, reasons, temp = self._scalars(st)
         rx, tx = self._pcie(st, t_s)
         processes = self._processes(st)
         if st.lost:  # a call above found the GPU gone: report it lost, not half-read
@@ -302,6 +292,43 @@ class NvmlSampler:
             temperature_c=None if temp is None else float(temp),
             processes=processes,
             unsupported=tuple(st.unsupported_until),
+        )
+
+    # The scalar fields of a tick, in the order ``_scalars`` returns them.
+    _SCALARS: tuple[tuple[str, str, tuple[int, ...]], ...] = (
+        ("utilization", "nvmlDeviceGetUtilizationRates", ()),
+        ("memory", "nvmlDeviceGetMemoryInfo", ()),
+        ("power", "nvmlDeviceGetPowerUsage", ()),
+        ("power_limit", "nvmlDeviceGetEnforcedPowerLimit", ()),
+        ("clocks", "nvmlDeviceGetClockInfo", (pynvml.NVML_CLOCK_SM,)),
+        ("clock_reasons", "nvmlDeviceGetCurrentClocksEventReasons", ()),
+        ("temperature", "nvmlDeviceGetTemperature", (pynvml.NVML_TEMPERATURE_GPU,)),
+    )
+
+    def _scalars(self, st: _GpuState) -> tuple[Any, ...]:
+        """The scalar fields, each None where unreadable.
+
+        The common case, a GPU that supports everything, makes the calls back to back in
+        one ``try``: per-field guarding costs about as much as the calls themselves.  Any
+        fault sends the tick (and, while a field is known unsupported, later ticks) down
+        the guarded path, field by field.
+        """
+        h = st.handle
+        if not st.unsupported_until:
+            try:
+                return (
+                    pynvml.nvmlDeviceGetUtilizationRates(h),
+                    pynvml.nvmlDeviceGetMemoryInfo(h),
+                    pynvml.nvmlDeviceGetPowerUsage(h),
+                    pynvml.nvmlDeviceGetEnforcedPowerLimit(h),
+                    pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM),
+                    pynvml.nvmlDeviceGetCurrentClocksEventReasons(h),
+                    pynvml.nvmlDeviceGetTemperature(h, pynvml.NVML_TEMPERATURE_GPU),
+                )
+            except pynvml.NVMLError:
+                pass
+        return tuple(
+            self._read(st, name, getattr(pynvml, fn), h, *args) for name, fn, args in self._SCALARS
         )
 
     def _util_samples(self, st: _GpuState) -> tuple[UtilPoint, ...]:
