@@ -15,6 +15,7 @@ time starved or stalled into exit status 5 for CI jobs and Slurm epilogs.
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 import threading
 import time
@@ -329,6 +330,28 @@ class _Closer:
             self.stack.close()
 
 
+class _LogsToStatus(logging.Handler):
+    """While the full screen is up, gpumon's warnings go to the header, not over the view."""
+
+    def __init__(self, state: WatchState) -> None:
+        super().__init__(logging.WARNING)
+        self.state = state
+        self.logger = logging.getLogger("gpumon")
+        self._propagate = self.logger.propagate
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.state.status = f"warning: {record.getMessage()}"[:100]
+
+    def __enter__(self) -> _LogsToStatus:
+        self.logger.addHandler(self)
+        self.logger.propagate = False
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.logger.removeHandler(self)
+        self.logger.propagate = self._propagate
+
+
 def _cause_from(verdict: Verdict | None, state: State) -> Any:
     if verdict is None:
         return None
@@ -426,6 +449,7 @@ def _open_view(r: _Run) -> Any:
         redirect_stderr=False,
     )
     r._closer.stack.callback(live.stop)
+    r._closer.stack.enter_context(_LogsToStatus(r.state))
     live.start()
     keys = KeyReader(r.quit_view).start()
     r._closer.stack.callback(keys.close)
