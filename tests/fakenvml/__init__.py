@@ -20,7 +20,9 @@ Time model: utilisation patterns are functions of ``time.monotonic()`` (CLOCK_MO
 measured from ``Scenario.epoch`` (default: when the file was written).  Driver samples
 (``nvmlDeviceGetSamples``) carry microsecond timestamps on ``Scenario.timestamp_clock``
 (realtime by default, as NVML documents; ``boottime`` reproduces what some drivers reportedly
-do) at multiples of ``sample_period_s``.
+do) at multiples of ``sample_period_s``.  Rewriting the file does not rewrite the past: until
+the new epoch the old pattern still holds (so unread samples from before a steady → burst switch
+stay steady), and a GPU whose pattern is unchanged keeps its phase.
 """
 
 from __future__ import annotations

@@ -8,11 +8,25 @@
  *
  * Scenario format (written by tests/fakenvml/__init__.py): one "key=value" per line; global
  * keys first, then one "[gpu]" line per GPU followed by that GPU's keys.  '#' starts a comment.
+ *   global: driver_version nvml_version cuda_version init_error timestamp_clock epoch
+ *           epoch_align unsupported=<call,...> error=<call>=<ERROR_NAME> (repeatable)
+ *   [gpu]:  uuid name bus_id serial mem_total mem_used mem_reserved power_limit_w
+ *           power_idle_w power_busy_w sm_clock_mhz sm_clock_idle_mhz temperature_c fan_pct
+ *           pcie_rx_kbps pcie_tx_kbps sample_period_s buffer_len idle_no_samples
+ *           samples_supported pattern=steady|burst|off busy_pct idle_pct period_s duty phase_s
+ *           noise_pct mem_busy_pct clock_reasons lost process=<pid>,<bytes>,<sm%|-1>,<mem%>
+ *           unsupported=... error=... (see gpu_set for the rest)
  *
  * Time model: every utilisation pattern is a function of CLOCK_MONOTONIC seconds since the
  * scenario's epoch.  Driver samples sit at multiples of sample_period on the chosen timestamp
  * clock (realtime, monotonic or boottime, in microseconds); each one is the busy fraction of
- * the period that ended at its timestamp, integrated exactly over the pattern.
+ * the period that ended at its timestamp, integrated exactly over the pattern.  With
+ * epoch_align=1 the epoch is snapped back onto each GPU's sample grid.  When the same file is
+ * rewritten, a GPU's old pattern still describes the time before the new epoch (samples not yet
+ * read keep the past), and an unchanged pattern with epoch_align=1 keeps its old epoch.
+ *
+ * Threads: readers never lock; a reload swaps a pointer and frees old scenarios 32 reloads
+ * later.  The file is re-stat()ed at most every 10 ms (CLOCK_MONOTONIC_COARSE check).
  *
  * Build: gcc -shared -fPIC -O2 -Wall -Wextra -Wl,-soname,libnvidia-ml.so.1 \
  *            -o libnvidia-ml.so.1 fakenvml.c -lm
