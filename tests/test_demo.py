@@ -135,13 +135,14 @@ def test_demo_end_to_end_in_plain_lines_with_metrics_log_and_summary(tmp_path: P
 
 
 def test_no_serve_and_a_trace_of_ones_own(tmp_path: Path) -> None:
-    """--trace replays any gpumon trace; one not marked synthetic is called real."""
+    """--trace replays any gpumon trace; one not marked synthetic is called real; one
+    recorded without a process tree (no --pid) still shows its GPUs."""
     gen = synth.generate("healthy", 3, gpus=1, period_s=0.5, duration_s=40.0)
-    header = replace(gen.header, source="gpumon", extra={})
+    header = replace(gen.header, source="gpumon", extra={}, watched_pid=None)
     path = tmp_path / "mine.jsonl"
     with TraceWriter.open(path, header) as w:
         for snap in gen.snapshots:
-            w.write(snap)
+            w.write(replace(snap, tree=None))
     assert not demo.is_synthetic(TraceFile(path).header)
     started = time.monotonic()
     proc = _start("--trace", str(path), "--speed", "20", "--no-serve", "--interval", "0.2")
@@ -151,6 +152,8 @@ def test_no_serve_and_a_trace_of_ones_own(tmp_path: Path) -> None:
     assert "real trace mine.jsonl" in out and "synthetic" not in out
     assert "metrics" not in out.lower().split("gpumon watch summary")[0]
     assert "gpumon watch summary" in out
+    assert "waiting for the run" not in out
+    assert any(re.search(r" gpu0=\d+% state=", ln) for ln in out.splitlines()), out
     span = gen.snapshots[-1].t_s - gen.snapshots[0].t_s
     assert elapsed < span / 20 + 10  # replayed at speed, plus start-up
 

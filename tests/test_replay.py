@@ -22,7 +22,7 @@ from gpumon.model import (
     UtilPoint,
 )
 from gpumon.monitor import Monitor, paced
-from gpumon.sample.replay import Replay, TraceFile, trace_span
+from gpumon.sample.replay import Replay, TraceFile
 from gpumon.traces.jsonl import FORMAT_VERSION, TraceWriter
 
 T0 = 5000.0  # the recording's own monotonic clock: far from this process's
@@ -185,5 +185,3 @@ def test_trace_files_plain_or_gzip(tmp_path: Path, compress: bool) -> None:
     snaps = list(trace)
     assert snaps == _snapshots(4)
     assert trace.events == [{"t": T0 + 3, "event": "phase", "name": "starved-cpu"}]
-    _header2, span, n = trace_span(path)
-    assert (span, n) == (3.0, 4)

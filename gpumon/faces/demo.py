@@ -214,17 +214,19 @@ class DemoServer:
 
 
 @contextmanager
-def watch_on(monitor: Monitor) -> Iterator[Any]:
+def watch_on(monitor: Monitor, *, has_tree: bool = True) -> Iterator[Any]:
     """The watch face, with its Monitor coming from the replay instead of NVML.
 
     The face builds its Monitor with ``build_monitor`` (NVML, psutil); for the length of
     the demo its module sees one that returns the replay's, and nothing else changes.
+    A trace recorded without a process tree (``gpumon record`` without ``--pid``) cannot
+    tie GPUs to a run: then every GPU is shown rather than none.
     """
     from gpumon.faces import watch
 
     def replay_monitor(**kw: Any) -> Monitor:
         monitor.interval_s = kw.get("interval_s", monitor.interval_s)
-        monitor.tree_gpus_only = bool(kw.get("tree_gpus_only", False))
+        monitor.tree_gpus_only = bool(kw.get("tree_gpus_only", False)) and has_tree
         return monitor
 
     saved = watch.build_monitor
@@ -295,7 +297,8 @@ def run(args: argparse.Namespace) -> int:
     status = 0
     reason = "demo finished"
     try:
-        with watch_on(monitor) as watch:
+        has_tree = any(snap.tree is not None for snap in trace.snapshots)
+        with watch_on(monitor, has_tree=has_tree) as watch:
             wargs = watch_args(watch, tree.root_pid, interval, not tui, args.summary_json)
             status = watch.run(wargs)
         if not replay.finished:

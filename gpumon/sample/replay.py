@@ -99,19 +99,6 @@ class TraceFile:
                                            line=line_no) from None
 
 
-def trace_span(path: str | os.PathLike[str]) -> tuple[TraceHeader, float, int]:
-    """(header, duration in trace seconds, tick count) of a trace, read in one pass."""
-    trace = TraceFile(path)
-    first = last = None
-    n = 0
-    for snap in trace:
-        if first is None:
-            first = snap.t_s
-        last = snap.t_s
-        n += 1
-    return trace.header, (0.0 if first is None or last is None else last - first), n
-
-
 # --- shifting and merging samples ---------------------------------------------------------
 
 
@@ -315,7 +302,9 @@ def _root_pid(header: TraceHeader | None, first: Snapshot) -> int:
         return header.watched_pid
     if first.tree is not None:
         return first.tree.root_pid
-    return DEFAULT_PID
+    # No tree recorded: the first process seen on a GPU stands for the run.
+    pids = sorted(p.pid for g in first.gpus for p in g.processes or ())
+    return pids[0] if pids else DEFAULT_PID
 
 
 class _StandIn:
