@@ -17,6 +17,7 @@ try:
         fake_env,
         load_in_process,
         missing_library_env,
+        unload_in_process,
         write_scenario,
     )
 except ImportError:  # tests/ became a package
@@ -26,6 +27,7 @@ except ImportError:  # tests/ became a package
         fake_env,
         load_in_process,
         missing_library_env,
+        unload_in_process,
         write_scenario,
     )
 
@@ -62,22 +64,6 @@ class FakeNvml:
         return missing_library_env(base_env)
 
 
-def _unload_fake_from_pynvml() -> None:
-    """Shut the fake down fully and forget it in pynvml, so tests do not leak NVML state."""
-    import ctypes
-
-    import pynvml
-
-    lib = ctypes.CDLL(str(build_library()))
-    for _ in range(1000):
-        if lib.nvmlShutdown() != 0:
-            break
-    with pynvml.libLoadLock:
-        pynvml.nvmlLib = None
-        pynvml._nvmlGetFunctionPointer_cache.clear()
-        pynvml._nvmlLib_refcount = 0
-
-
 @pytest.fixture(scope="session")
 def fake_nvml_lib() -> Path:
     """Build the fake libnvidia-ml.so.1 once per session; the path of the .so."""
@@ -97,7 +83,7 @@ def fake_nvml(tmp_path: Path, fake_nvml_lib: Path) -> Iterator[FakeNvml]:
     fake = FakeNvml(path=path, lib_dir=fake_nvml_lib.parent, env=fake_env(path), scenario=scenario)
     yield fake
     if fake._in_process:
-        _unload_fake_from_pynvml()
+        unload_in_process()
         if saved is None:
             os.environ.pop("FAKE_NVML_SCENARIO", None)
         else:

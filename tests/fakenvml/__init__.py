@@ -51,6 +51,7 @@ __all__ = [
     "lib_dir",
     "load_in_process",
     "missing_library_env",
+    "unload_in_process",
     "write_scenario",
 ]
 
@@ -492,3 +493,20 @@ def load_in_process(scenario_path: str | os.PathLike[str]) -> ctypes.CDLL:
         pynvml._nvmlGetFunctionPointer_cache.clear()
         pynvml._nvmlLib_refcount = 0
     return _loaded
+
+
+def unload_in_process() -> None:
+    """Undo ``load_in_process``: shut the fake down fully and make pynvml forget it.
+
+    The library stays mapped (glibc keeps it), but the next ``load_in_process`` starts clean.
+    """
+    import pynvml
+
+    if _loaded is not None:
+        for _ in range(1000):  # until it answers UNINITIALIZED
+            if _loaded.nvmlShutdown() != 0:
+                break
+    with pynvml.libLoadLock:
+        pynvml.nvmlLib = None
+        pynvml._nvmlGetFunctionPointer_cache.clear()
+        pynvml._nvmlLib_refcount = 0
