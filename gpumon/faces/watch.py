@@ -266,6 +266,14 @@ class _Run:
         advice = advice_for_run(episodes, verdict, cause, self.verdict)
         notes: list[str] = []
         used_gpu = bool(monitor.tree_gpu_uuids)
+        if used_gpu and verdict is State.UNKNOWN and startup > 0:
+            window = det.cfg.window_s if det is not None else None
+            notes.append(
+                "the run was too short to judge: it ended in start-up, before a full window "
+                f"({window:g} s) of GPU work was seen; --window shortens it"
+                if window is not None
+                else "the run ended in start-up"
+            )
         invisible = tuple(sorted(monitor.invisible_gpu_pids))
         if not used_gpu:
             notes.append(
