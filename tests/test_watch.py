@@ -410,3 +410,51 @@ def test_env_fixture_points_at_the_fake(fake_nvml) -> None:
     assert os.path.exists(
         os.path.join(fake_nvml.env["LD_LIBRARY_PATH"].split(":")[0], "libnvidia-ml.so.1")
     )
+
+
+def test_no_driver_is_said_before_the_command_starts(fake_nvml, tmp_path: Path) -> None:
+    marker = tmp_path / "started"
+    r = watch(
+        fake_nvml.missing_env(dict(os.environ)),
+        "--",
+        sys.executable,
+        "-c",
+        f"open({str(marker)!r}, 'w')",
+    )
+    assert r.returncode == 3
+    assert r.stderr.startswith("gpumon: cannot read GPUs: no NVIDIA driver found")
+    assert "Traceback" not in r.stderr
+    assert not marker.exists()  # the command was never started
+
+
+def test_gpu_lost_mid_run_is_shown_and_the_watch_goes_on(fake_nvml, trees, tmp_path) -> None:
+    tree = start_tree(0, 1, 4)
+    trees.append(tree)
+    scn = Scenario(gpus=[gpu_with(tree.workers[0], Pattern.steady(100))])
+    fake_nvml.set(scn)
+    out = tmp_path / "summary.json"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "gpumon",
+            "watch",
+            "--pid",
+            str(tree.pid),
+            "--interval",
+            "0.2",
+            "--summary-json",
+            str(out),
+        ],
+        env=fake_nvml.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
+    time.sleep(2.0)
+    fake_nvml.set(scn.with_gpu(0, lost=True))
+    stdout, stderr = proc.communicate(timeout=20)
+    assert proc.returncode == 0, stderr
+    assert "gpu0=lost" in stdout and "Traceback" not in stderr
+    assert json.loads(out.read_text())["gpus"][0]["duty_cycle"] > 0.9

@@ -195,7 +195,7 @@ class Summary:
             duty = "n/a" if g.duty_cycle is None else f"{100 * g.duty_cycle:.0f}%"
             name = f"{g.name}, " if g.name else ""
             lines.append(f"  GPU {g.gpu:<13d}{name}mean utilisation {duty} ({g.uuid})")
-        if self.lost_gpu_seconds is not None:
+        if self.lost_gpu_seconds is not None and self.used_gpu:
             lines.append(f"  GPU-seconds lost waiting  {self.lost_gpu_seconds:.1f}")
         verdict = self.verdict.value
         if self.cause is not None:
