@@ -252,7 +252,13 @@ class Detector:
                 t - tr.work_start_s < max(3.0, 2.5 * (tr.period_s or 1.0)):
             return _Candidate(State.IDLE, None, "start-up", t)  # too little work to judge yet
         gap = tr.open_gap_s()
-        if d >= cfg.idle_duty and gap >= (cfg.idle_gap_s if held is False else cfg.dip_max_s):
+        long_gap = cfg.idle_gap_s if held is False else cfg.dip_max_s
+        if cur is State.STARVED and gap >= long_gap:
+            # A starved GPU's own gaps are long: idleness is a gap well beyond them.
+            p90 = tr.gap_p90_s(t)
+            if p90 is not None:
+                long_gap = max(long_gap, 2.5 * p90)
+        if d >= cfg.idle_duty and gap >= long_gap:
             # A long gap in progress: judge idleness on the gap itself, not the window.
             wg = tr.window(t, gap - cfg.eval_interval_s)  # records are per eval
             if wg.duty is not None and wg.duty < cfg.idle_duty and wg.coverage >= 0.5:
@@ -373,6 +379,10 @@ class Detector:
                     break
         if paused and self._pause_start is None:
             self._pause_start = self._last_eval if self._last_eval is not None else t
+            # Skew: how far apart the GPUs entered this pause (their gaps' starts).
+            starts = [self._tracks[i].run_start for i in working
+                      if not self._tracks[i].run_busy]
+            self._skew_s = max(starts) - min(starts) if len(starts) >= 2 else None
         elif not paused and self._pause_start is not None:
             if t - self._pause_start >= cfg.sync_pause_min_s:
                 self._pauses.append((self._pause_start, t))
@@ -401,8 +411,6 @@ class Detector:
             return False
         total = sum(min(b, t) - max(a, lo) for a, b in spans)
         share = total / span
-        starts = sorted(a for a, _ in spans)
-        self._skew_s = None
         need = cfg.sync_pause_share * (0.6 if self._sync_active else 1.0)
         if share < need or share >= 0.95:
             return False
@@ -417,7 +425,6 @@ class Detector:
         if not duties:
             return False
         outside = (sum(duties) / len(duties)) / max(1e-6, 1.0 - share)
-        del starts
         return outside >= cfg.starved_duty
 
     def _apply(self, key: int, uuid: str, c: _Candidate, t: float) -> float | None:
@@ -472,6 +479,9 @@ class Detector:
         if key is not None and key in self._tracks:
             ev = dict(ev)
             ev["duration_s"] = round(end - ep.start_s, 3)
+            duty = self._tracks[key].duty_between(ep.start_s, end)
+            if duty is not None:
+                ev["duty_cycle"] = round(duty, 4)  # over the episode, not the last window
         closed = replace(ep, end_s=end, evidence=ev,
                          advice=advice_for(ep.state, ep.cause, ev, ep.note))
         secs = self._seconds.setdefault(key, dict.fromkeys(_ALL_STATES, 0.0))
@@ -607,11 +617,8 @@ class Detector:
                 starts = [a for a, _ in spans]
                 gaps = [b - a for a, b in pairwise(starts)]
                 ev["pause_interval_p50_s"] = round(quantile(gaps, 0.5) or 0.0, 2)
-        # Skew: spread of the GPUs' latest gap starts, where they all gapped recently.
-        starts = [tr.run_start for tr in self._tracks.values()
-                  if not tr.run_busy and tr.last_t is not None]
-        if len(starts) >= 2:
-            ev["skew_s"] = round(max(starts) - min(starts), 3)
+        if self._skew_s is not None:
+            ev["skew_s"] = round(self._skew_s, 3)
         return ev
 
     def _run_evidence(self, t: float | None) -> Evidence:

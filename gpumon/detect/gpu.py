@@ -58,6 +58,8 @@ class GpuTrack:
         self._cp_key = -1
         self._cp_t = 0.0
         self._cp_val: float | None = None
+        self._gp_t: float | None = None
+        self._gp_val: float | None = None
         self.last_burst: float | None = None
         self.cum_pw = 0.0
         self.cum_pw_cov = 0.0
@@ -267,6 +269,25 @@ class GpuTrack:
             return None
         vals.sort()
         return vals[len(vals) // 2]
+
+    def duty_between(self, a: float, b: float) -> float | None:
+        """Duty cycle over [a, b] from the eval history (None once a left the ring)."""
+        ra, rb = self.hist.at_or_before(a), self.hist.at_or_before(b)
+        if ra is None or rb is None or ra[H_T] > a + self.cfg.eval_interval_s * 2:
+            return None
+        cov = rb[H_COV] - ra[H_COV]
+        if cov <= 0:
+            return None
+        return min(1.0, max(0.0, (rb[H_BUSY] - ra[H_BUSY]) / cov))
+
+    def gap_p90_s(self, t: float) -> float | None:
+        """90th percentile of the recent gaps (cached for 5 s)."""
+        if self._gp_t is not None and t - self._gp_t < 5.0:
+            return self._gp_val
+        self._gp_t = t
+        vals = sorted(self.gaps.values())
+        self._gp_val = vals[int(0.9 * (len(vals) - 1))] if len(vals) >= 3 else None
+        return self._gp_val
 
     def held(self) -> bool | None:
         """Whether a process holds this GPU: the process list, else memory in use."""

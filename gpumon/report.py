@@ -1,0 +1,405 @@
+"""From detector output to what a person reads: a text report and the JSON of `analyze`.
+
+``analyze_snapshots`` runs the detector over a stream in one pass and keeps, per GPU, only
+bounded summaries: a fixed number of timeline buckets (merged pairwise as the stream grows,
+so the length need not be known in advance), log-binned burst/gap histograms, and the
+episodes (capped).  ``render_text`` and ``to_json`` only format that result.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from gpumon.detect import Detector, DetectorConfig
+from gpumon.model import Episode, Snapshot, State, TraceHeader, Verdict
+
+BLOCKS = " ▁▂▃▄▅▆▇█"
+STATE_CHAR = {State.HEALTHY: "█", State.STARVED: "▒", State.SYNC_STALL: "≈",
+              State.IDLE: "·", State.UNKNOWN: "?"}
+_STATES = tuple(State)
+MAX_EPISODES = 400  # per GPU; older ones are dropped (and counted) beyond this
+
+
+class Timeline:
+    """``n`` time buckets over the stream: mean utilisation and seconds per state each.
+
+    Starts with ``width_s`` buckets and doubles the width (merging neighbours) whenever the
+    stream outgrows them: bounded memory, no need to know the length in advance.
+    """
+
+    def __init__(self, n: int = 64, width_s: float = 1.0) -> None:
+        self.n = n
+        self.width = width_s
+        self.t0: float | None = None
+        self.util = [0.0] * n  # util-seconds
+        self.cov = [0.0] * n
+        self.states = [[0.0] * len(_STATES) for _ in range(n)]
+        self.end: float | None = None
+
+    def _grow(self, t: float) -> None:
+        assert self.t0 is not None
+        while t >= self.t0 + self.n * self.width:
+            half = self.n // 2
+            for i in range(half):
+                a, b = 2 * i, 2 * i + 1
+                self.util[i] = self.util[a] + self.util[b]
+                self.cov[i] = self.cov[a] + self.cov[b]
+                self.states[i] = [x + y for x, y in zip(self.states[a], self.states[b],
+                                                        strict=True)]
+            for i in range(half, self.n):
+                self.util[i] = 0.0
+                self.cov[i] = 0.0
+                self.states[i] = [0.0] * len(_STATES)
+            self.width *= 2
+
+    def add_util(self, t: float, dt: float, util_pct: float) -> None:
+        if self.t0 is None:
+            self.t0 = t - dt
+        self._grow(t)
+        i = min(self.n - 1, max(0, int((t - self.t0) / self.width)))
+        self.util[i] += util_pct * dt
+        self.cov[i] += dt
+        self.end = t if self.end is None or t > self.end else self.end
+
+    def add_state(self, start: float, end: float, state: State) -> None:
+        """Spread an episode's seconds over the buckets it overlaps."""
+        if self.t0 is None or end <= start:
+            return
+        self._grow(end)
+        k = _STATES.index(state)
+        t0, w = self.t0, self.width
+        a = max(start, t0)
+        i0 = int((a - t0) / w)
+        i1 = min(self.n - 1, int((end - t0) / w))
+        for i in range(i0, i1 + 1):
+            lo = max(a, t0 + i * w)
+            hi = min(end, t0 + (i + 1) * w)
+            if hi > lo:
+                self.states[i][k] += hi - lo
+
+    def used(self) -> int:
+        """Buckets that hold data (the rest lie after the stream's end)."""
+        if self.t0 is None or self.end is None:
+            return 0
+        return min(self.n, int((self.end - self.t0) / self.width) + 1)
+
+    def util_series(self) -> list[float | None]:
+        return [self.util[i] / self.cov[i] if self.cov[i] > 0 else None
+                for i in range(self.used())]
+
+    def state_series(self) -> list[State | None]:
+        out: list[State | None] = []
+        for i in range(self.used()):
+            row = self.states[i]
+            m = max(row)
+            out.append(_STATES[row.index(m)] if m > 0 else None)
+        return out
+
+
+class LogHistogram:
+    """Durations in log-spaced bins (10 ms .. 3 h, 20 per decade): bounded quantiles."""
+
+    LO, PER_DECADE, BINS = -2.0, 20, 102
+
+    def __init__(self) -> None:
+        self.counts = [0] * self.BINS
+        self.n = 0
+        self.total = 0.0
+
+    def add(self, x: float) -> None:
+        if x <= 0:
+            return
+        k = int((math.log10(x) - self.LO) * self.PER_DECADE)
+        self.counts[min(self.BINS - 1, max(0, k))] += 1
+        self.n += 1
+        self.total += x
+
+    def quantile(self, q: float) -> float | None:
+        if self.n == 0:
+            return None
+        target = q * self.n
+        acc = 0
+        for k, c in enumerate(self.counts):
+            acc += c
+            if acc >= target and c:
+                return 10 ** (self.LO + (k + 0.5) / self.PER_DECADE)
+        return None
+
+
+@dataclass
+class GpuSummary:
+    """What the report keeps of one GPU: bounded whatever the stream length."""
+
+    gpu: int
+    uuid: str
+    samples: int = 0
+    busy_s: float = 0.0  # util-weighted
+    cov_s: float = 0.0
+    last_t: float | None = None
+    timeline: Timeline = field(default_factory=Timeline)
+    bursts: LogHistogram = field(default_factory=LogHistogram)
+    gaps: LogHistogram = field(default_factory=LogHistogram)
+    episodes: deque[Episode] = field(default_factory=lambda: deque(maxlen=MAX_EPISODES))
+    dropped_episodes: int = 0
+
+    @property
+    def duty_cycle(self) -> float | None:
+        return self.busy_s / self.cov_s if self.cov_s > 0 else None
+
+
+@dataclass
+class AnalysisResult:
+    """Everything the text and JSON reports need, from one pass over a stream."""
+
+    header: TraceHeader
+    gpus: dict[int, GpuSummary]
+    run_episodes: list[Episode]
+    verdict: Verdict
+    seconds: dict[int | None, dict[State, float]]
+    lost_gpu_seconds: float
+    start_s: float | None
+    end_s: float | None
+    ticks: int
+
+    @property
+    def duration_s(self) -> float:
+        if self.start_s is None or self.end_s is None:
+            return 0.0
+        return self.end_s - self.start_s
+
+
+def analyze_snapshots(header: TraceHeader, snapshots: Iterable[Snapshot],
+                      config: DetectorConfig | None = None) -> AnalysisResult:
+    """Run the detector over ``snapshots`` once, keeping bounded summaries per GPU."""
+    det = Detector(config, header.gpus)
+    gpus: dict[int, GpuSummary] = {}
+    run_eps: deque[Episode] = deque(maxlen=MAX_EPISODES)
+    start = end = None
+    ticks = 0
+
+    def take(eps: Iterable[Episode]) -> None:
+        for ep in eps:
+            if ep.gpu is None:
+                run_eps.append(ep)
+                continue
+            s = gpus.get(ep.gpu)
+            if s is None:
+                continue
+            if len(s.episodes) == MAX_EPISODES:
+                s.dropped_episodes += 1
+            s.episodes.append(ep)
+            s.timeline.add_state(ep.start_s, ep.end_s or ep.start_s, ep.state)
+
+    for snap in snapshots:
+        ticks += 1
+        if start is None:
+            start = snap.t_s
+        end = snap.t_s
+        for g in snap.gpus:
+            s = gpus.get(g.gpu)
+            if s is None:
+                s = gpus[g.gpu] = GpuSummary(g.gpu, g.uuid)
+            pts = g.util_samples
+            dt = snap.t_s - s.last_t if s.last_t is not None else None
+            s.last_t = snap.t_s
+            if pts:
+                u = sum(p.util_pct for p in pts) / len(pts)
+                s.samples += len(pts)
+            elif g.util_pct is not None:
+                u = g.util_pct
+                s.samples += 1
+            else:
+                continue
+            if dt is None or dt <= 0 or dt > 10:
+                dt = header.interval_s or 1.0
+            s.timeline.add_util(snap.t_s, dt, u)
+            s.busy_s += u * 0.01 * dt
+            s.cov_s += dt
+        upd = det.update(snap)
+        for i, x in upd.bursts:
+            gpus[i].bursts.add(x)
+        for i, x in upd.gaps:
+            gpus[i].gaps.add(x)
+        take(upd.closed)
+    verdict = det.verdict()
+    seconds = det.seconds_in_state()
+    take(det.finish().closed)
+    return AnalysisResult(header, dict(sorted(gpus.items())), list(run_eps), verdict, seconds,
+                          det.lost_gpu_seconds(), start, end, ticks)
+
+
+# --- text ---------------------------------------------------------------------------------
+
+
+def _clock(t: float, t0: float) -> str:
+    s = max(0, round(t - t0))
+    h, rem = divmod(s, 3600)
+    m, sec = divmod(rem, 60)
+    return f"{h}:{m:02d}:{sec:02d}" if h else f"{m}:{sec:02d}"
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{x * 100:.0f} %"
+
+
+def _secs(x: float | None) -> str:
+    if x is None:
+        return "n/a"
+    return f"{x * 1000:.0f} ms" if x < 1 else f"{x:.1f} s"
+
+
+def _label(state: State, cause: object) -> str:
+    return f"{state.value}/{cause.value}" if cause is not None and \
+        state is State.STARVED else state.value  # type: ignore[attr-defined]
+
+
+_EV_TEXT = (("duty_cycle", "duty", _pct), ("burst_p50_s", "burst p50", _secs),
+            ("gap_p50_s", "gap p50", _secs), ("gap_p90_s", "gap p90", _secs),
+            ("period_s", "period", _secs),
+            ("power_share_of_peak", "power/peak", _pct),
+            ("main_cpu_pct", "main CPU", lambda v: f"{v:.0f} %"),
+            ("workers_cpu_pct", "worker CPU", lambda v: f"{v:.0f} %/worker"),
+            ("workers", "workers", lambda v: f"{v:.0f}"),
+            ("iowait_pct", "iowait", lambda v: f"{v:.0f} %"),
+            ("read_bytes_per_s", "read", lambda v: f"{v / 1e6:.0f} MB/s"),
+            ("effective_gpus", "effective GPUs", lambda v: f"{v:.1f}"),
+            ("straggler_gpu", "straggler", lambda v: f"GPU {v}"),
+            ("skew_s", "skew", _secs),
+            ("mem_headroom_ratio", "mem free", _pct))
+
+
+def _evidence_line(ev: dict) -> str:
+    parts = []
+    for key, name, fmt in _EV_TEXT:
+        v = ev.get(key)
+        if isinstance(v, int | float):
+            parts.append(f"{name} {fmt(v)}")
+    return ", ".join(parts)
+
+
+def render_text(result: AnalysisResult, max_episodes: int = 12) -> str:
+    """A readable report: verdict, then per GPU a timeline, statistics and episodes."""
+    v = result.verdict
+    t0 = result.start_s or 0.0
+    out: list[str] = []
+    src = result.header.source
+    out.append(f"gpumon analysis · {src} · {len(result.gpus)} GPU(s) · "
+               f"{_clock(result.end_s or t0, t0)} · {result.ticks} ticks")
+    verdict = v.state.value.upper().replace("_", " ")
+    if v.cause is not None and v.state is State.STARVED:
+        verdict += f" (cause: {v.cause.value})"
+    line = f"Verdict: {verdict}"
+    eff = v.evidence.get("effective_gpus")
+    if isinstance(eff, int | float) and len(result.gpus) > 1:
+        line += f" · {len(result.gpus)} GPUs deliver {eff:.1f} GPUs of work"
+    if result.lost_gpu_seconds > 0:
+        line += f" · {result.lost_gpu_seconds:.0f} GPU-seconds lost waiting"
+    out.append(line)
+    if v.note:
+        out.append(f"  note: {v.note}")
+    out.append("")
+    legend = ", ".join(f"{c} {s.value}" for s, c in STATE_CHAR.items())
+    for s in result.gpus.values():
+        gv = next((g for g in v.gpus if g.gpu == s.gpu), None)
+        head = f"GPU {s.gpu}  {s.uuid}"
+        if gv is not None:
+            head += f"  now {_label(gv.state, gv.cause)}"
+        head += f"  duty {_pct(s.duty_cycle)}  samples {s.samples}"
+        out.append(head)
+        util = "".join(" " if u is None else BLOCKS[min(8, max(0, round(u / 12.5)))]
+                       for u in s.timeline.util_series())
+        states = "".join(" " if st is None else STATE_CHAR[st]
+                         for st in s.timeline.state_series())
+        out.append(f"  util  |{util}|")
+        out.append(f"  state |{states}|  ({_secs(s.timeline.width)}/char)")
+        out.append(f"  bursts {s.bursts.n}: p50 {_secs(s.bursts.quantile(0.5))}, "
+                   f"p90 {_secs(s.bursts.quantile(0.9))} · gaps {s.gaps.n}: "
+                   f"p50 {_secs(s.gaps.quantile(0.5))}, p90 {_secs(s.gaps.quantile(0.9))}")
+        eps = list(s.episodes)
+        shown = eps[-max_episodes:]
+        hidden = len(eps) - len(shown) + s.dropped_episodes
+        if hidden:
+            out.append(f"  ({hidden} earlier episodes not shown)")
+        for ep in shown:
+            end = ep.end_s if ep.end_s is not None else result.end_s or ep.start_s
+            txt = f"  {_clock(ep.start_s, t0):>8}–{_clock(end, t0):<8} " \
+                  f"{_label(ep.state, ep.cause):<14}"
+            if ep.note:
+                txt += f" ({ep.note})"
+            out.append(txt)
+            evl = _evidence_line(ep.evidence) if ep.state is not State.HEALTHY else \
+                _evidence_line({"duty_cycle": ep.evidence.get("duty_cycle")})
+            if evl:
+                out.append(f"{'':22}{evl}")
+        out.append("")
+    out.append(f"legend: {legend}")
+    if v.advice:
+        out.append("")
+        out.append("Advice:")
+        out.extend(f"  - {a}" for a in v.advice)
+    return "\n".join(out) + "\n"
+
+
+# --- JSON ---------------------------------------------------------------------------------
+
+
+def _episode_json(ep: Episode, end_default: float | None) -> dict:
+    return {"start": ep.start_s, "end": ep.end_s if ep.end_s is not None else end_default,
+            "state": ep.state.value, "cause": ep.cause.value if ep.cause else None,
+            "note": ep.note, "evidence": dict(ep.evidence), "advice": list(ep.advice)}
+
+
+def _seconds_json(d: dict[State, float] | None) -> dict[str, float]:
+    return {s.value: round((d or {}).get(s, 0.0), 3) for s in State}
+
+
+def to_json(result: AnalysisResult) -> dict:
+    """The JSON object of `gpumon analyze --json` (issue 3), JSON-serialisable as is."""
+    v = result.verdict
+    gpus = []
+    for s in result.gpus.values():
+        gv = next((g for g in v.gpus if g.gpu == s.gpu), None)
+        duty = s.duty_cycle
+        gpus.append({
+            "gpu": s.gpu,
+            "uuid": s.uuid,
+            "state": gv.state.value if gv else State.UNKNOWN.value,
+            "cause": gv.cause.value if gv and gv.cause else None,
+            "note": gv.note if gv else None,
+            "duty_cycle": None if duty is None else round(min(1.0, max(0.0, duty)), 4),
+            "samples": s.samples,
+            "seconds": _seconds_json(result.seconds.get(s.gpu)),
+            "bursts": {"count": s.bursts.n, "p50_s": s.bursts.quantile(0.5),
+                       "p90_s": s.bursts.quantile(0.9)},
+            "gaps": {"count": s.gaps.n, "p50_s": s.gaps.quantile(0.5),
+                     "p90_s": s.gaps.quantile(0.9)},
+            "timeline": {"bucket_s": s.timeline.width, "start": s.timeline.t0,
+                         "util_pct": [None if u is None else round(u, 1)
+                                      for u in s.timeline.util_series()],
+                         "state": [None if st is None else st.value
+                                   for st in s.timeline.state_series()]},
+            "episodes": [_episode_json(ep, result.end_s) for ep in s.episodes],
+            "episodes_dropped": s.dropped_episodes,
+            "evidence": dict(gv.evidence) if gv else {},
+            "advice": list(gv.advice) if gv else [],
+        })
+    return {
+        "verdict": v.state.value,
+        "cause": v.cause.value if v.cause is not None and v.state is State.STARVED else None,
+        "note": v.note,
+        "source": result.header.source,
+        "start": result.start_s,
+        "end": result.end_s,
+        "duration_s": round(result.duration_s, 3),
+        "started_wall_s": result.header.started_wall_s,
+        "gpus": gpus,
+        "advice": list(v.advice),
+        "seconds": _seconds_json(result.seconds.get(None)),
+        "lost_gpu_seconds": round(result.lost_gpu_seconds, 1),
+        "effective_gpus": v.evidence.get("effective_gpus"),
+        "evidence": dict(v.evidence),
+        "episodes": [_episode_json(ep, result.end_s) for ep in result.run_episodes],
+    }
