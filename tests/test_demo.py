@@ -65,7 +65,7 @@ def test_the_bundled_trace_is_labelled_synthetic_and_tells_the_story() -> None:
 
 def test_demo_end_to_end_in_plain_lines_with_metrics_log_and_summary(tmp_path: Path) -> None:
     summary_path = tmp_path / "summary.json"
-    proc = _start("--speed", "40", "--interval", "0.5", "--summary-json", str(summary_path))
+    proc = _start("--speed", "40", "--summary-json", str(summary_path))
     lines: list[str] = []
     scraped: list[str] = []
     got_url = threading.Event()

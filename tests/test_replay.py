@@ -88,6 +88,7 @@ def test_times_are_rebased_onto_the_live_clock_without_scaling() -> None:
     assert tr.t_s == gpus[0].t_s and tr.root_pid == PID and tr.root_alive
     assert tr.processes[0].cpu_pct == pytest.approx(1.5)
     assert replay.now() == pytest.approx(101.2)
+    assert replay.played_s == pytest.approx(1.0)  # up to the last tick handed out
 
 
 def test_a_tick_with_nothing_due_keeps_readings_and_moves_on() -> None:

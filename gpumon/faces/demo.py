@@ -39,6 +39,10 @@ REAL_DIRS = (DATA, CHECKOUT / "tests" / "data" / "real")
 # By default the replay lasts about this long, whatever the trace's length.
 TARGET_WALL_S = 40.0
 SERVE_INTERVAL_S = 0.5
+# A view tick covers at most this much trace time: at higher speeds it ticks more often,
+# so the detector still evaluates every few seconds of the run (start-up and phase edges
+# stay sharp) whatever the speed.
+MAX_TRACE_S_PER_TICK = 10.0
 # On a terminal the full-screen view hides what was printed before it: a moment to read
 # the metrics URL and the log path first.
 TUI_PAUSE_S = 3.0
@@ -75,7 +79,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         type=positive_float,
         metavar="S",
         help="wall seconds between the view's ticks (default 0.25 on a terminal, 1 for "
-        "plain lines); every recorded sample is replayed whatever the interval",
+        f"plain lines, less when a tick would cover over {MAX_TRACE_S_PER_TICK:g} s of the "
+        "trace); every recorded sample is replayed whatever the interval",
     )
     p.add_argument("--plain", action="store_true",
                    help="plain lines even on a terminal (the default when stdout is not one)")
@@ -259,7 +264,8 @@ def run(args: argparse.Namespace) -> int:
     trace = load(path)
     speed = args.speed or default_speed(trace.span_s)
     tui = sys.stdout.isatty() and not args.plain
-    interval = args.interval or (0.25 if tui else 1.0)
+    interval = args.interval or min(0.25 if tui else 1.0,
+                                    max(0.05, MAX_TRACE_S_PER_TICK / speed))
     kind = "synthetic trace" if trace.synthetic else "real trace"
     out = sys.stdout
     print(f"gpumon demo: replaying {trace.describe()} at {speed:g}x "
@@ -306,7 +312,7 @@ def run(args: argparse.Namespace) -> int:
     finally:
         if server is not None:
             server.close(reason)
-    played = min(trace.span_s, replay.trace_time())
+    played = min(trace.span_s, replay.played_s)
     print(f"\ngpumon demo: replayed {fmt_span(played)} of the {kind} in "
           f"{fmt_span(time.monotonic() - live_start)} (wall time above is the replay's).",
           file=out)

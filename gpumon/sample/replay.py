@@ -213,8 +213,13 @@ class Replay:
         return self.live_start_s + (self._clock() - self.live_start_s) * self.speed
 
     def trace_time(self) -> float:
-        """How far into the trace the replay is, in trace seconds."""
+        """How far into the trace the replay clock is, in trace seconds."""
         return self.now() - self.live_start_s
+
+    @property
+    def played_s(self) -> float:
+        """Trace seconds handed out so far (up to the last tick a sampler was given)."""
+        return max(0.0, self.current.t_s - self.live_start_s)
 
     def _due(self, snap: Snapshot) -> float:
         return snap.t_s + self.offset_s
