@@ -165,3 +165,19 @@ def test_a_bad_trace_gets_one_sentence(tmp_path: Path) -> None:
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == 2
     assert "Traceback" not in err and "bad.jsonl" in err
+
+
+def test_a_real_recording_is_preferred_over_the_synthetic_one(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    gen = synth.generate("healthy", 1, gpus=1, duration_s=20.0)
+    real = tmp_path / "tests" / "data" / "real"
+    real.mkdir(parents=True)
+    (real / "notes.jsonl").write_text("not a trace\n")
+    for name, source in (("a-synth.jsonl", "synthetic"), ("b-lab.jsonl", "gpumon")):
+        with TraceWriter.open(real / name, replace(gen.header, source=source, extra={})) as w:
+            w.write(gen.snapshots[0])
+    monkeypatch.setattr(demo, "CHECKOUT", tmp_path)
+    monkeypatch.setattr(demo, "REAL_DIRS", (tmp_path / "data", real))
+    assert demo.bundled_trace() == demo.SYNTHETIC  # not a checkout: no pyproject.toml
+    (tmp_path / "pyproject.toml").write_text("")
+    assert demo.bundled_trace() == real / "b-lab.jsonl"

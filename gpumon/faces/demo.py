@@ -105,8 +105,9 @@ def bundled_trace() -> Path:
             if folder == DATA and not path.name.startswith("demo-real"):
                 continue
             try:
-                if not is_synthetic(TraceFile(path).header):
-                    return path
+                with TraceFile(path) as trace:
+                    if not is_synthetic(trace.header):
+                        return path
             except GpumonError:
                 continue
     return SYNTHETIC
@@ -114,6 +115,8 @@ def bundled_trace() -> Path:
 
 @dataclass(frozen=True)
 class LoadedTrace:
+    """A whole trace in memory: each face's replay iterates it from the start."""
+
     path: Path
     header: TraceHeader
     snapshots: tuple[Snapshot, ...]

@@ -81,6 +81,15 @@ class TraceFile:
             self._stream.close()
             raise TraceFormatError(str(exc), path=self.path, line=1) from None
 
+    def close(self) -> None:
+        self._stream.close()
+
+    def __enter__(self) -> TraceFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def __iter__(self) -> Iterator[Snapshot]:
         with self._stream:
             for line_no, line in enumerate(self._stream, start=2):
