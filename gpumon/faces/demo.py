@@ -285,7 +285,11 @@ def run(args: argparse.Namespace) -> int:
     live_start = time.monotonic() + pause  # both replays start on this instant
     server = None
     if not args.no_serve:
-        log_dir = tempfile.mkdtemp(prefix="gpumon-demo-")
+        try:
+            log_dir = tempfile.mkdtemp(prefix="gpumon-demo-")
+        except OSError as exc:
+            raise GpumonError(f"cannot create a temporary directory for the daemon's log "
+                              f"({exc.strerror or exc}); set TMPDIR or use --no-serve.") from None
         server = DemoServer(trace, speed, live_start, log_dir)
         print(f"gpumon demo: Prometheus metrics at {server.url} (try: curl -s {server.url} "
               "| grep gpumon_gpu_state)", file=out)
