@@ -122,8 +122,8 @@ class GpuTrack:
     def _looks_powered_down(self, p: float | None) -> bool:
         if p is None:
             return False
-        ref = self.power_peak_watts or self.power_limit_watts
-        return ref is not None and p < 0.3 * ref
+        refs = [r for r in (self.power_peak_watts, self.power_limit_watts) if r is not None]
+        return bool(refs) and p < 0.3 * max(refs)
 
     def _fold(self, pts, cfg: DetectorConfig, out_bursts: list, out_gaps: list) -> None:
         thr = cfg.busy_util_pct
