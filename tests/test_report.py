@@ -1,0 +1,100 @@
+"""The report: one-pass analysis, bounded summaries, readable text, and issue 3's JSON."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from gpumon.model import State, TraceHeader
+from gpumon.report import LogHistogram, Timeline, analyze_snapshots, render_text, to_json
+from gpumon.synth import generate
+
+
+@pytest.fixture(scope="module")
+def starved() -> tuple:
+    tr = generate("healthy_then_starved", 1, gpus=2, period_s=0.2, duration_s=240)
+    return tr, analyze_snapshots(tr.header, iter(tr.snapshots))
+
+
+def test_json_has_the_shape_of_issue_3(starved: tuple) -> None:
+    tr, res = starved
+    j = to_json(res)
+    json.dumps(j)  # serialisable as is
+    assert j["verdict"] == "starved"
+    cause = next(p.cause for p in tr.phases if p.kind == "starved")
+    assert j["cause"] == cause.value
+    assert isinstance(j["advice"], list) and j["advice"]
+    assert set(j["seconds"]) == {s.value for s in State}
+    assert len(j["gpus"]) == 2
+    for g in j["gpus"]:
+        assert {"gpu", "uuid", "state", "duty_cycle", "samples", "episodes"} <= set(g)
+        assert 0 <= g["duty_cycle"] <= 1
+        assert g["samples"] > 0
+        assert g["state"] == "starved"
+        states = [e["state"] for e in g["episodes"]]
+        assert states[0] == "idle" and "healthy" in states and states[-1] == "starved"
+        for e in g["episodes"]:
+            assert {"start", "end", "state", "cause", "evidence", "advice"} <= set(e)
+            assert e["end"] >= e["start"]
+            assert (e["cause"] is None) == (e["state"] != "starved")
+        assert g["episodes"][-1]["end"] == res.end_s
+
+
+def test_cause_is_null_unless_starved() -> None:
+    tr = generate("healthy", 2, gpus=1, duration_s=120)
+    j = to_json(analyze_snapshots(tr.header, tr.snapshots))
+    assert j["verdict"] == "healthy" and j["cause"] is None
+
+
+def test_text_report_shows_timeline_stats_episodes_and_advice(starved: tuple) -> None:
+    _, res = starved
+    text = render_text(res)
+    assert "Verdict: STARVED" in text
+    assert "GPU 0" in text and "GPU 1" in text
+    assert "▒" in text and "█" in text  # state timeline: healthy then starved
+    assert "gaps" in text and "p50" in text
+    assert "(start-up)" in text
+    assert "Advice:" in text
+    assert "effective GPUs" in text or "GPUs deliver" in text
+
+
+def test_timeline_stays_bounded_and_keeps_the_mean() -> None:
+    tl = Timeline(n=16, width_s=1.0)
+    for k in range(1, 10_001):
+        tl.add_util(float(k), 1.0, 100.0 if k <= 5000 else 0.0)
+    tl.add_state(0.0, 5000.0, State.HEALTHY)
+    tl.add_state(5000.0, 10_000.0, State.IDLE)
+    series = tl.util_series()
+    assert len(series) <= 16 and len(tl.util) == 16
+    assert tl.width >= 10_000 / 16
+    assert series[0] == pytest.approx(100.0)
+    assert series[-1] == pytest.approx(0.0)
+    states = tl.state_series()
+    assert states[0] is State.HEALTHY and states[-1] is State.IDLE
+
+
+def test_log_histogram_quantiles() -> None:
+    h = LogHistogram()
+    for x in [0.1] * 50 + [1.0] * 40 + [10.0] * 10:
+        h.add(x)
+    assert h.quantile(0.5) == pytest.approx(0.1, rel=0.15)
+    assert h.quantile(0.9) == pytest.approx(1.0, rel=0.15)
+    assert LogHistogram().quantile(0.5) is None
+
+
+def test_empty_stream_gives_an_unknown_verdict() -> None:
+    res = analyze_snapshots(TraceHeader(1, "csv"), [])
+    j = to_json(res)
+    assert j["verdict"] == "unknown" and j["gpus"] == [] and j["cause"] is None
+    assert "Verdict: UNKNOWN" in render_text(res)
+
+
+def test_sync_stall_report_names_the_straggler() -> None:
+    tr = generate("straggler", 0, gpus=4, period_s=0.25, duration_s=200)
+    res = analyze_snapshots(tr.header, tr.snapshots)
+    j = to_json(res)
+    assert j["verdict"] == "sync_stall"
+    strag = next(lab.gpu for lab in tr.labels if lab.note == "straggler")
+    assert j["evidence"]["straggler_gpu"] == strag
+    assert f"straggler GPU {strag}" in render_text(res)
