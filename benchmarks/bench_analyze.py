@@ -1,0 +1,258 @@
+"""How fast `gpumon analyze` reads and judges a day of logs.
+
+    python benchmarks/bench_analyze.py            # the full figures (a few minutes on 2 cores)
+    python benchmarks/bench_analyze.py --quick    # 1/8 of the sizes, for a smoke run
+
+Generates, in a temporary folder: a 24 h, 8-GPU gpumon trace at 6 samples/s per GPU
+(1 s ticks of 6 driver samples: ~4.1 M samples), nvidia-smi --query-gpu CSV logs of 1 M
+and 4 M rows (``-lms 167``, 8 GPUs), and a 24 h ``nvidia-smi dmon`` log (8 GPUs, 1 s).
+Each is analysed by ``gpumon analyze --json`` in-process, in a fresh child process so that
+its peak RSS is its own.  Times are CPU seconds of that process (``time.process_time``),
+which is what "on one core" means and stays meaningful on a busy machine; wall seconds
+are shown too.  "read" is the share spent in the reader (inside ``next()``), the rest is
+the detector and the report.
+
+Target (issue 3): >= 200 k samples/s end to end for gpumon traces and nvidia-smi CSV,
+i.e. ~4 M samples in under 20 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import random
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+START = 1714564800  # 2024-05-01 12:00:00 UTC
+TARGET_SAMPLES_PER_S = 200_000
+
+
+# --- generators (plain strings: the generator must not be the slow part) ----------------
+
+
+def _util(rng: random.Random, t: float, gpu: int) -> int:
+    """Healthy for the first 8 h, then starved (3 s busy / 2 s idle), then healthy."""
+    hour = t / 3600
+    if 8 <= hour < 16 and (t + 0.3 * gpu) % 5.0 >= 3.0:
+        return rng.randint(0, 3)
+    return rng.randint(88, 100)
+
+
+def write_gpumon_trace(path: Path, hours: float, gpus: int = 8, rate: int = 6) -> int:
+    rng = random.Random(1)
+    header = {
+        "format": "gpumon-trace", "version": 1,
+        "header": {"source": "gpumon", "interval_s": 1.0, "started_wall_s": START,
+                   "started_mono_s": 0.0,
+                   "gpus": [{"index": g, "uuid": f"GPU-{g:08d}", "name": "NVIDIA H100",
+                             "mem_total_bytes": 85899345920, "power_limit_watts": 700.0}
+                            for g in range(gpus)]},
+    }
+    samples = 0
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(json.dumps(header) + "\n")
+        for k in range(int(hours * 3600)):
+            t = float(k)
+            parts = []
+            for g in range(gpus):
+                pts = []
+                for j in range(rate):
+                    ts = round(t - 1 + (j + 1) / rate, 4)
+                    pts.append(f"[{ts},{_util(rng, ts, g)}]")
+                u = _util(rng, t, g)
+                parts.append(
+                    f'{{"gpu":{g},"uuid":"GPU-{g:08d}","util_samples":[{",".join(pts)}],'
+                    f'"util_pct":{u},"mem_used_bytes":{60000 << 20},'
+                    f'"mem_total_bytes":85899345920,"power_watts":{150 + 5 * u},'
+                    f'"power_limit_watts":700.0}}'
+                )
+                samples += rate
+            f.write(f'{{"t":{t},"gpus":[{",".join(parts)}]}}\n')
+    return samples
+
+
+def _stamp(t: float) -> str:
+    whole = int(t)
+    ms = int((t - whole) * 1000)
+    return time.strftime("%Y/%m/%d %H:%M:%S", time.gmtime(whole)) + f".{ms:03d}"
+
+
+def write_nvsmi_csv(path: Path, rows: int, gpus: int = 8, interval: float = 1 / 6) -> int:
+    rng = random.Random(2)
+    with open(path, "w", encoding="utf-8") as f:
+        f.write("timestamp, index, utilization.gpu [%], utilization.memory [%], "
+                "memory.used [MiB], power.draw [W]\n")
+        for k in range(rows // gpus):
+            t = k * interval
+            stamp = _stamp(START + t)
+            lines = []
+            for g in range(gpus):
+                u = _util(rng, t, g)
+                lines.append(f"{stamp}, {g}, {u} %, {u // 3} %, 60000 MiB, {150 + 5 * u}.00 W\n")
+            f.write("".join(lines))
+    return rows // gpus * gpus
+
+
+def write_dmon(path: Path, hours: float, gpus: int = 8) -> int:
+    rng = random.Random(3)
+    with open(path, "w", encoding="utf-8") as f:
+        for k in range(int(hours * 3600)):
+            if k % 10 == 0:
+                f.write("# gpu   pwr gtemp mtemp    sm   mem   enc   dec  mclk  pclk\n"
+                        "# Idx     W     C     C     %     %     %     %   MHz   MHz\n")
+            for g in range(gpus):
+                u = _util(rng, k, g)
+                f.write(f"{g:>5} {150 + 5 * u:>5} {40:>5} {'-':>5} {u:>5} {u // 3:>5}"
+                        f" {0:>5} {0:>5} {2619:>5} {1980:>5}\n")
+    return int(hours * 3600) * gpus
+
+
+# --- one measured run (in a child process) ----------------------------------------------
+
+
+def run_one(path: str) -> dict[str, object]:
+    """`gpumon analyze PATH --json` in this process, timing the reader inside it."""
+    sys.path.insert(0, str(ROOT))
+    from gpumon import cli
+    from gpumon.faces import analyze as face
+    from gpumon.traces.detect import open_trace
+
+    stats = {"read_cpu_s": 0.0, "samples": 0, "ticks": 0}
+
+    class Timed:
+        def __init__(self, trace):  # type: ignore[no-untyped-def]
+            self._trace = trace
+            self.header, self.path, self.warnings = trace.header, trace.path, trace.warnings
+
+        def __iter__(self):  # type: ignore[no-untyped-def]
+            it = iter(self._trace)
+            clock = time.process_time
+            while True:
+                t0 = clock()
+                try:
+                    snap = next(it)
+                except StopIteration:
+                    stats["read_cpu_s"] += clock() - t0
+                    return
+                stats["read_cpu_s"] += clock() - t0
+                stats["ticks"] += 1
+                for g in snap.gpus:
+                    stats["samples"] += len(g.util_samples) or (g.util_pct is not None)
+                yield snap
+
+        def __enter__(self):  # type: ignore[no-untyped-def]
+            return self
+
+        def __exit__(self, *exc):  # type: ignore[no-untyped-def]
+            self._trace.close()
+
+    try:
+        import gpumon.report  # noqa: F401
+
+        face.open_trace = lambda p, fmt="auto": Timed(open_trace(p, fmt))  # type: ignore[assignment]
+        argv = ["analyze", path, "--json"]
+        with contextlib.redirect_stdout(io.StringIO()) as out:
+            cpu0, wall0 = time.process_time(), time.perf_counter()
+            rc = cli.main(argv)
+            cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
+        verdict = json.loads(out.getvalue()).get("verdict") if rc in (0, 2) else None
+        analysed = True
+    except ImportError:  # the report module has not landed: measure the reader alone
+        cpu0, wall0 = time.process_time(), time.perf_counter()
+        with Timed(open_trace(path)) as trace:
+            for _ in trace:
+                pass
+        cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
+        rc, verdict, analysed = 0, None, False
+    return {"rc": rc, "cpu_s": cpu, "wall_s": wall, "verdict": verdict, "analysed": analysed,
+            "maxrss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, **stats}
+
+
+def measure(path: Path) -> dict[str, object]:
+    proc = subprocess.run([sys.executable, __file__, "--one", str(path)],
+                          capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise SystemExit(f"benchmark child failed on {path.name}:\n{proc.stderr}")
+    return json.loads(proc.stdout)
+
+
+# --- the table --------------------------------------------------------------------------
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="1/8 of the sizes")
+    parser.add_argument("--one", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.one:
+        print(json.dumps(run_one(args.one)))
+        return 0
+    scale = 1 / 8 if args.quick else 1.0
+    hours = 24 * scale
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="gpumon-bench-") as tmp:
+        d = Path(tmp)
+        cases = [
+            ("gpumon trace 24h 8 GPU 6/s", d / "day.jsonl",
+             lambda p: write_gpumon_trace(p, hours), True),
+            ("nvidia-smi CSV 1M rows", d / "1m.csv",
+             lambda p: write_nvsmi_csv(p, int(1_000_000 * scale)), True),
+            ("nvidia-smi CSV 4M rows", d / "4m.csv",
+             lambda p: write_nvsmi_csv(p, int(4_147_200 * scale)), True),
+            ("dmon 24h 8 GPU 1 s", d / "dmon.txt", lambda p: write_dmon(p, hours), False),
+        ]
+        for name, path, make, targeted in cases:
+            t0 = time.perf_counter()
+            make(path)
+            gen = time.perf_counter() - t0
+            size = path.stat().st_size / (1 << 20)
+            print(f"# {name}: generated {size:.0f} MiB in {gen:.0f} s; analysing...",
+                  file=sys.stderr, flush=True)
+            r = measure(path)
+            r.update(name=name, targeted=targeted, size_mib=size)
+            rows.append(r)
+            path.unlink()
+    print_table(rows)
+    return 0 if all(ok for r in rows for ok in [_ok(r)] if ok is not None) else 1
+
+
+def _rate(r: dict) -> float:
+    return r["samples"] / r["cpu_s"] if r["cpu_s"] else float("inf")
+
+
+def _ok(r: dict) -> bool | None:
+    if not r["targeted"] or not r["analysed"]:
+        return None
+    return _rate(r) >= TARGET_SAMPLES_PER_S
+
+
+def print_table(rows: list[dict]) -> None:
+    head = f"{'figure':<44} {'value':>14} {'target':>12}  result"
+    print(head)
+    print("-" * len(head))
+    for r in rows:
+        ok = _ok(r)
+        verdict = "pass" if ok else ("FAIL" if ok is False else "-")
+        what = "analyse" if r["analysed"] else "read only (no gpumon.report)"
+        print(f"{r['name'] + ': samples':<44} {r['samples']:>14,} {'':>12}")
+        print(f"{r['name'] + f': {what} samples/s (CPU)':<44} {_rate(r):>14,.0f} "
+              f"{'>= 200,000' if r['targeted'] else '':>12}  {verdict}")
+        print(f"{r['name'] + ': CPU s (read + detect/report)':<44} "
+              f"{r['cpu_s']:>6.1f} ({r['read_cpu_s']:.1f}+{r['cpu_s'] - r['read_cpu_s']:.1f})"
+              .ljust(59) + (f"{'< 20 s':>12}" if r["targeted"] and r['samples'] > 3e6 else ""))
+        print(f"{r['name'] + ': wall s':<44} {r['wall_s']:>14.1f}")
+        print(f"{r['name'] + ': peak RSS MiB':<44} {r['maxrss_mib']:>14.0f}")
+        if r["verdict"] is not None:
+            print(f"{r['name'] + ': verdict':<44} {r['verdict']:>14}")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
