@@ -78,10 +78,17 @@ def test_text_report(name: str) -> None:
     assert proc.stdout.strip() and not proc.stdout.lstrip().startswith("{")
 
 
-def test_starved_log_is_not_called_healthy() -> None:
-    """2 s busy / 2 s idle on every GPU: whatever else the detector says, not healthy."""
+def test_assumptions_are_said() -> None:
+    proc = gpumon(LOGS / "table_grep.txt", "--json")
+    assert proc.returncode == 0
+    assert "gpumon: note: no date lines: tables assumed 1 s apart" in proc.stderr
+    assert "gpumon: note: GPUs: 2 (GPU rows without their first line" in proc.stderr
+
+
+def test_starved_log_is_called_starved() -> None:
+    """2 s busy / 2 s idle on every GPU, logged by nvidia-smi -l 1."""
     doc = json.loads(gpumon(LOGS / "nvsmi_units_index.csv", "--json").stdout)
-    assert doc["verdict"] != "healthy"
+    assert doc["verdict"] == "starved"
     assert all(0.3 < g["duty_cycle"] < 0.7 for g in doc["gpus"])
 
 

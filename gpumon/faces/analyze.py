@@ -21,6 +21,9 @@ from gpumon.errors import GpumonError, TraceFormatError
 from gpumon.model import Snapshot
 from gpumon.traces.detect import FORMATS, open_trace
 
+# Assumptions a reader had to make (header ``extra``) that change how to read the report.
+_NOTES = {"interval_assumed": "", "gpus_inferred": "GPUs: ", "util_scale": "", "date": ""}
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
@@ -77,6 +80,9 @@ def run(args: argparse.Namespace) -> int:
     sys.stdout.flush()
     for warning in trace.warnings:
         print(f"gpumon: warning: {warning}", file=sys.stderr)
+    for key, label in _NOTES.items():
+        if key in trace.header.extra:
+            print(f"gpumon: note: {label}{trace.header.extra[key]}", file=sys.stderr)
     if guarded.error is not None:
         print(
             f"gpumon: {guarded.error} (the report above covers the {guarded.count} ticks "

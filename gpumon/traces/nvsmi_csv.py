@@ -485,7 +485,7 @@ def _snapshots(
             if t_at is not None:
                 stamp = cells[t_at]
                 if stamp != last_stamp:
-                    last_t = nvsmi_time(stamp) - t0
+                    last_t = round(nvsmi_time(stamp) - t0, 6)  # no float noise of 1.7e9
                     last_stamp = stamp
                 t = last_t
                 gpu = int(cells[index_at]) if index_at is not None else gpus.of(cells, t)

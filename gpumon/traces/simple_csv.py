@@ -236,7 +236,7 @@ def _snapshots(
             raise bad_line(path, no, line, f"expected {cols.count} columns, found {len(cells)}")
         try:
             raw_t = cells[t_at]
-            t = (_iso(raw_t) if kind == "iso" else float(raw_t) * num_scale) - t0
+            t = round((_iso(raw_t) if kind == "iso" else float(raw_t) * num_scale) - t0, 6)
             gpu = int(float(cells[i_at])) if i_at is not None else 0
             util = num(cells[u_at])
             if fraction and util is not None:
