@@ -113,6 +113,13 @@ def test_demo_end_to_end_in_plain_lines_with_metrics_log_and_summary(tmp_path: P
     assert len(ticks) >= 10
     assert any("state=starved cause=cpu" in ln for ln in ticks), out
     assert any("state=starved cause=gil" in ln for ln in ticks), out
+    # The story's phases are announced as the replay reaches them, before gpumon names them.
+    said = [ln.split("enters its ")[1].split(" phase")[0] for ln in lines if "enters its" in ln]
+    assert said == ["start-up", "healthy", "starved-cpu", "starved-gil", "healthy"]
+    at = {p: next(i for i, ln in enumerate(lines) if f"enters its {p} phase" in ln)
+          for p in ("starved-cpu", "starved-gil")}
+    first_cpu = next(i for i, ln in enumerate(lines) if "state=starved cause=cpu" in ln)
+    assert at["starved-cpu"] < first_cpu < at["starved-gil"]
     assert "gpumon watch summary" in out
 
     # The summary JSON carries what the story implies.

@@ -28,7 +28,7 @@ from typing import Any
 from gpumon.errors import GpumonError
 from gpumon.faces.common import positive_float
 from gpumon.model import Snapshot, TraceHeader
-from gpumon.monitor import Monitor, paced
+from gpumon.monitor import Monitor, Tick, paced
 from gpumon.sample.replay import Replay, TraceFile
 
 DATA = Path(__file__).resolve().parent.parent / "data"
@@ -221,6 +221,39 @@ class DemoServer:
 # --- the watch side ----------------------------------------------------------------------------
 
 
+class NarratedMonitor(Monitor):
+    """The replay's Monitor; in plain-line mode it also says when the recorded run enters
+    a labelled phase (the trace's ``phase`` events), so the reader can compare what
+    happened with what gpumon says.  Printed from the tick, before the face's own line."""
+
+    def __init__(self, *args: Any, phases: list[tuple[float, str]], out: Any,
+                 **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self._phases = sorted(phases)
+        self._out = out
+
+    def tick(self) -> Tick:
+        tick = super().tick()
+        while self._phases and self._phases[0][0] <= tick.snapshot.t_s:
+            _, text = self._phases.pop(0)
+            print(f"gpumon demo: -- {text} --", file=self._out, flush=True)
+        return tick
+
+
+def phase_notes(trace: LoadedTrace, live_start_s: float) -> list[tuple[float, str]]:
+    """(stream time, sentence) for each labelled phase of the trace."""
+    t0 = trace.snapshots[0].t_s
+    notes = []
+    for ev in trace.events:
+        phase, t = ev.get("phase"), ev.get("t")
+        if ev.get("event") != "phase" or not isinstance(t, int | float) or not phase:
+            continue
+        cause = f" (cause: {ev['cause']})" if ev.get("cause") else ""
+        notes.append((live_start_s + (t - t0),
+                      f"the recorded run enters its {phase} phase{cause}"))
+    return notes
+
+
 @contextmanager
 def watch_on(monitor: Monitor, *, has_tree: bool = True) -> Iterator[Any]:
     """The watch face, with its Monitor coming from the replay instead of NVML.
@@ -306,7 +339,9 @@ def run(args: argparse.Namespace) -> int:
                     live_start_s=live_start)
     nvml, host, tree = replay.samplers()
     command = (f"[{kind} replayed at {speed:g}x]", *(trace.header.command or ("a run",)))
-    monitor = Monitor(nvml, host, tree, command=command)  # type: ignore[arg-type]
+    notes = [] if tui else phase_notes(trace, live_start)
+    monitor = NarratedMonitor(nvml, host, tree, command=command,  # type: ignore[arg-type]
+                              phases=notes, out=out)
     status = 0
     reason = "demo finished"
     try:
