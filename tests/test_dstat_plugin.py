@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -195,10 +196,21 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Run]]:
             run.proc.communicate()
 
 
+MISSED = re.compile(r"\s*missed \d+ ticks\s*$")
+
+
 def rows(stdout: str) -> list[str]:
-    """The data rows of dstat's output: everything after the two header lines."""
-    lines = [ln for ln in stdout.splitlines() if ln.strip()]
+    """The data rows of dstat's output: everything after the two header lines.
+
+    On a loaded machine dstat skips a late tick and appends "missed N ticks" to the next row.
+    """
+    lines = [MISSED.sub("", ln) for ln in stdout.splitlines() if ln.strip()]
     return lines[2:]
+
+
+def enough(data: list[str], expected: int) -> bool:
+    """All rows, give or take two ticks dstat skipped because the machine was busy."""
+    return expected - 2 <= len(data) <= expected
 
 
 def gpu_part(row: str) -> str:
@@ -232,7 +244,7 @@ def test_dstat_gpu_prints_header_and_rows(runs: dict[str, Run]) -> None:
     assert lines[0].strip() == "-----gpu0-----", out
     assert lines[1].split() == ["util", "mem", "state"]
     data = rows(out)
-    assert len(data) == VERDICT_TICKS
+    assert enough(data, VERDICT_TICKS), out
     for row in data:
         util, mem, _ = row.split()
         assert int(util) == 97  # the mean of the driver samples since the last tick
@@ -268,7 +280,7 @@ def test_dstat_output_csv_has_numeric_gpu_columns(runs: dict[str, Run]) -> None:
     assert run.csv_path is not None
     header, body = read_csv(run.csv_path)
     assert header[-3:] == ["util", "mem", "state"]
-    assert len(body) == 3
+    assert enough(body, 3)
     for r in body:
         assert len(r) == len(header)
         float(r[0])  # dstat's own cpu column, written by the repaired writer
@@ -286,7 +298,7 @@ def test_dstat_gpu_lost_mid_run_keeps_printing_rows(runs: dict[str, Run]) -> Non
     lines = out.splitlines()
     assert lines[0].split() == ["-----gpu0-----", "-----gpu1-----"]
     data = rows(out)
-    assert len(data) == 8
+    assert enough(data, 8), out
     assert words(data[0]) == ["?", "?"]
     last = data[-1]
     assert words(last)[1] == "lost", out
@@ -331,8 +343,8 @@ def test_dool_gpu_full_shows_ok_and_starved_bands(runs: dict[str, Run]) -> None:
     text = out.replace("\x1b[0;0m", "")
     lines = [ln for ln in text.splitlines() if ln.strip() and not ln.startswith("\x1b")]
     assert "gpu0" in lines[0] and "gpu1" in lines[0]
-    data = lines[2:]
-    assert len(data) == VERDICT_TICKS
+    data = rows("\n".join(lines))
+    assert enough(data, VERDICT_TICKS), text
     utils = [int(b.split()[0]) for b in gpu_part(data[-1]).replace("\u250a", ":").split(":")]
     assert utils[0] == 97 and abs(utils[1] - 30) <= 12
     assert words(data[-1]) == ["ok", "STARV"], text
@@ -353,7 +365,7 @@ def test_dool_output_csv(runs: dict[str, Run]) -> None:
         "gpu1:mem",
         "gpu1:state",
     ]
-    assert len(body) == 3
+    assert enough(body, 3)
     assert all(float(r[-3]) == pytest.approx(90.0) for r in body)
 
 
@@ -363,8 +375,8 @@ def test_dool_gpu_lost_mid_run_keeps_printing_rows(runs: dict[str, Run]) -> None
     assert rc == 0, err  # dool does not catch extract() errors: one would end the run
     assert "Traceback" not in err
     text = out.replace("\x1b[0;0m", "")
-    data = [ln for ln in text.splitlines() if ln.strip() and not ln.startswith("\x1b")][2:]
-    assert len(data) == 8
+    data = rows("\n".join(ln for ln in text.splitlines() if not ln.startswith("\x1b")))
+    assert enough(data, 8), text
     assert words(data[-1])[1] == "lost"
 
 
