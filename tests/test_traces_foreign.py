@@ -431,3 +431,34 @@ def test_readers_are_pure_functions_of_lines() -> None:
         header, snaps = reader.read(lines, path=name)
         assert header.source == reader.FORMAT
         assert len(list(snaps)) > 10
+
+
+def test_table_550_layout() -> None:
+    """Driver 550+ widened the memory column; the rows still read the same."""
+    text = "\n".join([
+        "Wed May  1 12:00:00 2024       ",
+        "+" + "-" * 89 + "+",
+        "| NVIDIA-SMI 550.54.15              Driver Version: 550.54.15      CUDA Version: 12.4"
+        "     |",
+        "|-----------------------------------------+------------------------+"
+        "----------------------+",
+        "| GPU  Name                 Persistence-M | Bus-Id          Disp.A |"
+        " Volatile Uncorr. ECC |",
+        "| Fan  Temp   Perf          Pwr:Usage/Cap |           Memory-Usage |"
+        " GPU-Util  Compute M. |",
+        "|=========================================+========================+"
+        "======================|",
+        "|   0  NVIDIA H100 80GB HBM3          On  |   00000000:19:00.0 Off |"
+        "                    0 |",
+        "| N/A   28C    P0             69W /  700W |       4MiB /  81559MiB |"
+        "      0%      Default |",
+        "",
+    ])
+    fmt, header, snaps, _ = parse(text)
+    assert fmt == "nvidia-smi-table"
+    assert header.driver_version == "550.54.15"
+    assert header.gpus[0].name == "NVIDIA H100 80GB HBM3"
+    assert header.gpus[0].pci_bus_id == "00000000:19:00.0"
+    g = snaps[0].gpus[0]
+    assert (g.util_pct, g.power_watts, g.power_limit_watts, g.mem_used_bytes) == (
+        0.0, 69.0, 700.0, 4 * MIB)
