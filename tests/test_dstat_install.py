@@ -249,3 +249,14 @@ def test_unwritable_system_dir_says_what_to_do(
     dstat = program(tmp_path, str(fake_python(tmp_path, (3, 11, 2), imp=True)))
     assert main(["dstat", "install", "--system", "--program", str(dstat)]) == 1
     assert "sudo" in capsys.readouterr().err
+
+
+def test_an_import_failure_under_another_python_names_the_abi() -> None:
+    err = "ImportError: _psutil_linux.abi3.so: undefined symbol: PyFoo"
+    p = inst.Probe("/opt/py/bin/python3.13", (3, 13, 0), False, err, err, None)
+    (problem,) = inst.problems(inst.targets()["dool"], Path("/usr/local/bin/dool"), p)
+    assert "cannot import gpumon: " + err in problem
+    here = f"{sys.version_info.major}.{sys.version_info.minor}"
+    if here != "3.13":
+        assert f"installed for Python {here}" in problem and "do not load under 3.13.0" in problem
+        assert "/opt/py/bin/python3.13 -m pip install --user gpumon" in problem
