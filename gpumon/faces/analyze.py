@@ -80,6 +80,8 @@ def run(args: argparse.Namespace) -> int:
     sys.stdout.flush()
     for warning in trace.warnings:
         print(f"gpumon: warning: {warning}", file=sys.stderr)
+    if guarded.count == 0 and guarded.error is None:
+        print(f"gpumon: warning: {trace.path}: no samples in this file", file=sys.stderr)
     for key, label in _NOTES.items():
         if key in trace.header.extra:
             print(f"gpumon: note: {label}{trace.header.extra[key]}", file=sys.stderr)
