@@ -88,6 +88,34 @@ def test_worker_exiting_mid_run_does_not_break_sampling() -> None:
         t.proc.wait(5)
 
 
+def test_kept_procfs_files_are_closed_when_a_worker_leaves_and_on_close() -> None:
+    """The tree sampler keeps /proc/PID files open between ticks; none may leak."""
+
+    def open_fds() -> int:
+        return len(os.listdir("/proc/self/fd"))
+
+    before = open_fds()
+    t = start_tree(0, 2, 30, 0.6)  # one sleeper exits after 0.6 s
+    try:
+        sampler = ProcessTreeSampler(t.pid)
+        first = sampler.sample()
+        assert len(first.processes) == 3
+        with_three = open_fds()
+        assert with_three > before  # files kept open for the next tick
+        again = sampler.sample()  # re-read through the kept files
+        assert {p.pid for p in again.processes} == {p.pid for p in first.processes}
+        assert open_fds() == with_three
+        time.sleep(1.2)
+        later = sampler.sample()
+        assert {p.pid for p in later.processes} == {t.pid, t.workers[1]}
+        assert open_fds() < with_three
+        sampler.close()
+        assert open_fds() <= before + 1  # the Popen pipe
+    finally:
+        t.proc.terminate()
+        t.proc.wait(5)
+
+
 def test_new_descendants_are_picked_up_and_root_exit_is_seen() -> None:
     parent = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.7)"])
     sampler = ProcessTreeSampler(parent.pid)
