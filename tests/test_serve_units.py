@@ -340,3 +340,38 @@ def test_stop_line_keeps_the_states_and_closes_episodes(tmp_path: Path) -> None:
     opened = sum(r["event"] == "episode_start" for r in records)
     closed = sum(r["event"] == "episode_end" for r in records)
     assert opened == closed > 0
+
+
+def test_a_jobs_process_tree_feeds_the_detector(tmp_path: Path) -> None:
+    """The job's lowest GPU pid and its workers (no CUDA context) are sampled each tick."""
+    import subprocess
+    import sys
+
+    helper = Path(__file__).resolve().parent / "helpers" / "proctree.py"
+    proc = subprocess.Popen([sys.executable, str(helper), "1", "1", "10"],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        workers = [int(x) for x in proc.stdout.readline().split()[1:]]  # type: ignore[union-attr]
+        fake_proc(tmp_path / "proc", proc.pid, "0::/slurm/uid_0/job_4321/step_0\n")
+        state = ServeState(Monitor(None), ServeConfig(), EventLog(None),
+                           resolver=JobResolver(procfs=str(tmp_path / "proc")), gpus=IDENTS)
+        f = Feeder(state, {0: (proc.pid,), 1: (proc.pid,)})
+        import time
+
+        for _ in range(6):
+            f.run(0.5, {0: "steady", 1: "steady"})
+            time.sleep(0.1)
+        (job,) = state.jobs.values()
+        assert job.labels.hpc_job == "4321" and job.detector is None  # the whole node
+        assert job.tree_sample is not None
+        assert {p.pid for p in job.tree_sample.processes} == {proc.pid, *workers}
+        burner = next(p for p in job.tree_sample.processes if p.pid == workers[0])
+        assert burner.cpu_pct is not None and burner.cpu_pct > 20
+        # Without trees (config), nothing is sampled.
+        off = ServeState(Monitor(None), ServeConfig(process_trees=False), EventLog(None),
+                         resolver=JobResolver(procfs=str(tmp_path / "proc")), gpus=IDENTS)
+        Feeder(off, {0: (proc.pid,)}).run(1, {0: "steady", 1: "steady"})
+        assert all(j.tree is None and j.tree_sample is None for j in off.jobs.values())
+    finally:
+        proc.terminate()  # its SIGTERM handler kills the workers too
+        proc.wait()

@@ -44,6 +44,9 @@ class ServeConfig:
     # Per-job detectors are dropped this long after the job's last GPU process left.
     job_linger_s: float = 60.0
     max_jobs: int = 64
+    # Sample each job's process tree (its lowest GPU pid and descendants: DataLoader
+    # workers hold no CUDA context) so a starved GPU's cause can be named.
+    process_trees: bool = True
     source: str | None = field(default=None, compare=False)  # the file it came from
 
     @property
@@ -133,6 +136,7 @@ SCHEMA: dict[str, dict[str, tuple[str, Callable[[Any], Any]]]] = {
         "sources": ("job_sources", _sources),
         "linger_s": ("job_linger_s", _seconds(0.0, 86400.0)),
         "max_jobs": ("max_jobs", _count(0, 4096)),
+        "process_trees": ("process_trees", _bool),
     },
 }
 

@@ -14,13 +14,22 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gpumon import __version__
 from gpumon.detect import Detector, DetectorConfig, DetectorUpdate
-from gpumon.model import Episode, GpuIdentity, GpuSample, HostSample, Snapshot
+from gpumon.errors import GpumonError
+from gpumon.model import (
+    Episode,
+    GpuIdentity,
+    GpuSample,
+    HostSample,
+    ProcTreeSample,
+    Snapshot,
+)
 from gpumon.monitor import Monitor, Tick
+from gpumon.sample.host import ProcessTreeSampler
 from gpumon.serve.config import ServeConfig
 from gpumon.serve.joblabels import JobLabels, JobResolver
 from gpumon.serve.logfile import EventLog
@@ -99,6 +108,9 @@ class JobRuntime:
     last_seen_s: float
     detector: Detector | None = None
     episode: Episode | None = None  # the job's open run-level episode (own detector)
+    tree_root: int | None = None
+    tree: ProcessTreeSampler | None = None
+    tree_sample: ProcTreeSample | None = None
 
 
 class ServeState:
@@ -148,6 +160,7 @@ class ServeState:
         self._last_summary_mono = mono()
         self._all_pids: frozenset[int] = frozenset()
         self._tick_error_kinds: set[str] = set()
+        self._expired: list[JobKey] = []
 
     # --- time ------------------------------------------------------------------------------
 
@@ -183,22 +196,30 @@ class ServeState:
     def ingest(self, tick: Tick) -> DetectorUpdate:
         """Fold one tick in; the caller holds ``lock``."""
         snap = tick.snapshot
-        update = tick.update if tick.update is not None else self.detector.update(snap)
-        _track(self.episodes, update)
         self.host = snap.host
         for g in snap.gpus:
             rt = self.gpus.get(g.gpu)
             if rt is None:  # a GPU not seen at discovery (should not happen; stay robust)
                 rt = self.gpus[g.gpu] = GpuRuntime(GpuIdentity(index=g.gpu, uuid=g.uuid))
             rt.sample = g
+        job_pids = self._attribute(snap)
+        self._update_job_table(snap, job_pids)
+        if tick.update is not None:
+            update = tick.update
+        else:
+            # One job holding every GPU: its process tree (DataLoader workers) is the node's,
+            # so the node's detector can name the cause (saturated workers, GIL, iowait).
+            whole = [j for j in self.jobs.values() if j.detector is None and j.tree_sample]
+            tree = whole[0].tree_sample if len(whole) == 1 else None
+            update = self.detector.update(snap if tree is None else replace(snap, tree=tree))
+        _track(self.episodes, update)
         for gpu, seconds in update.gaps:
             if gpu in self.gpus:
                 self.gpus[gpu].gaps.observe(seconds)
         for gpu, seconds in update.bursts:
             if gpu in self.gpus:
                 self.gpus[gpu].bursts.observe(seconds)
-        self._attribute(snap)
-        job_updates = self._update_jobs(snap)
+        job_updates = self._update_job_detectors(snap)
         self._log_update(update, None)
         for labels, upd in job_updates:
             self._log_update(upd, labels)
@@ -215,8 +236,11 @@ class ServeState:
 
     # --- jobs --------------------------------------------------------------------------------
 
-    def _attribute(self, snap: Snapshot) -> None:
-        """Processes -> job labels per GPU; /proc is read only for pids not seen before."""
+    def _attribute(self, snap: Snapshot) -> dict[JobKey, set[int]]:
+        """Processes -> job labels per GPU; /proc is read only for pids not seen before.
+
+        Returns each job's GPU pids (for its process tree).
+        """
         all_pids: set[int] = set()
         for g in snap.gpus:
             rt = self.gpus[g.gpu]
@@ -239,10 +263,17 @@ class ServeState:
         if frozen != self._all_pids:
             self._all_pids = frozen
             self.resolver.retain(frozen)
+        job_pids: dict[JobKey, set[int]] = {}
+        for pid in frozen:
+            lb = self.resolver.labels(pid)  # cached: no /proc read
+            if lb.known:
+                job_pids.setdefault(lb.job_key(), set()).add(pid)
+        return job_pids
 
-    def _update_jobs(self, snap: Snapshot) -> list[tuple[JobLabels, DetectorUpdate]]:
+    def _update_job_table(self, snap: Snapshot, job_pids: dict[JobKey, set[int]]) -> None:
+        """Jobs seen now: create, refresh (GPUs, process tree), expire, all bounded."""
         if self.cfg.max_jobs == 0:
-            return []
+            return
         t = snap.t_s
         by_job: dict[JobKey, tuple[JobLabels, set[int]]] = {}
         for g in snap.gpus:
@@ -252,7 +283,6 @@ class ServeState:
                                                 set()))
                 entry[1].add(g.gpu)
         all_gpus = frozenset(g.gpu for g in snap.gpus if not g.lost)
-        out: list[tuple[JobLabels, DetectorUpdate]] = []
         for key, (labels, gpus) in by_job.items():
             job = self.jobs.get(key)
             frozen = frozenset(gpus)
@@ -269,17 +299,46 @@ class ServeState:
                     job.gpus = frozen
                     if job.detector is None and frozen != all_gpus:
                         job.detector = self._job_detector(frozen)
-            if job.detector is not None:
-                sub = Snapshot(t_s=t, gpus=tuple(g for g in snap.gpus if g.gpu in job.gpus),
-                               host=snap.host)
-                upd = _run_level(job.detector.update(sub))
-                if upd.opened:
-                    job.episode = upd.opened[-1]
-                out.append((labels, upd))
-        for key in [k for k, j in self.jobs.items() if t - j.last_seen_s > self.cfg.job_linger_s]:
+            job.tree_sample = self._sample_tree(job, job_pids.get(key, set()))
+        for job in self.jobs.values():
+            if job.last_seen_s != t:
+                job.tree_sample = None  # lingering: its processes left the GPUs
+        linger = self.cfg.job_linger_s
+        self._expired = [k for k, j in self.jobs.items() if t - j.last_seen_s > linger]
+
+    def _sample_tree(self, job: JobRuntime, pids: set[int]) -> ProcTreeSample | None:
+        """The job's lowest GPU pid (rank 0, usually) and its descendants (its workers)."""
+        if not self.cfg.process_trees or not pids:
+            return None
+        root = min(pids)
+        if root != job.tree_root:
+            job.tree_root, job.tree = root, None
+            try:
+                job.tree = ProcessTreeSampler(root)
+            except GpumonError:  # gone or not readable: no tree for this root
+                return None
+        if job.tree is None:
+            return None
+        sample = job.tree.sample()
+        return sample if sample.root_alive else None
+
+    def _update_job_detectors(self, snap: Snapshot) -> list[tuple[JobLabels, DetectorUpdate]]:
+        out: list[tuple[JobLabels, DetectorUpdate]] = []
+        t = snap.t_s
+        for job in self.jobs.values():
+            if job.detector is None or job.last_seen_s != t:
+                continue
+            sub = Snapshot(t_s=t, gpus=tuple(g for g in snap.gpus if g.gpu in job.gpus),
+                           host=snap.host, tree=job.tree_sample)
+            upd = _run_level(job.detector.update(sub))
+            if upd.opened:
+                job.episode = upd.opened[-1]
+            out.append((job.labels, upd))
+        for key in self._expired:
             job = self.jobs.pop(key)
             if job.detector is not None:
                 out.append((job.labels, _run_level(job.detector.finish())))
+        self._expired = []
         return out
 
     def job_episode(self, job: JobRuntime) -> Episode | None:
