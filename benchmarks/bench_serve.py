@@ -74,12 +74,17 @@ def run_one(interval: float, seconds: float, n_gpus: int, tmp: Path) -> dict[str
         cpu0, t0 = cpu_seconds(proc.pid), time.monotonic()
         scrapes: list[float] = []
         rss_max = rss0
+        rss_trace = [rss0]  # one reading per minute: flat means bounded state
+        next_minute = t0 + 60
         while time.monotonic() - t0 < seconds:
             s = time.perf_counter()
             with urllib.request.urlopen(url, timeout=5) as r:
                 body = r.read()
             scrapes.append((time.perf_counter() - s) * 1000.0)
             rss_max = max(rss_max, rss_mb(proc.pid))
+            if time.monotonic() >= next_minute:
+                rss_trace.append(rss_mb(proc.pid))
+                next_minute += 60
             time.sleep(5)
         cpu1, t1 = cpu_seconds(proc.pid), time.monotonic()
         rss1 = rss_mb(proc.pid)
@@ -101,6 +106,7 @@ def run_one(interval: float, seconds: float, n_gpus: int, tmp: Path) -> dict[str
         "scrapes": len(scrapes),
         "seconds": t1 - t0,
         "body_kb": len(body) / 1024.0,
+        "rss_trace": rss_trace,
     }
 
 
@@ -125,6 +131,9 @@ def main() -> None:
               f"{r['rss_start_mb']:.1f} -> {r['rss_end_mb']:.1f} ({r['rss_max_mb']:.1f}) | "
               f"< 80, flat | {r['scrape_p50_ms']:.1f} / {r['scrape_max_ms']:.1f} | < 20 | "
               f"{r['body_kb']:.0f} KiB |")
+    for r in rows:
+        trace = " ".join(f"{x:.1f}" for x in r["rss_trace"])
+        print(f"RSS per minute at {r['interval_s']:g} s (MB): {trace}")
 
 
 if __name__ == "__main__":

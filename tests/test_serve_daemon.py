@@ -422,6 +422,16 @@ def test_tls_serves_https_and_refuses_plain_http(fake_nvml, tmp_path, daemons) -
     assert d.stop() == 0
 
 
+def test_unreadable_tls_files_stop_the_start(fake_nvml, tmp_path) -> None:
+    cfg = tmp_path / "gpumon.toml"
+    cfg.write_text(f'[http]\nport = {free_port()}\ntls_cert_file = "{tmp_path}/no.crt"\n'
+                   f'tls_key_file = "{tmp_path}/no.key"\n')
+    res = subprocess.run([sys.executable, "-m", "gpumon", "serve", "--config", str(cfg)],
+                         env=fake_nvml.env, capture_output=True, text=True, timeout=30)
+    assert res.returncode == 2 and "cannot load the TLS certificate" in res.stderr
+    assert "Traceback" not in res.stderr
+
+
 def test_mtls_requires_a_client_certificate_from_the_ca(fake_nvml, tmp_path, daemons) -> None:
     openssl = _openssl()
     key, crt = make_cert(openssl, tmp_path, "server")

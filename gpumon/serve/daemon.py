@@ -373,7 +373,7 @@ class ServeState:
             "scope": "job" if job is not None else ("gpu" if ep.gpu is not None else "node"),
             "gpu": ep.gpu,
             "uuid": ep.uuid,
-            "job": jobs[0]["hpc_job"] if len(jobs) == 1 else None,
+            "job": _job_name(jobs[0]) if len(jobs) == 1 else None,
             "jobs": jobs,
             "state": str(ep.state),
             "cause": None if ep.cause is None else str(ep.cause),
@@ -433,6 +433,13 @@ def _run_level(update: DetectorUpdate) -> DetectorUpdate:
         tuple(e for e in update.opened if e.gpu is None),
         tuple(e for e in update.closed if e.gpu is None),
     )
+
+
+def _job_name(labels: dict[str, str]) -> str:
+    """One string for a job: the Slurm id, else namespace/pod."""
+    if labels["hpc_job"]:
+        return labels["hpc_job"]
+    return f"{labels['namespace']}/{labels['pod']}" if labels["namespace"] else labels["pod"]
 
 
 def _track(open_episodes: dict[int | None, Episode], update: DetectorUpdate) -> None:

@@ -20,7 +20,7 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 from prometheus_client import make_wsgi_app
 from prometheus_client.registry import CollectorRegistry
 
-from gpumon.errors import GpumonError
+from gpumon.errors import ConfigError, GpumonError
 from gpumon.serve.config import ServeConfig
 
 REQUEST_TIMEOUT_S = 10.0
@@ -64,7 +64,8 @@ def tls_context(cfg: ServeConfig) -> ssl.SSLContext:
     try:
         ctx.load_cert_chain(certfile=cfg.tls_cert_file or "", keyfile=cfg.tls_key_file)
     except (OSError, ssl.SSLError) as exc:
-        raise GpumonError(
+        # A configuration error (exit 2): restarting would not fix it.
+        raise ConfigError(
             f"cannot load the TLS certificate {cfg.tls_cert_file} / key {cfg.tls_key_file}: "
             f"{getattr(exc, 'strerror', None) or exc}."
         ) from None
@@ -72,7 +73,7 @@ def tls_context(cfg: ServeConfig) -> ssl.SSLContext:
         try:
             ctx.load_verify_locations(cafile=cfg.tls_client_ca_file)
         except (OSError, ssl.SSLError) as exc:
-            raise GpumonError(
+            raise ConfigError(
                 f"cannot load the client CA {cfg.tls_client_ca_file}: "
                 f"{getattr(exc, 'strerror', None) or exc}."
             ) from None
