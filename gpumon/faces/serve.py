@@ -13,10 +13,14 @@ import signal
 import sys
 import threading
 import time
+from typing import TYPE_CHECKING, Any
 
 from gpumon.faces.common import positive_float
 from gpumon.monitor import StopFlag, paced
 from gpumon.serve import config as serve_config
+
+if TYPE_CHECKING:
+    from gpumon.serve.logfile import EventLog
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -103,13 +107,13 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _install_hup(log: object) -> object | None:
-    """SIGHUP (logrotate's postrotate) -> reopen the log on the next write."""
+def _install_hup(log: EventLog) -> Any:
+    """SIGHUP (logrotate's postrotate) -> reopen the log at the next tick (no I/O here)."""
     if threading.current_thread() is not threading.main_thread():
         return None
 
     def handle(_signum: int, _frame: object) -> None:
-        log.request_reopen()  # type: ignore[attr-defined]
+        log.request_reopen()
 
     return signal.signal(signal.SIGHUP, handle)
 
