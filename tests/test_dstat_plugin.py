@@ -8,11 +8,15 @@ first verdict), so the whole module takes about as long as its longest run.
 from __future__ import annotations
 
 import csv
+import fcntl
 import os
+import pty
 import re
 import shutil
+import struct
 import subprocess
 import sys
+import termios
 import threading
 import time
 from collections.abc import Iterator
@@ -90,6 +94,49 @@ def _start(argv: list[str], env: dict[str, str], cwd: Path, **kw: Path) -> Run:
     return Run(argv, proc, **kw)
 
 
+class TtyRun(Run):
+    """A run on a pseudo-terminal (80x40): dstat then colours and updates the line each second."""
+
+    def __init__(self, argv: list[str], env: dict[str, str], cwd: Path) -> None:
+        master, slave = pty.openpty()
+        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 160, 0, 0))
+        tty_env = {**_clean_env(env), "TERM": "xterm"}
+        proc = subprocess.Popen(
+            argv,
+            env=tty_env,
+            cwd=cwd,
+            stdin=slave,
+            stdout=slave,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        os.close(slave)
+        super().__init__(argv, proc)
+        self._chunks: list[bytes] = []
+        self._reader = threading.Thread(target=self._read, args=(master,), daemon=True)
+        self._reader.start()
+
+    def _read(self, fd: int) -> None:
+        try:
+            while chunk := os.read(fd, 65536):
+                self._chunks.append(chunk)
+        except OSError:  # EIO: the child closed the terminal
+            pass
+        finally:
+            os.close(fd)
+
+    def result(self, timeout: float = 60.0) -> tuple[int, str, str]:
+        if self._out is None:
+            try:
+                err = self.proc.communicate(timeout=timeout)[1]
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                err = self.proc.communicate()[1]
+            self._reader.join(10)
+            self._out = (b"".join(self._chunks).decode("utf-8", "replace"), err)
+        return self.proc.returncode, self._out[0], self._out[1]
+
+
 def _install(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "gpumon", "dstat", "install", *args],
@@ -144,12 +191,15 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Run]]:
         csv_path=csv_path,
     )
     lost_env = scenario("lost", two)
+    lost_two = two.with_gpu(1, lost=True)
     out["lost"] = _start([*dstat, "-f", "--gpu", "1", "8"], lost_env, root)
     out["nodriver"] = _start([*dstat, "--gpu", "1", "1"], missing_library_env(), root)
     out["nogpu"] = _start([*dstat, "--gpu", "1", "1"], scenario("nogpu", Scenario(gpus=[])), root)
     out["bare"] = _start(
         [str(barebin / "dstat"), "--gpu", "1", "1"], scenario("bare", steady), root
     )
+    # On a terminal: colours, and extract() every second with only every 2nd line final.
+    out["tty"] = TtyRun([*dstat, "-c", "-f", "--gpu", "2", "3"], scenario("tty", lost_two), root)
 
     dool = _dool()
     home = root / "home"
@@ -325,6 +375,20 @@ def test_dstat_plugin_not_wired_to_gpumon_says_why(runs: dict[str, Run]) -> None
     assert rc == 8
     assert "Module dstat_gpu failed to load. (gpumon cannot be imported by /usr/bin/python3" in err
     assert "gpumon dstat install" in err
+
+
+def test_dstat_on_a_terminal_colours_and_updates_the_line(runs: dict[str, Run]) -> None:
+    rc, out, err = runs["tty"].result()
+    assert rc == 0, err
+    assert "Exception" not in out and "Traceback" not in err
+    assert "\x1b[u" in out  # dstat's in-place updates between definitive lines
+    # The state words, coloured as the theme says: GPU 1 is lost (white on red).
+    assert "\x1b[1;37m\x1b[41mlost " in out
+    assert "\x1b[4mutil" in out and "\x1b[4mstate" in out  # underlined sub-titles
+    plain = re.sub(r"\x1b(\[[0-9;]*[a-zA-Z]|[78])", "", out)
+    # In colour dstat joins band titles with a dash of the frame colour, as for its own.
+    assert "-----gpu0-----------gpu1-----" in plain
+    assert re.search(r"\b90 +2 \? +: +- +- lost", plain), plain
 
 
 # --- dool -----------------------------------------------------------------------------------
