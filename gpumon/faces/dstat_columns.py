@@ -141,7 +141,7 @@ class GpuColumns:
         try:
             self.cells = self._tick(final)
         except Exception as exc:  # dstat would print it on stdout every tick; dool would die
-            self._warn_once("tick", f"dstat_gpu: reading the GPUs failed: {exc!r}")
+            self.warn_once("tick", f"dstat_gpu: reading the GPUs failed: {exc!r}")
             self.cells = tuple(GpuCell(i, None, None, "?") for i in self.gpus)
         return self.cells
 
@@ -164,7 +164,7 @@ class GpuColumns:
         try:
             verdict = detector.verdict()
         except Exception as exc:  # keep the numbers coming even if the detector breaks
-            self._warn_once("verdict", f"dstat_gpu: the detector failed: {exc!r}")
+            self.warn_once("verdict", f"dstat_gpu: the detector failed: {exc!r}")
             return {}
         return {v.gpu: _word(v.state, v.note) for v in verdict.gpus}
 
@@ -186,7 +186,7 @@ class GpuColumns:
             word = "idle" if util is None or util < STARTUP_BUSY_PCT else "?"
         return GpuCell(g.gpu, util, mem, word)
 
-    def _warn_once(self, key: str, message: str) -> None:
+    def warn_once(self, key: str, message: str) -> None:
         if key not in self._warned:
             self._warned.add(key)
             self._warn(message)
@@ -351,7 +351,7 @@ def plugin_class(base: type, g: MutableMapping[str, Any], kind: str = "dstat") -
                 for var, cell in zip(self.vars, self._bands(), strict=False):
                     self.val[var] = (cell.util_pct, cell.mem_pct, cell.word)
             except Exception as exc:  # never let dstat print a traceback per tick
-                self.gpumon._warn_once("extract", f"dstat_gpu: {exc!r}")
+                self.gpumon.warn_once("extract", f"dstat_gpu: {exc!r}")
 
         # --- layout: three columns of different widths in each band ------------------
         def statwidth(self) -> int:
