@@ -139,14 +139,14 @@ class _Run:
         self.started_mono_s = time.monotonic()
         self.quit_view = threading.Event()
         self.view_open = False
+        self._closer = _Closer()
+        self.state: WatchState  # set by start(), once the pid is known
 
     # --- setup -------------------------------------------------------------------------
 
     def start(self) -> None:
-        from gpumon.detect import (
-            Detector,
-            DetectorConfig,
-        )  # the face only asks; detection lives there
+        # The face only asks the detector; it decides nothing itself.
+        from gpumon.detect import Detector, DetectorConfig
         from gpumon.sample.nvml import nvml_init
 
         pid = self.args.pid
@@ -412,7 +412,6 @@ def run(args: argparse.Namespace) -> int:
         with ExitStack() as files:
             if writer is not None:
                 files.enter_context(writer)
-            r._closer = _Closer()
             live = None
             try:
                 if r.tui:
