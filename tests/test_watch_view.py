@@ -124,6 +124,7 @@ def screen(st: WatchState, width: int = 110) -> str:
 def test_view_shows_timeline_memory_power_tree_state_evidence_and_advice() -> None:
     text = screen(state_with(starved_verdict()))
     assert "state: starved  cause: cpu" in text
+    assert "for 6.0s" in text  # since the episode began (t 10 - since 4)
     assert "duty cycle 31%" in text and "gap p50 0.67s" in text and "workers CPU 98%" in text
     assert "some new key 1.5" in text  # evidence the view has no label for still shows
     assert "samples" not in text.split("GPU 0 NVIDIA")[0].split("advice")[0].replace(

@@ -334,7 +334,7 @@ def _verdict_panel(st: WatchState) -> Panel:
     for g in rows:
         # Host and run numbers are the same for every GPU: shown once, on the run's row.
         own = {k: x for k, x in g.evidence.items() if k not in v.evidence}
-        table.add_row(_gpu_state_text(g), _evidence_text(own))
+        table.add_row(_gpu_state_text(g, v.t_s), _evidence_text(own))
     if v.evidence:
         table.add_row(Text("run", style="bold"), _evidence_text(v.evidence))
     advice = list(dict.fromkeys([*v.advice, *(a for g in v.gpus for a in g.advice)]))
@@ -357,11 +357,13 @@ def _verdict_panel(st: WatchState) -> Panel:
     )
 
 
-def _gpu_state_text(g: GpuVerdict) -> Text:
+def _gpu_state_text(g: GpuVerdict, now_s: float | None) -> Text:
     t = Text(f"GPU {g.gpu} ", style="bold")
     t.append(g.state.value, style=STATE_STYLE.get(g.state, ""))
     if g.cause is not None:
         t.append(f"/{g.cause.value}")
+    if g.since_s is not None and now_s is not None and now_s >= g.since_s:
+        t.append(f"\nfor {fmt_duration(now_s - g.since_s)}", style="dim")
     return t
 
 
