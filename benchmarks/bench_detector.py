@@ -29,7 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from gpumon.detect import Detector
+from gpumon.detect import Detector, DetectorConfig
 from gpumon.model import Cause, Episode, State
 from gpumon.synth import SCENARIOS, Label, Phase, SynthTrace, generate
 
@@ -60,18 +60,19 @@ def _phase_of(trace: SynthTrace, lab: Label) -> Phase:
     return trace.phases[-1]
 
 
-def run_trace(trace: SynthTrace) -> tuple[list[Episode], list[tuple[float, Episode]], float, int]:
-    det = Detector(gpus=trace.header.gpus)
+def run_trace(trace: SynthTrace, config: DetectorConfig | None = None
+              ) -> tuple[list[Episode], list[tuple[float, Episode]], float, int]:
+    det = Detector(config, gpus=trace.header.gpus)
     opened: list[tuple[float, Episode]] = []
     points = 0
-    t0 = time.perf_counter()
+    t0 = time.process_time()
     for snap in trace.snapshots:
         upd = det.update(snap)
         for ep in upd.opened:
             if ep.gpu is not None:
                 opened.append((snap.t_s, ep))
     fin = det.finish()
-    dt = time.perf_counter() - t0
+    dt = time.process_time() - t0
     for snap in trace.snapshots:
         for g in snap.gpus:
             points += len(g.util_samples) or (1 if g.util_pct is not None else 0)
@@ -158,7 +159,11 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="3 seeds")
     ap.add_argument("--verbose", action="store_true", help="list missed/late transitions")
     ap.add_argument("--scenario", action="append", help="only these scenarios")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="override a DetectorConfig field (for tuning)")
     args = ap.parse_args()
+    config = DetectorConfig(**{k: type(getattr(DetectorConfig(), k))(v) for k, v in
+                               (kv.split("=", 1) for kv in args.set)})
     seeds = range(3 if args.quick else args.seeds)
     scenarios = args.scenario or SCENARIOS
     conf: dict = defaultdict(int)
@@ -172,7 +177,7 @@ def main() -> int:
     for seed in seeds:
         for sc in scenarios:
             tr = generate(sc, seed)
-            eps, opened, dt, npts = run_trace(tr)
+            eps, opened, dt, npts = run_trace(tr, config)
             det_s += dt
             points += npts
             ntr += 1

@@ -19,6 +19,10 @@ class DetectorConfig:
     # Classification is re-evaluated at most this often (stream time); per-point work stays
     # a tight loop, the rules run once per interval.
     eval_interval_s: float = 1.0
+    # While nothing is pending or changing for ``calm_evals`` evals, evaluate only every
+    # ``calm_factor`` intervals: most of a long trace is calm, and the rules are the cost.
+    calm_evals: int = 5
+    calm_factor: float = 1.0
     # The short window over which the duty cycle is judged; stretched to
     # ``window_periods`` burst/gap periods for slow cycles, capped at ``window_max_s``.
     window_s: float = 8.0
@@ -34,6 +38,7 @@ class DetectorConfig:
     # the first sustained work.  Before it a quiet GPU is "start-up", not starved.
     startup_duty: float = 0.2
     startup_active: float = 0.5  # ... or this share of the window with any activity
+    startup_bursts: int = 4  # ... or this many bursts in it (a starved rhythm)
     # A single isolated gap (a checkpoint, an evaluation hand-over) is a dip, not a state
     # change, while it lasts under ``dip_max_s`` and no other gap came in ``dip_isolation_s``.
     dip_max_s: float = 6.0

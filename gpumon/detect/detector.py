@@ -79,6 +79,8 @@ class Detector:
         self._opened: list[Episode] = []
         self._closed: list[Episode] = []
         self._multi_cache: tuple[float, Evidence] | None = None
+        self._cause_cache: tuple[tuple[float, int], Cause] | None = None
+        self._calm = 0  # consecutive evals with nothing pending
 
     # --- public API ----------------------------------------------------------------------
 
@@ -118,7 +120,7 @@ class Detector:
             for tr in self._tracks.values():
                 tr.record(t)
             self._host.record(t)
-        elif t - self._last_eval >= 0.9 * self.cfg.eval_interval_s:  # ticks jitter
+        elif t - self._last_eval >= 0.9 * self._interval():  # 0.9: ticks jitter
             self._evaluate(t)
             self._last_eval = t
         return DetectorUpdate(tuple(self._opened), tuple(self._closed), tuple(bursts),
@@ -201,6 +203,13 @@ class Detector:
             w = max(2 * cfg.eval_interval_s, self._t - ws)  # never reach into start-up
         return w
 
+    def _interval(self) -> float:
+        """Eval interval: stretched while calm (nothing pending, nothing changed)."""
+        cfg = self.cfg
+        if self._calm >= cfg.calm_evals:
+            return cfg.eval_interval_s * cfg.calm_factor
+        return cfg.eval_interval_s
+
     def _evaluate(self, t: float) -> None:
         for tr in self._tracks.values():
             tr.record(t)
@@ -220,6 +229,7 @@ class Detector:
             if start is not None:
                 switched.append(start)
         self._run_state(t, switched)
+        self._calm = 0 if (switched or self._pending) else self._calm + 1
 
     def _classify(self, tr: GpuTrack, w: Window, t: float) -> _Candidate:
         """The per-GPU rules: one candidate state from this GPU's window alone."""
@@ -233,8 +243,8 @@ class Detector:
         held = tr.held()
         if not tr.seen_work:
             full = tr.first_t is not None and t - tr.first_t >= 0.9 * cfg.window_s
-            if (d >= cfg.startup_duty or w.active >= cfg.startup_active) and full and \
-                    w.coverage >= 0.9:
+            if (d >= cfg.startup_duty or w.active >= cfg.startup_active or
+                    w.bursts >= cfg.startup_bursts) and full and w.coverage >= 0.9:
                 tr.seen_work = True
                 # Later windows never reach back into start-up.
                 # (skipping the first, partial sample of the work).
@@ -249,7 +259,7 @@ class Detector:
                 note = "no process" if held is False else "start-up"
                 return _Candidate(State.IDLE, None, note, t)
         if tr.work_start_s is not None and cur is State.IDLE and tr.note == "start-up" and \
-                t - tr.work_start_s < max(3.0, 2.5 * (tr.period_s or 1.0)):
+                t - tr.work_start_s < max(3.0, 1.5 * (tr.period_s or 1.0)):
             return _Candidate(State.IDLE, None, "start-up", t)  # too little work to judge yet
         gap = tr.open_gap_s()
         long_gap = cfg.idle_gap_s if held is False else cfg.dip_max_s
@@ -289,13 +299,28 @@ class Detector:
         return _Candidate(State.STARVED, cause, note, t, w.span_s * 0.4)
 
     def _isolated(self, tr: GpuTrack, t: float, w: Window) -> bool:
-        """At most one completed gap in the isolation window: a dip, not a pattern."""
+        """A dip, not a pattern: the window's idle time sits in one gap (open or just
+        closed), and at most one gap completed in the isolation window."""
+        if w.duty is not None:
+            per = tr.period_s or 1.0
+            last = tr.open_gap_s() or (tr.gaps.newest() or 0.0)
+            idle = (1.0 - w.duty) * w.coverage * w.span_s
+            if idle > last + 1.5 * per + 0.5:
+                return False  # idle spread over many short gaps (or partial samples)
         span = max(self.cfg.dip_isolation_s, w.span_s)
         old = tr.hist.at_or_before(t - span)
         done = tr.cum_gaps - (int(old[3]) if old is not None else 0)
         return done <= 1
 
     def _cause(self, t: float, span: float) -> Cause:
+        key = (t, round(span))
+        if self._cause_cache is not None and self._cause_cache[0] == key:
+            return self._cause_cache[1]
+        cause = self._compute_cause(t, span)
+        self._cause_cache = (key, cause)
+        return cause
+
+    def _compute_cause(self, t: float, span: float) -> Cause:
         cfg = self.cfg
         h = self._host.window(t, span)
         if not h:
@@ -330,6 +355,9 @@ class Detector:
             ref = tr.power_ref_watts(self._run_peak_watts)
             if ref is None or w.power_watts is None:
                 continue  # no power reading: a busy GPU is never taken for a waiting one
+            if tr.power_watts is None or tr.power_watts > cfg.busywait_power_share * ref or \
+                    w.duty is None or w.duty * 100 < cfg.busywait_util_pct - 10:
+                continue  # drawing real power now, or not pinned: not waiting
             if w.span_s > cfg.busywait_window_s:  # power is a 1 s mean: a short window will do
                 w = tr.window(t, cfg.busywait_window_s)
             if w.duty is not None and w.power_watts is not None and ref and \
