@@ -473,7 +473,7 @@ def _snapshots(
             t_at, u_at, ncols = cols.at.get("time"), cols.at.get("util"), cols.count
             index_at = cols.at.get("index") if gpus.key == "index" else None
             continue
-        cells = line.rstrip("\r\n").split(",")
+        cells = line.split(",")  # the last cell keeps the newline; every parser strips
         if len(cells) != ncols:
             if not line.strip():
                 continue
@@ -501,7 +501,7 @@ def _snapshots(
             else:
                 cell = cells[u_at]
                 try:  # the common case, "92 %" or "92", without the general parser
-                    util = float(cell.rstrip(" %"))
+                    util = float(cell.rstrip(" %\r\n"))
                 except ValueError:
                     util = num(cell)
         except (ValueError, IndexError) as exc:
