@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -310,3 +311,34 @@ def test_parse_states() -> None:
     assert parse_states("starved, sync_stall,starved") == (State.STARVED, State.SYNC_STALL)
     with pytest.raises(ValueError, match="unknown state 'slow'"):
         parse_states("starved,slow")
+
+
+def test_many_gpus_on_a_small_terminal_fit_one_line_each() -> None:
+    snap = snapshot()
+    gpus = tuple(
+        GpuSample(
+            t_s=10.0,
+            gpu=i,
+            uuid=f"GPU-{i}",
+            util_samples=burst_points(7, 18),
+            mem_used_bytes=2**34,
+            power_watts=300.0,
+            power_limit_watts=700.0,
+        )
+        for i in range(8)
+    )
+    v = starved_verdict()
+    per_gpu = tuple(replace(v.gpus[0], gpu=i, uuid=f"GPU-{i}") for i in range(8))
+    st = WatchState(pid=100, command=None, started_mono_s=0.0)
+    st.feed(Snapshot(t_s=10.0, gpus=gpus, host=snap.host, tree=snap.tree), replace(v, gpus=per_gpu))
+    console = Console(width=100, height=30, record=True, file=io.StringIO())
+    with console.screen():
+        console.print(LiveView(st), height=30)
+    small = console.export_text()
+    lines = [ln for ln in small.splitlines() if ln.strip()]
+    assert len(lines) <= 30 and lines[-1].startswith("╰")  # nothing cut off the bottom
+    assert sum(1 for ln in lines if "GPU " in ln and "██▁▁▁▁" in ln) == 8  # one line each
+    assert "state: starved" in small and "host CPU" in small
+    tall = Console(width=100, record=True, file=io.StringIO())
+    tall.print(LiveView(st))  # no height: every GPU gets its full panel
+    assert tall.export_text().count("utilisation, last") == 8

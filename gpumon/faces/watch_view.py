@@ -262,29 +262,114 @@ class LiveView:
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
         # The width the console really has (a terminal resized mid-run included).
         with self.state.lock:
-            yield render(self.state, width=options.max_width, quit_hint=self.quit_hint)
+            yield render(
+                self.state,
+                width=options.max_width,
+                height=options.height,
+                console=console,
+                quit_hint=self.quit_hint,
+            )
 
 
-def render(st: WatchState, *, width: int | None = None, quit_hint: str = "") -> RenderableType:
-    """The whole screen, top to bottom in order of importance."""
+def render(
+    st: WatchState,
+    *,
+    width: int | None = None,
+    height: int | None = None,
+    console: Console | None = None,
+    quit_hint: str = "",
+) -> RenderableType:
+    """The whole screen, top to bottom in order of importance.
+
+    With a ``height`` (the live view), what does not fit is made smaller rather than cut
+    off the bottom: GPUs become one line each, then the process list shrinks.
+    """
     width = width or _console_width()
-    parts: list[RenderableType] = [_header(st, quit_hint), _verdict_panel(st)]
+    head, verdict = _header(st, quit_hint), _verdict_panel(st)
+    parts: list[RenderableType] = [head, verdict]
+    output = _output_panel(st)
+    used = 0
+    if height is not None and console is not None:
+        opts = console.options.update(width=width, height=None)
+
+        def lines(x: RenderableType) -> int:
+            return len(console.render_lines(x, opts, pad=False))
+
+        used = lines(head) + lines(verdict)
+        if used + len(st.gpus) + 2 + 7 > height:  # not even one line per GPU would fit
+            verdict = _verdict_panel(st, compact=True)
+            parts[1] = verdict
+            used = lines(head) + lines(verdict)
+    used += 0 if output is None else 8
+    traces = _ordered(st.gpus.values())
     if st.waiting:
         parts.append(_waiting_panel(st))
+        used += 5
+    elif height is not None and used + 7 * len(traces) + 7 > height:
+        parts.append(_gpus_compact(traces, st.verdict, width))
+        used += len(traces) + 2
     else:
-        parts += [_gpu_panel(t, st.verdict, width) for t in _ordered(st.gpus.values())]
-    parts.append(_host_panel(st))
-    if st.output is not None and st.output:
-        tail = list(st.output)[-6:]
-        parts.append(
-            Panel(
-                Text("\n".join(tail), overflow="ellipsis", no_wrap=True),
-                title="command output (last lines)",
-                title_align="left",
-                border_style="dim",
-            )
-        )
+        parts += [_gpu_panel(t, st.verdict, width) for t in traces]
+        used += 7 * len(traces)
+    rows = 10 if height is None else max(1, min(10, height - used - 5))
+    parts.append(_host_panel(st, rows))
+    if output is not None:
+        parts.append(output)
     return Group(*parts)
+
+
+def _output_panel(st: WatchState) -> Panel | None:
+    if st.output is None or not st.output:
+        return None
+    tail = list(st.output)[-6:]
+    return Panel(
+        Text("\n".join(tail), overflow="ellipsis", no_wrap=True),
+        title="command output (last lines)",
+        title_align="left",
+        border_style="dim",
+    )
+
+
+def _gpus_compact(traces: list[GpuTrace], verdict: Verdict | None, width: int) -> Panel:
+    """One line per GPU when full panels do not fit (8 GPUs on a laptop-sized terminal):
+    state, timeline, the GPU's own key numbers, memory and power."""
+    table = Table.grid(padding=(0, 1))
+    for _ in range(5):
+        table.add_column(no_wrap=True)
+    by_uuid = {g.uuid: g for g in (verdict.gpus if verdict else ())}
+    now = None if verdict is None else verdict.t_s
+    rows = []
+    for t in traces:
+        g, gv = t.latest, by_uuid.get(t.identity.uuid)
+        if g is not None and g.lost:
+            label = Text(f"GPU {t.identity.index} ", style="bold")
+            label.append("LOST", style="bold red")
+        elif gv is not None:
+            label = _gpu_state_text(gv, now, compact=True)
+        else:
+            label = Text(f"GPU {t.identity.index}", style="bold")
+        ev = {} if gv is None else {k: gv.evidence[k] for k in _COMPACT_KEYS if k in gv.evidence}
+        mem = "–" if g is None or g.mem_used_bytes is None else fmt_bytes(g.mem_used_bytes)
+        power = "–" if g is None or g.power_watts is None else f"{g.power_watts:.0f} W"
+        limit = (g.power_limit_watts if g else None) or t.identity.power_limit_watts
+        if limit:
+            power += f"/{limit:.0f}"
+        rows.append((label, t, _evidence_text(ev), mem, power))
+    # The timeline gets what the other columns leave (borders and four gaps: 8 cells).
+    others = sum(
+        max((Text(x).cell_len if isinstance(x, str) else x.cell_len for x in col), default=0)
+        for col in (
+            [r[0] for r in rows],
+            [r[2] for r in rows],
+            [r[3] for r in rows],
+            [r[4] for r in rows],
+        )
+    )
+    tl_width = max(10, width - others - 8)
+    for label, t, ev_text, mem, power in rows:
+        line, _ = timeline(list(t.points), tl_width)
+        table.add_row(label, line, ev_text, mem, power)
+    return Panel(table, title="GPUs (one character per driver sample)", title_align="left")
 
 
 def _console_width() -> int:
@@ -312,7 +397,12 @@ def _header(st: WatchState, quit_hint: str) -> Text:
     return t
 
 
-def _verdict_panel(st: WatchState) -> Panel:
+# In the compact verdict (many GPUs, small terminal) each GPU keeps only these numbers.
+_COMPACT_KEYS = ("duty_cycle", "gap_p50_s")
+
+
+def _verdict_panel(st: WatchState, compact: bool = False) -> Panel:
+    """The state, cause, evidence and advice; ``compact``: one line per GPU, two advices."""
     v = st.verdict
     body = Text()
     if v is None:
@@ -329,8 +419,9 @@ def _verdict_panel(st: WatchState) -> Panel:
         body.append(f"  ({v.note})", style="dim")
     table = Table.grid(padding=(0, 2))
     table.add_column(no_wrap=True)
-    table.add_column()
-    rows = [g for g in v.gpus if g.evidence or g.state is not State.UNKNOWN]
+    table.add_column(no_wrap=compact, overflow="ellipsis" if compact else "fold")
+    # Compact: each GPU's state and numbers move to its one-line row in the GPUs panel.
+    rows = [] if compact else [g for g in v.gpus if g.evidence or g.state is not State.UNKNOWN]
     for g in rows:
         # Host and run numbers are the same for every GPU: shown once, on the run's row.
         own = {k: x for k, x in g.evidence.items() if k not in v.evidence}
@@ -346,7 +437,7 @@ def _verdict_panel(st: WatchState) -> Panel:
         bullets = Table.grid(padding=(0, 1))
         bullets.add_column(no_wrap=True)
         bullets.add_column()
-        for a in advice[:4]:
+        for a in advice[: 2 if compact else 4]:
             bullets.add_row("  •", a)  # wrapped lines stay under their text
         parts.append(bullets)
     return Panel(
@@ -357,13 +448,15 @@ def _verdict_panel(st: WatchState) -> Panel:
     )
 
 
-def _gpu_state_text(g: GpuVerdict, now_s: float | None) -> Text:
+def _gpu_state_text(g: GpuVerdict, now_s: float | None, compact: bool = False) -> Text:
+    """``GPU 0 starved/cpu`` and how long it has held (on a second line unless compact)."""
     t = Text(f"GPU {g.gpu} ", style="bold")
     t.append(g.state.value, style=STATE_STYLE.get(g.state, ""))
     if g.cause is not None:
         t.append(f"/{g.cause.value}")
     if g.since_s is not None and now_s is not None and now_s >= g.since_s:
-        t.append(f"\nfor {fmt_duration(now_s - g.since_s)}", style="dim")
+        sep = " " if compact else "\n"
+        t.append(f"{sep}for {fmt_duration(now_s - g.since_s)}", style="dim")
     return t
 
 
@@ -447,7 +540,7 @@ def _gpu_panel(trace: GpuTrace, verdict: Verdict | None, width: int) -> Panel:
     return Panel(Group(*parts), title=title, title_align="left")
 
 
-def _host_panel(st: WatchState) -> Panel:
+def _host_panel(st: WatchState, limit: int = 10) -> Panel:
     snap = st.snapshot
     host = None if snap is None else snap.host
     tree = None if snap is None else snap.tree
@@ -477,7 +570,6 @@ def _host_panel(st: WatchState) -> Panel:
     ):
         table.add_column(col, justify=justify, no_wrap=True)  # type: ignore[arg-type]
     procs = _ordered_procs(tree.processes if tree else (), None if tree is None else tree.root_pid)
-    limit = 10
     for p in procs[:limit]:
         role = "main" if tree is not None and p.pid == tree.root_pid else "worker"
         if p.pid in st.gpu_pids:
