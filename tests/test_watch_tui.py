@@ -196,3 +196,66 @@ def test_command_mode_view_and_its_output_after_q(fake_nvml, tmux) -> None:
     assert "gpumon-exit=0" in screen
     for i in (0, 15, 29):  # replayed after the view closed, or passed straight through
         assert f"step {i}\n" in screen + "\n"
+
+
+CTRL_C_CHILD = """
+import signal, sys, time
+hits = []
+def on_int(*_):
+    hits.append(1)
+    print(f"child SIGINT {len(hits)}", flush=True)
+    time.sleep(0.5)  # cleanup a second Ctrl-C from gpumon would interrupt
+    print(f"child saved after {len(hits)} SIGINT", flush=True)
+    sys.exit(7)
+signal.signal(signal.SIGINT, on_int)
+print("child ready", flush=True)
+time.sleep(60)
+"""
+
+
+def test_ctrl_c_stops_the_command_as_without_gpumon(fake_nvml, tmux) -> None:
+    fake_nvml.set(Scenario(gpus=[]))
+    env = [f"{k}={fake_nvml.env[k]}" for k in ("LD_LIBRARY_PATH", "FAKE_NVML_SCENARIO")]
+    watch = shlex.join(
+        [
+            "env",
+            "-u",
+            "COLUMNS",
+            "-u",
+            "LINES",
+            *env,
+            sys.executable,
+            "-m",
+            "gpumon",
+            "watch",
+            "--plain",
+            "--interval",
+            "0.25",
+            "--",
+            sys.executable,
+            "-c",
+            CTRL_C_CHILD,
+        ]
+    )
+    tmux.run(
+        "new-session",
+        "-d",
+        "-s",
+        "w",
+        "-x",
+        "120",
+        "-y",
+        "40",
+        "-c",
+        str(ROOT),
+        f"{watch}; echo gpumon-exit=$?; sleep 60",
+    )
+    tmux.wait_for(lambda s: "child ready" in s, 10, "the command to start")
+    tmux.run("send-keys", "-t", "w", "C-c")
+    screen = tmux.wait_for(lambda s: "gpumon-exit=" in s, 10, "gpumon to exit")
+    # Its own handler ran to the end of its cleanup, uninterrupted.  (A duplicate SIGINT
+    # sent at once would usually merge with the terminal's, so this cannot prove there was
+    # none; gpumon does not forward a Ctrl-C the terminal already delivered.)
+    assert "child saved after 1 SIGINT" in screen
+    assert "gpumon-exit=7" in screen
+    assert "the command exited with status 7" in screen
