@@ -347,15 +347,21 @@ class NvmlSampler:
             return ()
         if not raw:
             return ()
-        newest = max(s.timeStamp for s in raw)
+        # Each field is read once: a pynvml struct's attribute access runs Python code
+        # (its __getattribute__) and builds a union object for the value, about 1 µs each.
+        stamped = [(s.timeStamp, s.sampleValue.uiVal) for s in raw]
+        newest = max(stamped)[0]
         offset = st.clock.offset_s(newest)
         first_call = st.last_sample_ts_us == 0
-        st.last_sample_ts_us = max(st.last_sample_ts_us, newest)
-        points = sorted(
-            (s.timeStamp / 1e6 - offset, float(s.sampleValue.uiVal)) for s in raw if s.timeStamp > 0
-        )
+        if newest > st.last_sample_ts_us:
+            st.last_sample_ts_us = newest
+        stamped.sort()  # the driver returns them oldest first: a pass to confirm
         start = self.start_s if first_call else float("-inf")
-        return tuple(UtilPoint(t, v) for t, v in points if t >= start)
+        return tuple(
+            UtilPoint(t, float(v))
+            for ts, v in stamped
+            if ts > 0 and (t := ts / 1e6 - offset) >= start
+        )
 
     def _pcie(self, st: _GpuState, t_s: float) -> tuple[float | None, float | None]:
         if t_s - st.pcie_read_at >= self.pcie_every_s:
