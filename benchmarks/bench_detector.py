@@ -124,8 +124,10 @@ def score(trace: SynthTrace, eps: list[Episode], opened: list[tuple[float, Episo
                                None)
                     if cur is not None and cur.state is lab.state:
                         hit = lab.start_s
+                    per = "csv-1s" if trace.period_s is None else f"{trace.period_s:.2f}s"
                     lat.append((math.inf if hit is None else hit - lab.start_s,
-                                allowance(ph), f"{trace.name} gpu{gpu} ->{lab.state}"))
+                                allowance(ph),
+                                f"{trace.name} gpu{gpu} ->{lab.state} (samples {per})"))
             prev = lab
         end = int(labs[-1].end_s)
         j = 0
@@ -222,6 +224,11 @@ def main() -> int:
           f"p90 {pct(finite, 0.9):.1f} s, max {max(finite, default=math.nan):.1f} s; "
           f"{within}/{len(lat)} within max(3 periods, 10 s), {missed} missed  "
           f"{'PASS' if lat_ok else 'FAIL'}")
+    by_period: dict[str, list[bool]] = defaultdict(list)
+    for x, a, name in lat:
+        by_period[name.rsplit("(samples ", 1)[1].rstrip(")")].append(x <= a)
+    print("  within target by sample period: " + ", ".join(
+        f"{k} {sum(v)}/{len(v)}" for k, v in sorted(by_period.items())))
     rate = points / det_s if det_s else math.nan
     print(f"throughput: {rate:,.0f} points/s in the detector ({det_s:.1f} s); "
           f"bench wall {wall:.1f} s")

@@ -38,7 +38,7 @@ class DetectorConfig:
     # the first sustained work.  Before it a quiet GPU is "start-up", not starved.
     startup_duty: float = 0.2
     startup_active: float = 0.5  # ... or this share of the window with any activity
-    startup_bursts: int = 4  # ... or this many bursts in it (a starved rhythm)
+    startup_bursts: int = 3  # ... or this many bursts in it (a starved rhythm)
     # A single isolated gap (a checkpoint, an evaluation hand-over) is a dip, not a state
     # change, while it lasts under ``dip_max_s`` and no other gap came in ``dip_isolation_s``.
     dip_max_s: float = 6.0
@@ -70,10 +70,11 @@ class DetectorConfig:
     # ``sync_window_s`` (at least ``sync_min_pauses`` of them) are a sync stall; rarer or
     # shorter pauses are dips of a healthy run.
     pause_util_pct: float = 10.0
-    sync_pause_min_s: float = 2.0
+    sync_pause_min_s: float = 5.0
     sync_pause_max_s: float = 60.0
     sync_pause_share: float = 0.15
     sync_window_s: float = 120.0
+    sync_min_span_s: float = 60.0
     sync_min_pauses: int = 2
     # Host causes, judged on host/process-tree data averaged over the GPUs' gaps.
     cpu_worker_saturated_pct: float = 80.0  # mean worker CPU (% of one core) = saturated

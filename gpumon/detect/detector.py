@@ -81,6 +81,7 @@ class Detector:
         self._multi_cache: tuple[float, Evidence] | None = None
         self._cause_cache: tuple[tuple[float, int], Cause] | None = None
         self._calm = 0  # consecutive evals with nothing pending
+        self._sync_first = 0.0  # start of the first pause of the current sync pattern
 
     # --- public API ----------------------------------------------------------------------
 
@@ -258,8 +259,10 @@ class Detector:
             else:
                 note = "no process" if held is False else "start-up"
                 return _Candidate(State.IDLE, None, note, t)
+        per = tr.period_s or 1.0
+        young = 2.0 if per < cfg.coarse_period_s else max(3.0, 1.5 * per)
         if tr.work_start_s is not None and cur is State.IDLE and tr.note == "start-up" and \
-                t - tr.work_start_s < max(3.0, 1.5 * (tr.period_s or 1.0)):
+                t - tr.work_start_s < young:
             return _Candidate(State.IDLE, None, "start-up", t)  # too little work to judge yet
         gap = tr.open_gap_s()
         long_gap = cfg.idle_gap_s if held is False else cfg.dip_max_s
@@ -420,7 +423,7 @@ class Detector:
             for i in working:
                 cands[i] = _Candidate(State.SYNC_STALL, None,
                                       "all GPUs pause together (checkpoint or host sync)", t,
-                                      cfg.sync_window_s * 0.5)
+                                      max(0.0, t - self._sync_first))  # from the first pause
 
     def _sync_pauses(self, t: float, working: list[int], wins: dict[int, Window]) -> bool:
         cfg = self.cfg
@@ -433,8 +436,13 @@ class Detector:
                 spans.append((self._pause_start, t))
         if len(spans) < cfg.sync_min_pauses:
             return False
-        first = min((self._tracks[i].first_t or t) for i in working) if working else t
-        span = min(cfg.sync_window_s, t - first)
+        # The share is taken since the first pause (at least ``sync_min_span_s``): a run
+        # that only now began pausing is judged on its pauses, not on its healthy past.
+        first = min(max(a, lo) for a, _ in spans)
+        self._sync_first = first
+        span = min(cfg.sync_window_s, max(cfg.sync_min_span_s, t - first))
+        if working:
+            span = min(span, t - min((self._tracks[i].first_t or t) for i in working))
         if span <= 0:
             return False
         total = sum(min(b, t) - max(a, lo) for a, b in spans)
