@@ -16,7 +16,7 @@ header *and* without units that is impossible and the error says how to re-run.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from itertools import chain
 
@@ -100,6 +100,7 @@ class Columns:
     at: dict[str, int] = field(default_factory=dict)
     ignored: list[str] = field(default_factory=list)
     guessed: bool = False  # named from value shapes (no header)
+    _builder: Callable[..., GpuSample] | None = field(default=None, repr=False, compare=False)
 
     @classmethod
     def from_header(cls, cells: list[str]) -> Columns:
@@ -116,6 +117,13 @@ class Columns:
                 cols.at[fld] = i
                 best[fld] = prio
         return cols
+
+    @property
+    def builder(self) -> Callable[[int, float, float | None, tuple[UtilPoint, ...], list[str]],
+                                  GpuSample]:
+        if self._builder is None:
+            self._builder = _compile(self)
+        return self._builder
 
     def key_column(self) -> str | None:
         for fld in ("index", "uuid", "bus"):
@@ -254,8 +262,58 @@ def _reasons(cells: list[str], at: dict[str, int]) -> int | None:
     return None if value is None else int(value, 16 if value.lower().startswith("0x") else 10)
 
 
-def _opt(cells: list[str], i: int | None) -> float | None:
-    return None if i is None else num(cells[i])
+def _fnum(cell: str) -> float | None:
+    """``num`` with a fast path for the common ``49140 MiB`` / ``150.20 W`` / ``92``."""
+    try:
+        return float(cell.rstrip(" %WMiBHzC\r\n"))
+    except ValueError:
+        return num(cell)
+
+
+def _compile(cols: Columns) -> Callable[[int, float, float | None, tuple[UtilPoint, ...],
+                                         list[str]], GpuSample]:
+    """A GpuSample builder for one header: the column positions are looked up once here,
+    not for every sample (a day of 8 GPUs makes ~700 k of them)."""
+    at = cols.at
+    i_used, i_total, i_free = at.get("mem_used"), at.get("mem_total"), at.get("mem_free")
+    i_mutil, i_power, i_limit = at.get("mem_util"), at.get("power"), at.get("power_limit")
+    i_clock, i_temp, i_util = at.get("sm_clock"), at.get("temp"), at.get("util")
+    has_reasons = "reasons" in at
+    uuids: dict[int, str] = {}
+
+    def build(gpu: int, t: float, util: float | None, points: tuple[UtilPoint, ...],
+              cells: list[str]) -> GpuSample:
+        uuid = uuids.get(gpu)
+        if uuid is None:
+            uuid = _text(cells, at, "uuid") or _text(cells, at, "bus") or f"gpu{gpu}"
+            if "uuid" in at or "bus" in at or "index" not in at:
+                uuids[gpu] = uuid  # the key column itself: stable for this GPU
+        mem_used = None if i_used is None else _fnum(cells[i_used])
+        mem_total = None if i_total is None else _fnum(cells[i_total])
+        if mem_used is None and mem_total is not None and i_free is not None:
+            free = _fnum(cells[i_free])
+            mem_used = None if free is None else mem_total - free
+        clock = None if i_clock is None else _fnum(cells[i_clock])
+        return GpuSample(
+            t_s=t,
+            gpu=gpu,
+            uuid=uuid,
+            util_samples=points,
+            util_pct=util,
+            mem_util_pct=None if i_mutil is None else _fnum(cells[i_mutil]),
+            mem_used_bytes=None if mem_used is None else int(mem_used * MIB),
+            mem_total_bytes=None if mem_total is None else int(mem_total * MIB),
+            power_watts=None if i_power is None else _fnum(cells[i_power]),
+            power_limit_watts=None if i_limit is None else _fnum(cells[i_limit]),
+            sm_clock_mhz=None if clock is None else int(clock),
+            clock_event_reasons=_reasons(cells, at) if has_reasons else None,
+            temperature_c=None if i_temp is None else _fnum(cells[i_temp]),
+            # A GPU that fell off the bus reads "[GPU is lost]" in every cell.
+            lost=util is None and i_util is not None
+            and cells[i_util].strip() == "[GPU is lost]",
+        )
+
+    return build
 
 
 def make_sample(
@@ -263,33 +321,7 @@ def make_sample(
     cols: Columns, cells: list[str]
 ) -> GpuSample:
     """A GpuSample from one row's cells (raises ValueError on a malformed cell)."""
-    at = cols.at
-    get = at.get
-    mem_used = _opt(cells, get("mem_used"))
-    mem_total = _opt(cells, get("mem_total"))
-    if mem_used is None and mem_total is not None and "mem_free" in at:
-        free = _field(cells, at, "mem_free")
-        mem_used = None if free is None else mem_total - free
-    clock = _opt(cells, get("sm_clock"))
-    u_at = get("util")
-    # A GPU that fell off the bus reads "[GPU is lost]" in every cell.
-    lost = util is None and u_at is not None and cells[u_at].strip() == "[GPU is lost]"
-    return GpuSample(
-        t_s=t,
-        gpu=gpu,
-        uuid=_text(cells, at, "uuid") or _text(cells, at, "bus") or f"gpu{gpu}",
-        util_samples=points,
-        util_pct=util,
-        mem_util_pct=_opt(cells, get("mem_util")),
-        mem_used_bytes=None if mem_used is None else int(mem_used * MIB),
-        mem_total_bytes=None if mem_total is None else int(mem_total * MIB),
-        power_watts=_opt(cells, get("power")),
-        power_limit_watts=_opt(cells, get("power_limit")),
-        sm_clock_mhz=None if clock is None else int(clock),
-        clock_event_reasons=_reasons(cells, at) if "reasons" in at else None,
-        temperature_c=_opt(cells, get("temp")),
-        lost=lost,
-    )
+    return cols.builder(gpu, t, util, points, cells)
 
 
 class _Gpus:
