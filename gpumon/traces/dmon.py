@@ -10,7 +10,7 @@ header's ``extra`` says so.  Also reads ``dmon --format csv`` (the same, comma-s
 from __future__ import annotations
 
 import calendar
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from itertools import chain
 
 from gpumon.errors import TraceFormatError
@@ -79,39 +79,47 @@ class Columns:
             fld = _FIELDS.get(name)
             if fld is not None and fld not in self.at:
                 self.at[fld] = i
+        self.util_at = self.at.get("util")
+        self.build = _compile(self)
 
 
-def _val(cells: list[str], at: dict[str, int], fld: str) -> float | None:
-    i = at.get(fld)
+def _val(cells: list[str], i: int | None) -> float | None:
     if i is None:
         return None
     cell = cells[i]
     return None if cell == "-" or cell == "N/A" else float(cell)
 
 
-def _sample(
-    gpu: int, t: float, util: float | None, points: tuple[UtilPoint, ...],
-    cols: Columns, cells: list[str]
-) -> GpuSample:
+def _compile(cols: Columns) -> Callable[[int, float, float | None, tuple[UtilPoint, ...],
+                                         list[str]], GpuSample]:
+    """A GpuSample builder for one header pair: column positions looked up once."""
     at = cols.at
-    fb = _val(cells, at, "mem_used")
-    clock = _val(cells, at, "sm_clock")
-    rx = _val(cells, at, "pcie_rx")
-    tx = _val(cells, at, "pcie_tx")
-    return GpuSample(
-        t_s=t,
-        gpu=gpu,
-        uuid=f"gpu{gpu}",
-        util_samples=points,
-        util_pct=util,
-        mem_util_pct=_val(cells, at, "mem_util"),
-        mem_used_bytes=None if fb is None else int(fb * MIB),
-        power_watts=_val(cells, at, "power"),
-        sm_clock_mhz=None if clock is None else int(clock),
-        pcie_rx_bytes_per_s=None if rx is None else rx * MIB,
-        pcie_tx_bytes_per_s=None if tx is None else tx * MIB,
-        temperature_c=_val(cells, at, "temp"),
-    )
+    i_mutil, i_fb, i_power = at.get("mem_util"), at.get("mem_used"), at.get("power")
+    i_clock, i_rx, i_tx, i_temp = (at.get("sm_clock"), at.get("pcie_rx"), at.get("pcie_tx"),
+                                   at.get("temp"))
+
+    def build(gpu: int, t: float, util: float | None, points: tuple[UtilPoint, ...],
+              cells: list[str]) -> GpuSample:
+        fb = _val(cells, i_fb)
+        clock = _val(cells, i_clock)
+        rx = _val(cells, i_rx)
+        tx = _val(cells, i_tx)
+        return GpuSample(
+            t_s=t,
+            gpu=gpu,
+            uuid=f"gpu{gpu}",
+            util_samples=points,
+            util_pct=util,
+            mem_util_pct=_val(cells, i_mutil),
+            mem_used_bytes=None if fb is None else int(fb * MIB),
+            power_watts=_val(cells, i_power),
+            sm_clock_mhz=None if clock is None else int(clock),
+            pcie_rx_bytes_per_s=None if rx is None else rx * MIB,
+            pcie_tx_bytes_per_s=None if tx is None else tx * MIB,
+            temperature_c=_val(cells, i_temp),
+        )
+
+    return build
 
 
 class _Clock:
@@ -226,7 +234,7 @@ def _snapshots(
     ) -> GpuSample:
         row_cols, cells, no, line = payload  # type: ignore[misc]
         try:
-            return _sample(gpu, t, util, points, row_cols, cells)
+            return row_cols.build(gpu, t, util, points, cells)
         except (ValueError, IndexError) as exc:
             raise bad_line(path, no, line, f"malformed value ({exc})") from None
 
@@ -268,7 +276,7 @@ def _snapshots(
                 t = tick * interval
             else:
                 t -= t0
-            u_at = cols.at.get("util")
+            u_at = cols.util_at
             util = None if u_at is None or cells[u_at] == "-" else float(cells[u_at])
         except (ValueError, IndexError) as exc:
             if is_cut_short(line):
