@@ -308,7 +308,8 @@ class Detector:
             per = tr.period_s or 1.0
             last = tr.open_gap_s() or (tr.gaps.newest() or 0.0)
             idle = (1.0 - w.duty) * w.coverage * w.span_s
-            if idle > last + 1.5 * per + 0.5:
+            quiet = (1.0 - w.active) * w.coverage * w.span_s  # samples with no activity
+            if idle > min(last, quiet) + 1.5 * per + 0.5:
                 return False  # idle spread over many short gaps (or partial samples)
         span = max(self.cfg.dip_isolation_s, w.span_s)
         old = tr.hist.at_or_before(t - span)
