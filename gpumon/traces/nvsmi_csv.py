@@ -284,10 +284,9 @@ def _compile(cols: Columns) -> Callable[[int, float, float | None, tuple[UtilPoi
     def build(gpu: int, t: float, util: float | None, points: tuple[UtilPoint, ...],
               cells: list[str]) -> GpuSample:
         uuid = uuids.get(gpu)
-        if uuid is None:
-            uuid = _text(cells, at, "uuid") or _text(cells, at, "bus") or f"gpu{gpu}"
-            if "uuid" in at or "bus" in at or "index" not in at:
-                uuids[gpu] = uuid  # the key column itself: stable for this GPU
+        if uuid is None:  # a GPU's identity does not change under one header
+            uuid = uuids[gpu] = (_text(cells, at, "uuid") or _text(cells, at, "bus")
+                                 or f"gpu{gpu}")
         mem_used = None if i_used is None else _fnum(cells[i_used])
         mem_total = None if i_total is None else _fnum(cells[i_total])
         if mem_used is None and mem_total is not None and i_free is not None:
