@@ -155,6 +155,28 @@ def pct(vals: list[float], q: float) -> float:
     return s[min(len(s) - 1, round(q * (len(s) - 1)))] if s else math.nan
 
 
+def speed_line(minutes: float = 20.0) -> None:
+    """Throughput at analyze's design load: 8 GPUs x 6 driver samples/s, CPU time."""
+    from gpumon.report import OFFLINE_CONFIG, analyze_snapshots
+
+    tr = generate("healthy_then_starved", 99, gpus=8, period_s=1 / 6,
+                  duration_s=minutes * 60)
+    n = sum(len(g.util_samples) for s in tr.snapshots for g in s.gpus)
+    out = []
+    for name, cfg in (("live", None), ("offline", OFFLINE_CONFIG)):
+        det = Detector(cfg, tr.header.gpus)
+        t0 = time.process_time()
+        for snap in tr.snapshots:
+            det.update(snap)
+        out.append((name, n / (time.process_time() - t0)))
+    t0 = time.process_time()
+    analyze_snapshots(tr.header, tr.snapshots)
+    rate = n / (time.process_time() - t0)
+    print(f"speed (8 GPUs x 6 samples/s, {n:,} points): detector live {out[0][1]:,.0f} "
+          f"points/s, offline {out[1][1]:,.0f} points/s; analyze_snapshots {rate:,.0f} "
+          f"points/s -> 4 M points in {4e6 / rate:.1f} s (parsing not included)")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--seeds", type=int, default=10)
@@ -232,6 +254,7 @@ def main() -> int:
     rate = points / det_s if det_s else math.nan
     print(f"throughput: {rate:,.0f} points/s in the detector ({det_s:.1f} s); "
           f"bench wall {wall:.1f} s")
+    speed_line()
     if args.verbose:
         for x, a, name in sorted(lat, key=lambda v: -(v[0] - v[1])):
             if x > a:

@@ -526,9 +526,9 @@ class Detector:
         self._closed.append(closed)
 
     def _refresh_evidence(self, key: int | None, tr: GpuTrack, t: float) -> None:
-        """Re-read evidence every tenth eval while a state holds (quantiles are not free)."""
+        """Re-read evidence every 30th eval while a state holds (quantiles are not free)."""
         age = self._evidence_age.get(key, 0) + 1
-        if age >= 10:
+        if age >= 30:
             self._evidence[key] = self._gpu_evidence(tr, t)
             age = 0
         self._evidence_age[key] = age
