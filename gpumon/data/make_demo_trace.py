@@ -92,12 +92,16 @@ def _r(x: float | None, nd: int = 1) -> float | None:
     return None if x is None else round(x, nd)
 
 
-def rounded(snap: Snapshot) -> Snapshot:
-    """The same tick with readings rounded as real counters are: a file a third the size."""
+def rounded(snap: Snapshot, root_pid: int) -> Snapshot:
+    """The same tick with readings rounded as real counters are (a file a third the size),
+    and every GPU held by the training process itself: synth gives GPU i to pid root+i,
+    which in this tree is a data-loader worker -- odd to see in the demo's process list."""
     gpus = tuple(
         replace(g, t_s=round(g.t_s, 3),
                 util_samples=tuple(UtilPoint(round(p.t_s, 3), p.util_pct)
-                                   for p in g.util_samples))
+                                   for p in g.util_samples),
+                processes=None if g.processes is None else tuple(
+                    replace(p, pid=root_pid) for p in g.processes))
         for g in snap.gpus
     )
     host = snap.host
@@ -127,7 +131,7 @@ def write(path: Path, header: TraceHeader, trace: synth.SynthTrace) -> None:
             _, p = events.pop(0)
             writer.write_event(p["start"], "phase", phase=p["phase"], end=p["end"],
                                cause=p["cause"])
-        writer.write(rounded(snap))
+        writer.write(rounded(snap, header.watched_pid or 0))
     # mtime=0: the same story gives the same bytes, so regenerating shows no spurious diff.
     path.write_bytes(gzip.compress(text.getvalue().encode(), compresslevel=9, mtime=0))
 
