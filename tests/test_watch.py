@@ -479,3 +479,19 @@ def test_gpu_lost_mid_run_is_shown_and_the_watch_goes_on(fake_nvml, trees, tmp_p
     assert proc.returncode == 0, stderr
     assert "gpu0=lost" in stdout and "Traceback" not in stderr
     assert json.loads(out.read_text())["gpus"][0]["duty_cycle"] > 0.9
+
+
+def test_a_failure_of_gpumon_never_orphans_the_command(fake_nvml, tmp_path: Path) -> None:
+    marker = tmp_path / "finished"
+    r = watch(
+        fake_nvml.env,
+        "--record",
+        str(tmp_path / "no" / "such" / "dir.jsonl"),
+        "--",
+        sys.executable,
+        "-c",
+        f"import time; time.sleep(1); open({str(marker)!r}, 'w')",
+    )
+    assert "cannot write" in r.stderr and "Still waiting for the command" in r.stderr
+    assert marker.exists()  # gpumon waited for the command to finish
+    assert r.returncode == 1

@@ -400,26 +400,17 @@ def run(args: argparse.Namespace) -> int:
     else:
         stop_flag.install()
     exit_status: int | None = None
-    writer = None
+    failure: GpumonError | None = None
     try:
-        if args.record:
-            from gpumon.traces.jsonl import TraceWriter
-
-            try:
-                writer = TraceWriter.open(args.record, r.monitor.header())
-            except OSError as exc:
-                raise GpumonError(f"cannot write {args.record}: {exc.strerror or exc}.") from None
-        with ExitStack() as files:
-            if writer is not None:
-                files.enter_context(writer)
-            live = None
-            try:
-                if r.tui:
-                    live = _open_view(r)
-                r.loop(stop_flag.event, writer, live)
-            finally:
-                r._closer.close()
-                r.view_open = False
+        try:
+            _watch(r, stop_flag)
+        except GpumonError as exc:
+            if r.child is None:
+                raise
+            # A failure of gpumon's own (a full disk under --record) must neither orphan nor
+            # kill the training run: say so, and wait for the command as promised.
+            failure = exc
+            print(f"gpumon: {exc} Still waiting for the command to finish.", file=sys.stderr)
         if r.child is not None:
             if r.child.pump is not None:
                 r.child.pump.release()
@@ -439,7 +430,33 @@ def run(args: argparse.Namespace) -> int:
             raise GpumonError(f"cannot write {args.summary_json}: {exc.strerror or exc}.") from None
     if exit_status:
         return exit_status
+    if failure is not None:
+        return failure.exit_status
     return EXIT_FAIL_ON if summary.failed else 0
+
+
+def _watch(r: _Run, stop_flag: StopFlag) -> None:
+    """The loop with its trace file and live view around it, both closed however it ends."""
+    assert r.monitor is not None
+    writer = None
+    if r.args.record:
+        from gpumon.traces.jsonl import TraceWriter
+
+        try:
+            writer = TraceWriter.open(r.args.record, r.monitor.header())
+        except OSError as exc:
+            raise GpumonError(f"cannot write {r.args.record}: {exc.strerror or exc}.") from None
+    with ExitStack() as files:
+        if writer is not None:
+            files.enter_context(writer)
+        live = None
+        try:
+            if r.tui:
+                live = _open_view(r)
+            r.loop(stop_flag.event, writer, live)
+        finally:
+            r._closer.close()
+            r.view_open = False
 
 
 def _open_view(r: _Run) -> Any:
