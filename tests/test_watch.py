@@ -495,3 +495,30 @@ def test_a_failure_of_gpumon_never_orphans_the_command(fake_nvml, tmp_path: Path
     assert "cannot write" in r.stderr and "Still waiting for the command" in r.stderr
     assert marker.exists()  # gpumon waited for the command to finish
     assert r.returncode == 1
+
+
+def test_a_closed_output_pipe_keeps_the_command_and_its_status(fake_nvml) -> None:
+    """`gpumon watch -- CMD | head -1`: the reader leaves, the command and its status stay."""
+    gpumon = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "gpumon",
+            "watch",
+            "--interval",
+            "0.1",
+            "--",
+            sys.executable,
+            "-c",
+            "import time; time.sleep(1.5); raise SystemExit(4)",
+        ],
+        env=fake_nvml.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=ROOT,
+    )
+    assert gpumon.stdout is not None and gpumon.stdout.readline()
+    gpumon.stdout.close()
+    gpumon.wait(15)
+    assert gpumon.returncode == 4
+    assert b"Traceback" not in gpumon.stderr.read()  # type: ignore[union-attr]

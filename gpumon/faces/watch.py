@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 import threading
 import time
@@ -140,6 +141,7 @@ class _Run:
         self.quit_view = threading.Event()
         self.view_open = False
         self._closer = _Closer()
+        self.quiet = False  # plain lines stopped (their reader went away)
         self.state: WatchState  # set by start(), once the pid is known
 
     # --- setup -------------------------------------------------------------------------
@@ -206,8 +208,8 @@ class _Run:
                     use.add(g.util_samples, g.util_pct)
             self.state.feed(snap, self.verdict, monitor.invisible_gpu_pids)
             if not self.view_open:
-                if not self.tui:
-                    print(plain_line(self.state), flush=True)
+                if not self.tui and not self.quiet:
+                    self._print_line(plain_line(self.state))
             elif live is not None:
                 live.refresh()
             if snap.tree is not None and not snap.tree.root_alive:
@@ -219,6 +221,16 @@ class _Run:
                     return
                 self._close_view_keep_watching()
         self.ended = "stopped"
+
+    def _print_line(self, line: str) -> None:
+        try:
+            print(line, flush=True)
+        except BrokenPipeError:
+            if self.child is None:
+                raise  # `gpumon watch --pid N | head`: the reader is done, so are we
+            # The reader went away, the command did not: keep watching it, silently.
+            self.quiet = True
+            _silence_stdout()
 
     def _close_view_keep_watching(self) -> None:
         """`q` in `watch -- CMD` mode: the command keeps running in the foreground."""
@@ -420,9 +432,12 @@ def run(args: argparse.Namespace) -> int:
         if r.child is not None:
             r.child.restore_signals()
     summary = r.summary(exit_status)
-    if not r.tui:
-        print(file=sys.stdout)
-    print(summary.text(), flush=True)
+    try:
+        print(("" if r.tui else "\n") + summary.text(), flush=True)
+    except BrokenPipeError:
+        if r.child is None:
+            raise
+        _silence_stdout()  # the command's status below matters more than our summary
     if args.summary_json:
         try:
             summary.write_json(args.summary_json)
@@ -433,6 +448,15 @@ def run(args: argparse.Namespace) -> int:
     if failure is not None:
         return failure.exit_status
     return EXIT_FAIL_ON if summary.failed else 0
+
+
+def _silence_stdout() -> None:
+    """After a broken pipe: send stdout to /dev/null so later writes and exit are quiet."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    finally:
+        os.close(devnull)
 
 
 def _watch(r: _Run, stop_flag: StopFlag) -> None:
