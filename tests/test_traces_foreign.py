@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import itertools
+import time
 from pathlib import Path
 
 import pytest
@@ -462,3 +463,27 @@ def test_table_550_layout() -> None:
     g = snaps[0].gpus[0]
     assert (g.util_pct, g.power_watts, g.power_limit_watts, g.mem_used_bytes) == (
         0.0, 69.0, 700.0, 4 * MIB)
+
+
+def test_sub_second_without_index_keeps_each_gpu_apart() -> None:
+    """8 GPUs at -lms 100, no index column, rows of a tick 1.2 ms apart, nvidia-smi
+    restarted half-way (header again, 5 s pause): no row lands on the wrong GPU."""
+
+    def stamp(t: float) -> str:
+        whole = int(t)
+        return time.strftime("%Y/%m/%d %H:%M:%S", time.gmtime(whole)) + (
+            f".{int((t - whole) * 1000):03d}")
+
+    head = "timestamp, name, utilization.gpu [%], memory.used [MiB]\n"
+    lines = [head]
+    for k in range(300):
+        if k == 150:
+            lines.append(head)
+        base = 1714564800 + k * 0.1 + (5 if k >= 150 else 0)
+        lines += [f"{stamp(base + g * 0.0012)}, NVIDIA H100, {g * 10} %, {1000 + g} MiB\n"
+                  for g in range(8)]
+    _, header, snaps, _ = parse("".join(lines))
+    assert len(header.gpus) == 8
+    points = [(g.gpu, p.util_pct) for s in snaps for g in s.gpus for p in g.util_samples]
+    assert len(points) == 2400
+    assert all(u == gpu * 10 for gpu, u in points)
