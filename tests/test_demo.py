@@ -18,8 +18,7 @@ import pytest
 from gpumon import synth
 from gpumon.faces import demo
 from gpumon.model import State
-from gpumon.sample.replay import TraceFile
-from gpumon.traces.jsonl import TraceWriter
+from gpumon.traces.jsonl import TraceReader, TraceWriter
 
 try:
     from fakenvml import missing_library_env
@@ -43,7 +42,10 @@ URL = re.compile(r"(http://127\.0\.0\.1:\d+/metrics)")
 def _start(*argv: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-c", NO_NVML, "demo", *argv],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
         env=missing_library_env(),
     )
 
@@ -57,9 +59,15 @@ def test_the_bundled_trace_is_labelled_synthetic_and_tells_the_story() -> None:
     assert trace.snapshots[0].host is not None and trace.snapshots[0].tree is not None
     assert 300 <= trace.span_s <= 600
     assert [e["phase"] for e in trace.events] == [
-        "start-up", "healthy", "starved-cpu", "starved-gil", "healthy"]
+        "start-up",
+        "healthy",
+        "starved-cpu",
+        "starved-gil",
+        "healthy",
+    ]
     assert demo.default_speed(trace.span_s) * demo.TARGET_WALL_S == pytest.approx(
-        trace.span_s, rel=0.01)
+        trace.span_s, rel=0.01
+    )
     assert demo.default_speed(10.0) == 1.0  # never slower than recorded
 
 
@@ -103,8 +111,9 @@ def test_demo_end_to_end_in_plain_lines_with_metrics_log_and_summary(tmp_path: P
     # The metrics endpoint served the replayed GPUs while the demo ran.
     assert scraped, out
     assert 'uuid="GPU-synth-' in scraped[-1] and "gpumon_build_info" in scraped[-1]
-    assert re.search(r'gpumon_gpu_state\{[^}]*state="starved"[^}]*\} 1', scraped[-1]), \
-        scraped[-1][-3000:]
+    assert re.search(r'gpumon_gpu_state\{[^}]*state="starved"[^}]*\} 1', scraped[-1]), scraped[-1][
+        -3000:
+    ]
 
     # Plain lines: no escape codes, says what it is, one line per tick with both GPUs.
     assert "\x1b" not in out
@@ -116,8 +125,10 @@ def test_demo_end_to_end_in_plain_lines_with_metrics_log_and_summary(tmp_path: P
     # The story's phases are announced as the replay reaches them, before gpumon names them.
     said = [ln.split("enters its ")[1].split(" phase")[0] for ln in lines if "enters its" in ln]
     assert said == ["start-up", "healthy", "starved-cpu", "starved-gil", "healthy"]
-    at = {p: next(i for i, ln in enumerate(lines) if f"enters its {p} phase" in ln)
-          for p in ("starved-cpu", "starved-gil")}
+    at = {
+        p: next(i for i, ln in enumerate(lines) if f"enters its {p} phase" in ln)
+        for p in ("starved-cpu", "starved-gil")
+    }
     first_cpu = next(i for i, ln in enumerate(lines) if "state=starved cause=cpu" in ln)
     assert at["starved-cpu"] < first_cpu < at["starved-gil"]
     assert "gpumon watch summary" in out
@@ -135,8 +146,11 @@ def test_demo_end_to_end_in_plain_lines_with_metrics_log_and_summary(tmp_path: P
     # The daemon's log file: episodes of both starvation causes, and a final line.
     log_path = next(m.group(1) for ln in lines if (m := re.search(r"log: (\S+\.log)", ln)))
     records = [json.loads(ln) for ln in Path(log_path).read_text().splitlines()]
-    starts = {(r["state"], r["cause"]) for r in records
-              if r["event"] == "episode_start" and r["scope"] == "node"}
+    starts = {
+        (r["state"], r["cause"])
+        for r in records
+        if r["event"] == "episode_start" and r["scope"] == "node"
+    }
     assert {("starved", "cpu"), ("starved", "gil"), ("healthy", None)} <= starts, starts
     assert records[0]["event"] == "start" and records[-1]["event"] == "stop"
 
@@ -150,7 +164,7 @@ def test_no_serve_and_a_trace_of_ones_own(tmp_path: Path) -> None:
     with TraceWriter.open(path, header) as w:
         for snap in gen.snapshots:
             w.write(replace(snap, tree=None))
-    assert not demo.is_synthetic(TraceFile(path).header)
+    assert not demo.is_synthetic(TraceReader(path).header)
     started = time.monotonic()
     proc = _start("--trace", str(path), "--speed", "20", "--no-serve", "--interval", "0.2")
     out, err = proc.communicate(timeout=60)
@@ -175,7 +189,8 @@ def test_a_bad_trace_gets_one_sentence(tmp_path: Path) -> None:
 
 
 def test_a_real_recording_is_preferred_over_the_synthetic_one(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     gen = synth.generate("healthy", 1, gpus=1, duration_s=20.0)
     real = tmp_path / "tests" / "data" / "real"
     real.mkdir(parents=True)

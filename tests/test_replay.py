@@ -22,8 +22,8 @@ from gpumon.model import (
     UtilPoint,
 )
 from gpumon.monitor import Monitor, paced
-from gpumon.sample.replay import Replay, TraceFile
-from gpumon.traces.jsonl import FORMAT_VERSION, TraceWriter
+from gpumon.sample.replay import Replay
+from gpumon.traces.jsonl import FORMAT_VERSION, TraceReader, TraceWriter
 
 T0 = 5000.0  # the recording's own monotonic clock: far from this process's
 PID = 4242
@@ -42,13 +42,19 @@ def _snapshots(seconds: int, *, gpus: int = 2, period: float = 1 / 6) -> list[Sn
             )
             samples.append(
                 GpuSample(
-                    t_s=t, gpu=g, uuid=f"GPU-{g}", util_samples=points, util_pct=float(10 * i),
-                    power_watts=100.0 + i, processes=(GpuProcess(pid=PID),),
+                    t_s=t,
+                    gpu=g,
+                    uuid=f"GPU-{g}",
+                    util_samples=points,
+                    util_pct=float(10 * i),
+                    power_watts=100.0 + i,
+                    processes=(GpuProcess(pid=PID),),
                 )
             )
         host = HostSample(t_s=t, cpu_pct=float(i), cpu_pct_per_core=(float(i), 2.0 * i))
         tree = ProcTreeSample(
-            t_s=t, root_pid=PID,
+            t_s=t,
+            root_pid=PID,
             processes=(ProcessSample(PID, 1, "python", float(i), 4, 0.0, 0.0, "running"),),
         )
         out.append(Snapshot(t_s=t, gpus=tuple(samples), host=host, tree=tree))
@@ -120,7 +126,10 @@ def test_the_watched_root_exits_on_the_tick_after_the_last_recorded_one() -> Non
 
 def test_monitor_runs_unchanged_and_ticks_are_consistent() -> None:
     header = TraceHeader(
-        version=FORMAT_VERSION, source="test", driver_version="555.42", watched_pid=PID,
+        version=FORMAT_VERSION,
+        source="test",
+        driver_version="555.42",
+        watched_pid=PID,
         command=("python", "train.py"),
         gpus=(GpuIdentity(0, "GPU-0", name="A"), GpuIdentity(1, "GPU-1", name="B")),
     )
@@ -181,7 +190,7 @@ def test_trace_files_plain_or_gzip(tmp_path: Path, compress: bool) -> None:
         data = path.read_bytes()
         path = tmp_path / "t.jsonl.gz"
         path.write_bytes(gzip.compress(data))
-    trace = TraceFile(path)
+    trace = TraceReader(path)
     assert trace.header.source == "test"
     snaps = list(trace)
     assert snaps == _snapshots(4)

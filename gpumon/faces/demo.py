@@ -29,7 +29,8 @@ from gpumon.errors import GpumonError
 from gpumon.faces.common import positive_float
 from gpumon.model import Snapshot, TraceHeader
 from gpumon.monitor import Monitor, Tick, paced
-from gpumon.sample.replay import Replay, TraceFile
+from gpumon.sample.replay import Replay
+from gpumon.traces.jsonl import TraceReader
 
 DATA = Path(__file__).resolve().parent.parent / "data"
 SYNTHETIC = DATA / "demo-synthetic.jsonl.gz"
@@ -82,8 +83,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         f"plain lines, less when a tick would cover over {MAX_TRACE_S_PER_TICK:g} s of the "
         "trace); every recorded sample is replayed whatever the interval",
     )
-    p.add_argument("--plain", action="store_true",
-                   help="plain lines even on a terminal (the default when stdout is not one)")
+    p.add_argument(
+        "--plain",
+        action="store_true",
+        help="plain lines even on a terminal (the default when stdout is not one)",
+    )
     p.add_argument("--summary-json", metavar="FILE", help="write the run summary as JSON")
     p.set_defaults(func=run)
 
@@ -105,7 +109,7 @@ def bundled_trace() -> Path:
             if folder == DATA and not path.name.startswith("demo-real"):
                 continue
             try:
-                with TraceFile(path) as trace:
+                with TraceReader(path) as trace:
                     if not is_synthetic(trace.header):
                         return path
             except GpumonError:
@@ -141,7 +145,7 @@ class LoadedTrace:
 
 
 def load(path: Path) -> LoadedTrace:
-    trace = TraceFile(path)
+    trace = TraceReader(path)
     snapshots = tuple(trace)
     if len(snapshots) < 2:
         raise GpumonError(f"{path}: the trace holds {len(snapshots)} tick(s); nothing to replay.")
@@ -164,8 +168,7 @@ def default_speed(span_s: float) -> float:
 class DemoServer:
     """The serve daemon's state, metrics endpoint and log, fed by its own replay."""
 
-    def __init__(self, trace: LoadedTrace, speed: float, live_start_s: float,
-                 log_dir: str) -> None:
+    def __init__(self, trace: LoadedTrace, speed: float, live_start_s: float, log_dir: str) -> None:
         from prometheus_client import disable_created_metrics
 
         from gpumon.serve.collector import make_registry
@@ -175,26 +178,35 @@ class DemoServer:
         from gpumon.serve.joblabels import JobResolver
         from gpumon.serve.logfile import EventLog
 
-        self.replay = Replay(trace.snapshots, header=trace.header, speed=speed,
-                             live_start_s=live_start_s)
+        self.replay = Replay(
+            trace.snapshots, header=trace.header, speed=speed, live_start_s=live_start_s
+        )
         nvml, host, tree = self.replay.samplers()
         monitor = Monitor(nvml, host, tree, interval_s=SERVE_INTERVAL_S)  # type: ignore[arg-type]
         self.log_path = os.path.join(log_dir, "gpumon-serve.log")
-        cfg = ServeConfig(address="127.0.0.1", port=0, interval_s=SERVE_INTERVAL_S,
-                          log_path=self.log_path, job_sources=())
+        cfg = ServeConfig(
+            address="127.0.0.1",
+            port=0,
+            interval_s=SERVE_INTERVAL_S,
+            log_path=self.log_path,
+            job_sources=(),
+        )
         disable_created_metrics()
         wall0 = time.time() + (live_start_s - time.monotonic())  # wall time at live start
         # The daemon's clocks follow the replay, so log times and periodic summaries are
         # those of the recorded run, started now.
         self.state = ServeState(
-            monitor, cfg, EventLog(cfg.log_path), resolver=JobResolver(()),
-            mono=self.replay.now, wall=lambda: wall0 + (self.replay.now() - live_start_s),
+            monitor,
+            cfg,
+            EventLog(cfg.log_path),
+            resolver=JobResolver(()),
+            mono=self.replay.now,
+            wall=lambda: wall0 + (self.replay.now() - live_start_s),
         )
         self.server = MetricsServer(cfg, make_registry(self.state))
         self.url = f"http://127.0.0.1:{self.server.port}/metrics"
         self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._loop, name="gpumon-demo-serve",
-                                       daemon=True)
+        self.thread = threading.Thread(target=self._loop, name="gpumon-demo-serve", daemon=True)
 
     def start(self) -> None:
         self.server.start()
@@ -226,8 +238,7 @@ class NarratedMonitor(Monitor):
     a labelled phase (the trace's ``phase`` events), so the reader can compare what
     happened with what gpumon says.  Printed from the tick, before the face's own line."""
 
-    def __init__(self, *args: Any, phases: list[tuple[float, str]], out: Any,
-                 **kw: Any) -> None:
+    def __init__(self, *args: Any, phases: list[tuple[float, str]], out: Any, **kw: Any) -> None:
         super().__init__(*args, **kw)
         self._phases = sorted(phases)
         self._out = out
@@ -249,8 +260,7 @@ def phase_notes(trace: LoadedTrace, live_start_s: float) -> list[tuple[float, st
         if ev.get("event") != "phase" or not isinstance(t, int | float) or not phase:
             continue
         cause = f" (cause: {ev['cause']})" if ev.get("cause") else ""
-        notes.append((live_start_s + (t - t0),
-                      f"the recorded run enters its {phase} phase{cause}"))
+        notes.append((live_start_s + (t - t0), f"the recorded run enters its {phase} phase{cause}"))
     return notes
 
 
@@ -278,8 +288,9 @@ def watch_on(monitor: Monitor, *, has_tree: bool = True) -> Iterator[Any]:
         watch.build_monitor = saved  # type: ignore[assignment]
 
 
-def watch_args(watch: Any, pid: int, interval: float, plain: bool,
-               summary_json: str | None) -> argparse.Namespace:
+def watch_args(
+    watch: Any, pid: int, interval: float, plain: bool, summary_json: str | None
+) -> argparse.Namespace:
     """The watch face's own parser fills every option it has (defaults included)."""
     parser = argparse.ArgumentParser(prog="gpumon")
     sub = parser.add_subparsers(dest="command_name")
@@ -300,15 +311,20 @@ def run(args: argparse.Namespace) -> int:
     trace = load(path)
     speed = args.speed or default_speed(trace.span_s)
     tui = sys.stdout.isatty() and not args.plain
-    interval = args.interval or min(0.25 if tui else 1.0,
-                                    max(0.05, MAX_TRACE_S_PER_TICK / speed))
+    interval = args.interval or min(0.25 if tui else 1.0, max(0.05, MAX_TRACE_S_PER_TICK / speed))
     kind = "synthetic trace" if trace.synthetic else "real trace"
     out = sys.stdout
-    print(f"gpumon demo: replaying {trace.describe()} at {speed:g}x "
-          f"(about {fmt_span(trace.span_s / speed)}).", file=out)
+    print(
+        f"gpumon demo: replaying {trace.describe()} at {speed:g}x "
+        f"(about {fmt_span(trace.span_s / speed)}).",
+        file=out,
+    )
     if trace.synthetic:
-        print("gpumon demo: this is a synthetic trace, made by gpumon.synth to show what "
-              "gpumon reports; no GPU was measured.", file=out)
+        print(
+            "gpumon demo: this is a synthetic trace, made by gpumon.synth to show what "
+            "gpumon reports; no GPU was measured.",
+            file=out,
+        )
     story = trace.header.extra.get("story")
     if isinstance(story, list) and story:
         phases = " -> ".join(str(p.get("phase")) for p in story if isinstance(p, dict))
@@ -321,11 +337,16 @@ def run(args: argparse.Namespace) -> int:
         try:
             log_dir = tempfile.mkdtemp(prefix="gpumon-demo-")
         except OSError as exc:
-            raise GpumonError(f"cannot create a temporary directory for the daemon's log "
-                              f"({exc.strerror or exc}); set TMPDIR or use --no-serve.") from None
+            raise GpumonError(
+                f"cannot create a temporary directory for the daemon's log "
+                f"({exc.strerror or exc}); set TMPDIR or use --no-serve."
+            ) from None
         server = DemoServer(trace, speed, live_start, log_dir)
-        print(f"gpumon demo: Prometheus metrics at {server.url} (try: curl -s {server.url} "
-              "| grep gpumon_gpu_state)", file=out)
+        print(
+            f"gpumon demo: Prometheus metrics at {server.url} (try: curl -s {server.url} "
+            "| grep gpumon_gpu_state)",
+            file=out,
+        )
         print(f"gpumon demo: the daemon's log: {server.log_path}", file=out)
     if pause:
         print(f"gpumon demo: the live view opens in {pause:g} s; q quits it.", file=out)
@@ -335,13 +356,18 @@ def run(args: argparse.Namespace) -> int:
     if server is not None:
         server.start()
 
-    replay = Replay(trace.snapshots, header=trace.header, speed=speed,
-                    live_start_s=live_start)
+    replay = Replay(trace.snapshots, header=trace.header, speed=speed, live_start_s=live_start)
     nvml, host, tree = replay.samplers()
     command = (f"[{kind} replayed at {speed:g}x]", *(trace.header.command or ("a run",)))
     notes = [] if tui else phase_notes(trace, live_start)
-    monitor = NarratedMonitor(nvml, host, tree, command=command,  # type: ignore[arg-type]
-                              phases=notes, out=out)
+    monitor = NarratedMonitor(
+        nvml,
+        host,
+        tree,
+        command=command,  # type: ignore[arg-type]
+        phases=notes,
+        out=out,
+    )
     status = 0
     reason = "demo finished"
     try:
@@ -355,12 +381,21 @@ def run(args: argparse.Namespace) -> int:
         if server is not None:
             server.close(reason)
     played = min(trace.span_s, replay.played_s)
-    print(f"\ngpumon demo: replayed {fmt_span(played)} of the {kind} in "
-          f"{fmt_span(time.monotonic() - live_start)} (wall time above is the replay's).",
-          file=out)
+    print(
+        f"\ngpumon demo: replayed {fmt_span(played)} of the {kind} in "
+        f"{fmt_span(time.monotonic() - live_start)} (wall time above is the replay's).",
+        file=out,
+    )
     if server is not None:
-        print(f"gpumon demo: metrics were served at {server.url}; the daemon's log "
-              f"({server.state.log.lines_total} lines) is at {server.log_path}", file=out)
-    print("gpumon demo: on a GPU machine, run `gpumon watch -- python train.py` or "
-          "`gpumon watch --pid PID`.", file=out, flush=True)
+        print(
+            f"gpumon demo: metrics were served at {server.url}; the daemon's log "
+            f"({server.state.log.lines_total} lines) is at {server.log_path}",
+            file=out,
+        )
+    print(
+        "gpumon demo: on a GPU machine, run `gpumon watch -- python train.py` or "
+        "`gpumon watch --pid PID`.",
+        file=out,
+        flush=True,
+    )
     return status

@@ -22,17 +22,12 @@ exited, which is how a live face learns that the run is over.
 
 from __future__ import annotations
 
-import gzip
-import json
-import os
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import replace
-from typing import IO, Any
 
-from gpumon.errors import TraceFormatError
 from gpumon.model import (
     GpuIdentity,
     GpuSample,
@@ -43,69 +38,9 @@ from gpumon.model import (
     TraceHeader,
     UtilPoint,
 )
-from gpumon.traces.jsonl import decode_header, decode_snapshot
 
 # The pid shown for the watched process when the trace recorded none.
 DEFAULT_PID = 1
-
-
-# --- reading a (possibly gzip-compressed) gpumon trace ------------------------------------
-
-
-def _open_text(path: str) -> IO[str]:
-    with open(path, "rb") as probe:
-        magic = probe.read(2)
-    if magic == b"\x1f\x8b":
-        return gzip.open(path, "rt", encoding="utf-8", newline="")
-    return open(path, encoding="utf-8", newline="")
-
-
-class TraceFile:
-    """A gpumon JSON-lines trace, plain or gzip-compressed: ``header``, then snapshots.
-
-    The bundled demo trace is gzip-compressed to stay small in the package; phase labels
-    (``event`` lines) are collected in ``events`` as they are passed.
-    """
-
-    def __init__(self, path: str | os.PathLike[str]) -> None:
-        self.path = os.fspath(path)
-        self.events: list[dict[str, Any]] = []
-        try:
-            self._stream = _open_text(self.path)
-        except OSError as exc:
-            raise TraceFormatError(f"cannot read the trace: {exc.strerror or exc}",
-                                   path=self.path) from None
-        try:
-            self.header = decode_header(json.loads(self._stream.readline()))
-        except (ValueError, TypeError, KeyError, OSError, EOFError) as exc:
-            self._stream.close()
-            raise TraceFormatError(str(exc), path=self.path, line=1) from None
-
-    def close(self) -> None:
-        self._stream.close()
-
-    def __enter__(self) -> TraceFile:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __iter__(self) -> Iterator[Snapshot]:
-        with self._stream:
-            for line_no, line in enumerate(self._stream, start=2):
-                if not line.strip():
-                    continue
-                try:
-                    obj = json.loads(line)
-                    if "event" in obj:
-                        self.events.append(obj)
-                        continue
-                    yield decode_snapshot(obj)
-                except (ValueError, TypeError, KeyError, AttributeError) as exc:
-                    if not line.endswith("\n"):
-                        return  # cut short by a killed recorder: the rest is intact
-                    raise TraceFormatError(f"malformed trace line ({exc})", path=self.path,
-                                           line=line_no) from None
 
 
 # --- shifting and merging samples ---------------------------------------------------------
@@ -167,8 +102,12 @@ def merge_tree(samples: list[ProcTreeSample], t_s: float, alive: bool) -> ProcTr
                 write_bytes_per_s=_mean(h.write_bytes_per_s for h in hist),
             )
         procs.append(p)
-    return ProcTreeSample(t_s=t_s, root_pid=last.root_pid, processes=tuple(procs),
-                          root_alive=alive and last.root_alive)
+    return ProcTreeSample(
+        t_s=t_s,
+        root_pid=last.root_pid,
+        processes=tuple(procs),
+        root_alive=alive and last.root_alive,
+    )
 
 
 # --- the replay ---------------------------------------------------------------------------
@@ -305,8 +244,12 @@ def _identities(header: TraceHeader | None, first: Snapshot) -> tuple[GpuIdentit
     if header is not None and header.gpus:
         return header.gpus
     return tuple(
-        GpuIdentity(index=g.gpu, uuid=g.uuid, mem_total_bytes=g.mem_total_bytes,
-                    power_limit_watts=g.power_limit_watts)
+        GpuIdentity(
+            index=g.gpu,
+            uuid=g.uuid,
+            mem_total_bytes=g.mem_total_bytes,
+            power_limit_watts=g.power_limit_watts,
+        )
         for g in first.gpus
     )
 
@@ -386,6 +329,6 @@ class ReplayProcessTreeSampler(_StandIn):
         tree = self._frame().tree
         if tree is not None:
             return tree
-        return ProcTreeSample(t_s=self.replay.current.t_s, root_pid=self.root_pid,
-                              root_alive=self.root_alive())
-
+        return ProcTreeSample(
+            t_s=self.replay.current.t_s, root_pid=self.root_pid, root_alive=self.root_alive()
+        )

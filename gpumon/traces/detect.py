@@ -172,12 +172,11 @@ def open_trace(path: str | os.PathLike[str], fmt: str = "auto") -> OpenedTrace:
                 raise _unrecognised(head, name)
             fmt = found
         if fmt == "gpumon":
-            plain = text.encoding == "utf-8" and _magic(name) != b"\x1f\x8b"
+            utf8 = text.encoding == "utf-8"
             text.close()
-            if not plain:
+            if not utf8:
                 raise TraceFormatError(
-                    "gpumon traces are read as plain UTF-8: decompress or re-encode it first",
-                    path=name,
+                    "gpumon traces are UTF-8 (plain or gzip): re-encode it first", path=name
                 )
             reader = TraceReader(name)
             return OpenedTrace(name, fmt, reader.header, iter(reader), reader.warnings, None)
@@ -190,11 +189,6 @@ def open_trace(path: str | os.PathLike[str], fmt: str = "auto") -> OpenedTrace:
     except BaseException:
         text.close()
         raise
-
-
-def _magic(path: str) -> bytes:
-    with open(path, "rb") as f:
-        return f.read(2)
 
 
 def _unrecognised(head: list[str], path: str) -> TraceFormatError:

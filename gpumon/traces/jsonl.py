@@ -7,6 +7,7 @@ Documented in ``docs/trace-format.md``.  Writing then reading a trace gives back
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 from collections.abc import Iterator
@@ -195,8 +196,17 @@ def decode_header(obj: dict[str, Any]) -> TraceHeader:
     return TraceHeader(version=version, **body)
 
 
+def _open_text(path: str) -> IO[str]:
+    """The trace as text, gzip-compressed or not (told by its magic bytes, not its name)."""
+    with open(path, "rb") as probe:
+        magic = probe.read(2)
+    if magic == b"\x1f\x8b":
+        return gzip.open(path, "rt", encoding="utf-8", newline="")
+    return open(path, encoding="utf-8", newline="")
+
+
 class TraceReader:
-    """Reads a gpumon trace lazily: ``header`` first, then iterate for snapshots.
+    """Reads a gpumon trace (plain or gzip) lazily: ``header`` first, then iterate.
 
     A malformed line raises ``TraceFormatError`` naming the file and line, after every
     valid snapshot before it has been yielded.  A final line cut short without its newline
@@ -208,13 +218,26 @@ class TraceReader:
         self.path = os.fspath(path)
         self.warnings: list[str] = []
         self.events: list[dict[str, Any]] = []
-        self._stream = open(self.path, encoding="utf-8", newline="")  # noqa: SIM115
-        first = self._stream.readline()
         try:
-            self.header = decode_header(json.loads(first))
-        except (ValueError, TypeError, KeyError) as exc:
+            self._stream = _open_text(self.path)
+        except OSError as exc:
+            raise TraceFormatError(
+                f"cannot read the trace ({exc.strerror or exc})", path=self.path
+            ) from None
+        try:
+            self.header = decode_header(json.loads(self._stream.readline()))
+        except (ValueError, TypeError, KeyError, OSError, EOFError) as exc:
             self._stream.close()
             raise TraceFormatError(str(exc), path=self.path, line=1) from None
+
+    def close(self) -> None:
+        self._stream.close()
+
+    def __enter__(self) -> TraceReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def __iter__(self) -> Iterator[Snapshot]:
         line_no = 1
