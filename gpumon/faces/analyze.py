@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from collections.abc import Iterator
 
@@ -65,6 +66,17 @@ class _UntilError:
             self.error = TraceFormatError(f"cannot read further ({exc})", path=self._path)
 
 
+def _finite(obj: object) -> object:
+    """NaN/inf would make the output invalid JSON; they are "no value" (null)."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_finite(v) for v in obj]
+    return obj
+
+
 def run(args: argparse.Namespace) -> int:
     from gpumon.report import analyze_snapshots, render_text, to_json
 
@@ -74,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
     if guarded.error is not None and guarded.count == 0:
         raise guarded.error
     if args.json:
-        print(json.dumps(to_json(result), indent=2, allow_nan=False))
+        print(json.dumps(_finite(to_json(result)), indent=2, allow_nan=False))
     else:
         print(render_text(result))
     sys.stdout.flush()
