@@ -186,3 +186,19 @@ def test_bad_header_is_line_1(tmp_path: Path, first: str, expected: str) -> None
         TraceReader(path)
     assert info.value.line == 1
     assert expected in str(info.value)
+
+
+def test_gzip_compressed_trace_reads_the_same(tmp_path: Path) -> None:
+    import gzip
+
+    plain = tmp_path / "t.jsonl"
+    with TraceWriter.open(plain, HEADER) as writer:
+        writer.write(snapshot(1.0))
+    packed = tmp_path / "t.jsonl.gz"  # the name does not matter: magic bytes decide
+    packed.write_bytes(gzip.compress(plain.read_bytes()))
+    assert read_trace(packed) == read_trace(plain)
+
+
+def test_unreadable_trace_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(TraceFormatError, match="cannot read the trace"):
+        TraceReader(tmp_path / "missing.jsonl")
