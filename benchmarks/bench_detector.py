@@ -198,6 +198,7 @@ def main() -> int:
     wall = time.perf_counter()
     ntr = 0
     per_trace: list[tuple[str, float]] = []
+    flaps = [0, 0]  # episodes shorter than 10 s (flapping), all episodes
     for seed in seeds:
         for sc in scenarios:
             tr = generate(sc, seed)
@@ -205,6 +206,9 @@ def main() -> int:
             det_s += dt
             points += npts
             ntr += 1
+            flaps[0] += sum(1 for e in eps if (e.end_s or e.start_s) - e.start_s < 10.0
+                            and e.end_s != tr.snapshots[-1].t_s)
+            flaps[1] += len(eps)
             before = dict(conf)
             score(tr, eps, opened, conf, causes, lat)
             good = sum(v - before.get(k, 0) for k, v in conf.items()
@@ -229,6 +233,7 @@ def main() -> int:
     unk = sum(v for k, v in conf.items() if len(k) == 2 and k[1] == State.UNKNOWN)
     tot = sum(v for k, v in conf.items() if len(k) == 2)
     print(f"{'(unknown)':<11} predicted for {unk} of {tot} scored seconds")
+    print(f"episodes: {flaps[1]} GPU episodes, {flaps[0]} of them shorter than 10 s")
     acc = causes[1] / causes[0] if causes[0] else math.nan
     print(f"cause accuracy: {acc:.3f} over {causes[0]} starved seconds")
     for c in Cause:

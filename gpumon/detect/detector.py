@@ -237,6 +237,9 @@ class Detector:
         cfg = self.cfg
         d = w.duty
         cur = tr.state
+        if (d is None or w.coverage < cfg.min_coverage) and not tr.seen_work and \
+                tr.samples > 0 and tr.first_t is not None and t - tr.first_t < cfg.window_s:
+            return _Candidate(State.IDLE, None, "start-up", t)  # the stream just began
         if d is None or w.coverage < cfg.min_coverage:
             note = ("no utilisation data" if tr.samples == 0 else
                     f"too little utilisation data in the last {w.span_s:.0f} s")
@@ -259,11 +262,16 @@ class Detector:
             else:
                 note = "no process" if held is False else "start-up"
                 return _Candidate(State.IDLE, None, note, t)
+        if cur is State.IDLE and tr.resume_armed and tr.run_busy:
+            tr.resume_armed = False
+            # Work resumes after idleness: judge it from this burst on, not with the idle
+            # stretch still in the window (that would read as starvation).
+            tr.work_start_s = tr.run_start
         per = tr.period_s or 1.0
         young = 2.0 if per < cfg.coarse_period_s else max(3.0, 1.5 * per)
-        if tr.work_start_s is not None and cur is State.IDLE and tr.note == "start-up" and \
+        if tr.work_start_s is not None and cur is State.IDLE and \
                 t - tr.work_start_s < young:
-            return _Candidate(State.IDLE, None, "start-up", t)  # too little work to judge yet
+            return _Candidate(State.IDLE, None, tr.note, t)  # too little work to judge yet
         gap = tr.open_gap_s()
         long_gap = cfg.idle_gap_s if held is False else cfg.dip_max_s
         if cur is State.STARVED and gap >= long_gap:
@@ -495,12 +503,14 @@ class Detector:
         self._opened.append(new)
         tr.state = c.state
         tr.note = c.note
+        tr.resume_armed = c.state is State.IDLE and tr.seen_work
         return start
 
     def _confirm_s(self, ep: Episode, c: _Candidate) -> float:
         cfg = self.cfg
         if ep.note == "start-up" and ep.state is State.IDLE:
-            return cfg.eval_interval_s
+            # Work has begun: healthy at once; starved only once it outlasts the ramp-up.
+            return cfg.eval_interval_s if c.state is State.HEALTHY else cfg.confirm_s
         if c.state is State.IDLE:
             return cfg.confirm_idle_s
         if c.state is State.UNKNOWN:

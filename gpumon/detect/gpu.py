@@ -76,6 +76,7 @@ class GpuTrack:
         self.note: str | None = "start-up"
         self.seen_work = False
         self.work_start_s: float | None = None
+        self.resume_armed = False  # idle after work: the next burst restarts the window
         self.first_t: float | None = None
 
     # --- ingestion -----------------------------------------------------------------------
