@@ -190,11 +190,12 @@ def analyze_snapshots(header: TraceHeader, snapshots: Iterable[Snapshot],
     def take(eps: Iterable[Episode]) -> None:
         for ep in eps:
             if ep.gpu is None:
-                run_eps.append(ep)
+                if ep.end_s is None or ep.end_s - ep.start_s >= 1e-6:
+                    run_eps.append(ep)
                 continue
             s = gpus.get(ep.gpu)
-            if s is None:
-                continue
+            if s is None or (ep.end_s is not None and ep.end_s - ep.start_s < 1e-6):
+                continue  # a candidate overtaken at once by a backdated successor
             if len(s.episodes) == MAX_EPISODES:
                 s.dropped_episodes += 1
             s.episodes.append(ep)
