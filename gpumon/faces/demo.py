@@ -19,8 +19,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -264,28 +263,19 @@ def phase_notes(trace: LoadedTrace, live_start_s: float) -> list[tuple[float, st
     return notes
 
 
-@contextmanager
-def watch_on(monitor: Monitor, *, has_tree: bool = True) -> Iterator[Any]:
-    """The watch face, with its Monitor coming from the replay instead of NVML.
+def replay_monitor_factory(monitor: Monitor, *, has_tree: bool = True) -> Callable[..., Monitor]:
+    """What the watch face calls instead of ``build_monitor``: the replay's Monitor.
 
-    The face builds its Monitor with ``build_monitor`` (NVML, psutil); for the length of
-    the demo its module sees one that returns the replay's, and nothing else changes.
     A trace recorded without a process tree (``gpumon record`` without ``--pid``) cannot
     tie GPUs to a run: then every GPU is shown rather than none.
     """
-    from gpumon.faces import watch
 
-    def replay_monitor(**kw: Any) -> Monitor:
+    def factory(**kw: Any) -> Monitor:
         monitor.interval_s = kw.get("interval_s", monitor.interval_s)
         monitor.tree_gpus_only = bool(kw.get("tree_gpus_only", False)) and has_tree
         return monitor
 
-    saved = watch.build_monitor
-    watch.build_monitor = replay_monitor  # type: ignore[assignment]
-    try:
-        yield watch
-    finally:
-        watch.build_monitor = saved  # type: ignore[assignment]
+    return factory
 
 
 def watch_args(
@@ -372,9 +362,11 @@ def run(args: argparse.Namespace) -> int:
     reason = "demo finished"
     try:
         has_tree = any(snap.tree is not None for snap in trace.snapshots)
-        with watch_on(monitor, has_tree=has_tree) as watch:
-            wargs = watch_args(watch, tree.root_pid, interval, not tui, args.summary_json)
-            status = watch.run(wargs)
+        from gpumon.faces import watch
+
+        wargs = watch_args(watch, tree.root_pid, interval, not tui, args.summary_json)
+        factory = replay_monitor_factory(monitor, has_tree=has_tree)
+        status = watch.run(wargs, monitor_factory=factory)
         if not replay.finished:
             reason = "demo stopped"
     finally:

@@ -20,6 +20,7 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
@@ -127,8 +128,14 @@ def _share(text: str) -> float:
 class _Run:
     """One watch from start to summary; the pieces the loop and the ending share."""
 
-    def __init__(self, args: argparse.Namespace, command: tuple[str, ...]) -> None:
+    def __init__(
+        self,
+        args: argparse.Namespace,
+        command: tuple[str, ...],
+        monitor_factory: Callable[..., Monitor] = build_monitor,
+    ) -> None:
         self.args = args
+        self.monitor_factory = monitor_factory
         self.command = command or None
         self.tui = sys.stdout.isatty() and not args.plain
         self.child: Child | None = None
@@ -158,7 +165,7 @@ class _Run:
             self.child = Child(self.command, capture=self.tui)
             pid = self.child.pid
         try:
-            monitor = build_monitor(
+            monitor = self.monitor_factory(
                 pid=pid,
                 interval_s=self.args.interval,
                 tree_gpus_only=True,
@@ -390,7 +397,11 @@ def _write(writer: TraceWriter, snapshot: Any, path: str) -> None:
         ) from None
 
 
-def run(args: argparse.Namespace) -> int:
+def run(
+    args: argparse.Namespace, *, monitor_factory: Callable[..., Monitor] = build_monitor
+) -> int:
+    """Watch a run.  ``monitor_factory`` (``build_monitor``'s signature) is the seam the
+    demo uses to feed the same face from a replayed trace instead of NVML."""
     command = tuple(args.command or ())
     if command and command[0] == "--":
         command = command[1:]
@@ -403,7 +414,7 @@ def run(args: argparse.Namespace) -> int:
         )
     if args.pid is not None and args.pid <= 0:
         raise GpumonError(f"no process with pid {args.pid} exists.")
-    r = _Run(args, command)
+    r = _Run(args, command, monitor_factory)
     r.start()
     assert r.monitor is not None
     stop_flag = StopFlag()
