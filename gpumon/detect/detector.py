@@ -272,6 +272,12 @@ class Detector:
         if tr.work_start_s is not None and cur is State.IDLE and \
                 t - tr.work_start_s < young:
             return _Candidate(State.IDLE, None, tr.note, t)  # too little work to judge yet
+        if cur is State.IDLE and tr.work_start_s is not None:
+            # First judgment of new work: its latest samples decide if it is healthy, so a
+            # ramp-up sample or an early work-start estimate does not read as starvation.
+            wy = tr.window(t, max(young, 2 * per))
+            if wy.duty is not None and wy.duty >= cfg.healthy_duty:
+                return _Candidate(State.HEALTHY, None, None, t, young)
         gap = tr.open_gap_s()
         long_gap = cfg.idle_gap_s if held is False else cfg.dip_max_s
         if cur is State.STARVED and gap >= long_gap:
