@@ -50,6 +50,8 @@ class DetectorConfig:
     confirm_s: float = 2.0
     confirm_idle_s: float = 2.0
     confirm_unknown_s: float = 6.0
+    # A duty cycle this far below ``starved_duty`` is no borderline case: confirm at once.
+    clear_margin: float = 0.25
     # A sample period at or above this is too coarse to see sub-second bursts: only the duty
     # cycle can be judged (nvidia-smi CSV at 1 s, a 1 s or 2 s driver period).
     coarse_period_s: float = 0.9

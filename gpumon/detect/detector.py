@@ -47,6 +47,7 @@ class _Candidate:
     note: str | None
     since_s: float
     backdate_s: float = 0.0
+    clear: bool = False  # far past the threshold: confirm at the next eval
 
 
 _ALL_STATES = tuple(State)
@@ -313,7 +314,8 @@ class Detector:
         cause = self._cause(t, w.span_s)
         note = f"coarse data (one sample per {tr.period_s:.1f} s): judged on the duty " \
                "cycle alone" if coarse else None
-        return _Candidate(State.STARVED, cause, note, t, w.span_s * 0.4)
+        return _Candidate(State.STARVED, cause, note, t, w.span_s * 0.4,
+                          clear=d < cfg.starved_duty - cfg.clear_margin)
 
     def _isolated(self, tr: GpuTrack, t: float, w: Window) -> bool:
         """A dip, not a pattern: the window's idle time sits in one gap (open or just
@@ -491,6 +493,8 @@ class Detector:
         if pend is None or pend.state is not c.state or pend.cause != c.cause:
             pend = c
             self._pending[key] = pend
+        elif c.clear:
+            pend.clear = True  # the case became clear while pending
         if ep is not None and t - pend.since_s < self._confirm_s(ep, pend):
             return None
         start = pend.since_s - pend.backdate_s
@@ -517,6 +521,8 @@ class Detector:
         if ep.note == "start-up" and ep.state is State.IDLE:
             # Work has begun: healthy at once; starved only once it outlasts the ramp-up.
             return cfg.eval_interval_s if c.state is State.HEALTHY else cfg.confirm_s
+        if c.clear:
+            return cfg.eval_interval_s
         if c.state is State.IDLE:
             return cfg.confirm_idle_s
         if c.state is State.UNKNOWN:
