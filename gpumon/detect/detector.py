@@ -392,16 +392,18 @@ class Detector:
             others = [i for i in working if i not in busywait]
             strag = [i for i in others if (wins[i].duty or 0.0) * 100 < cfg.busywait_util_pct]
             if strag or len(busywait) == len(working):
+                # Most peers pinned at low power: no borderline case, confirm at once.
+                clear = len(busywait) >= max(1, len(working) // 2)
                 for i in busywait:
                     cands[i] = _Candidate(State.SYNC_STALL, None,
                                           "busy-waiting on a peer (high utilisation, low "
-                                          "power)", t, wins[i].span_s * 0.5)
+                                          "power)", t, wins[i].span_s * 0.5, clear)
                 if strag:
                     s = min(strag, key=lambda i: wins[i].duty or 0.0)
                     self._straggler = s
                     cands[s] = _Candidate(State.SYNC_STALL, None,
                                           "straggler: its peers wait on it", t,
-                                          wins[s].span_s * 0.5)
+                                          wins[s].span_s * 0.5, clear)
         # All-GPU pauses, second by second.
         paused = len(working) >= 2
         for i in working:
