@@ -8,15 +8,16 @@ turns candidate states into episodes whose start is backdated to the candidate's
 
 from __future__ import annotations
 
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from itertools import pairwise
 
 from gpumon.detect.advice import advice_for
 from gpumon.detect.config import DetectorConfig
-from gpumon.detect.gpu import H_BUSY, H_COV, GpuTrack, Window
+from gpumon.detect.gpu import GpuTrack, Window
 from gpumon.detect.host import HostTrack
+from gpumon.detect.pauses import PauseTracker
 from gpumon.detect.rings import quantile
 from gpumon.model import (
     Cause,
@@ -72,17 +73,13 @@ class Detector:
         self._seconds: dict[int | None, dict[State, float]] = {}
         self._lost = 0.0
         self._busywait: set[int] = set()
-        self._pause_start: float | None = None
-        self._pauses: deque[tuple[float, float]] = deque(maxlen=32)
-        self._sync_active = False
-        self._skew_s: float | None = None
+        self._pauses = PauseTracker(self.cfg)
         self._straggler: int | None = None
         self._opened: list[Episode] = []
         self._closed: list[Episode] = []
         self._multi_cache: tuple[float, Evidence] | None = None
         self._cause_cache: tuple[tuple[float, int], Cause] | None = None
         self._calm = 0  # consecutive evals with nothing pending
-        self._sync_first = 0.0  # start of the first pause of the current sync pattern
 
     # --- public API ----------------------------------------------------------------------
 
@@ -404,83 +401,14 @@ class Detector:
                     cands[s] = _Candidate(State.SYNC_STALL, None,
                                           "straggler: its peers wait on it", t,
                                           wins[s].span_s * 0.5, clear)
-        # All-GPU pauses, second by second.
-        paused = len(working) >= 2
-        for i in working:
-            tr = self._tracks[i]
-            look = max(cfg.eval_interval_s, tr.period_s or 0.0)  # >= one driver sample
-            rec = tr.hist.at_or_before(t - look * 0.999)
-            if rec is None:
-                paused = False
-                break
-            cov = tr.cum_cov - rec[H_COV]
-            busy = tr.cum_busy - rec[H_BUSY]
-            if cov <= 0:
-                paused = False
-                break
-            u = busy / cov * 100
-            if u >= cfg.pause_util_pct:
-                # Spinning through the pause counts as paused: high util, low power now.
-                ref = tr.power_ref_watts(self._run_peak_watts)
-                p = tr.power_watts
-                if not (u >= cfg.busywait_util_pct and p is not None and ref and
-                        p <= cfg.busywait_power_share * ref):
-                    paused = False
-                    break
-        if paused and self._pause_start is None:
-            self._pause_start = self._last_eval if self._last_eval is not None else t
-            # Skew: how far apart the GPUs entered this pause (their gaps' starts).
-            starts = [self._tracks[i].run_start for i in working
-                      if not self._tracks[i].run_busy]
-            self._skew_s = max(starts) - min(starts) if len(starts) >= 2 else None
-        elif not paused and self._pause_start is not None:
-            if t - self._pause_start >= cfg.sync_pause_min_s:
-                self._pauses.append((self._pause_start, t))
-            self._pause_start = None
-        self._sync_active = self._sync_pauses(t, working, wins)
-        if self._sync_active:
+        # All-GPU pauses (checkpoints, host syncs), eval by eval.
+        prev = self._last_eval if self._last_eval is not None else t
+        if self._pauses.step(t, prev, [self._tracks[i] for i in working],
+                             self._run_peak_watts):
             for i in working:
                 cands[i] = _Candidate(State.SYNC_STALL, None,
                                       "all GPUs pause together (checkpoint or host sync)", t,
-                                      max(0.0, t - self._sync_first))  # from the first pause
-
-    def _sync_pauses(self, t: float, working: list[int], wins: dict[int, Window]) -> bool:
-        cfg = self.cfg
-        lo = t - cfg.sync_window_s
-        spans = [(a, b) for a, b in self._pauses if b > lo]
-        if self._pause_start is not None:
-            if t - self._pause_start > cfg.sync_pause_max_s:
-                return False  # one very long pause is idleness, not a sync pattern
-            if t - self._pause_start >= cfg.sync_pause_min_s:
-                spans.append((self._pause_start, t))
-        if len(spans) < cfg.sync_min_pauses:
-            return False
-        # The share is taken since the first pause (at least ``sync_min_span_s``): a run
-        # that only now began pausing is judged on its pauses, not on its healthy past.
-        first = min(max(a, lo) for a, _ in spans)
-        self._sync_first = first
-        span = min(cfg.sync_window_s, max(cfg.sync_min_span_s, t - first))
-        if working:
-            span = min(span, t - min((self._tracks[i].first_t or t) for i in working))
-        if span <= 0:
-            return False
-        total = sum(min(b, t) - max(a, lo) for a, b in spans)
-        share = total / span
-        need = cfg.sync_pause_share * (0.6 if self._sync_active else 1.0)
-        if share < need or share >= 0.95:
-            return False
-        # Outside the pauses the GPUs must be busy: starvation gaps that happen to line up
-        # are not a sync pattern.
-        duties = []
-        for i in working:
-            tr = self._tracks[i]
-            w = tr.window(t, span)
-            if w.duty is not None:
-                duties.append(w.duty)
-        if not duties:
-            return False
-        outside = (sum(duties) / len(duties)) / max(1e-6, 1.0 - share)
-        return outside >= cfg.starved_duty
+                                      max(0.0, t - self._pauses.first_s))  # first pause on
 
     def _apply(self, key: int, uuid: str, c: _Candidate, t: float) -> float | None:
         """Hysteresis: switch the GPU's episode once its candidate has lasted long enough."""
@@ -670,7 +598,7 @@ class Detector:
             ev["effective_gpus"] = round(sum(known), 2)
         if self._straggler is not None:
             ev["straggler_gpu"] = self._straggler
-        spans = list(self._pauses)
+        spans = list(self._pauses.pauses)
         if spans:
             ev["pauses"] = len(spans)
             ev["pause_p50_s"] = round(quantile([b - a for a, b in spans], 0.5) or 0.0, 2)
@@ -678,8 +606,8 @@ class Detector:
                 starts = [a for a, _ in spans]
                 gaps = [b - a for a, b in pairwise(starts)]
                 ev["pause_interval_p50_s"] = round(quantile(gaps, 0.5) or 0.0, 2)
-        if self._skew_s is not None:
-            ev["skew_s"] = round(self._skew_s, 3)
+        if self._pauses.skew_s is not None:
+            ev["skew_s"] = round(self._pauses.skew_s, 3)
         return ev
 
     def _run_evidence(self, t: float | None) -> Evidence:

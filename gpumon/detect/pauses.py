@@ -1,0 +1,94 @@
+"""All-GPU pauses (checkpoints, host-side syncs) and when they add up to a sync stall.
+
+A pause is a stretch in which every working GPU is quiet, or spins at low power (NCCL
+busy-wait).  Short or rare pauses are dips of a healthy run; long pauses taking a large
+share of the time, with the GPUs busy in between, are a sync stall.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+
+from gpumon.detect.config import DetectorConfig
+from gpumon.detect.gpu import H_BUSY, H_COV, GpuTrack
+
+
+class PauseTracker:
+    """Pauses seen recently (bounded) and whether they form a sync-stall pattern now."""
+
+    def __init__(self, cfg: DetectorConfig) -> None:
+        self.cfg = cfg
+        self.open_since: float | None = None
+        self.pauses: deque[tuple[float, float]] = deque(maxlen=32)
+        self.active = False
+        self.first_s = 0.0  # start of the first pause of the current pattern
+        self.skew_s: float | None = None  # how far apart the GPUs entered the last pause
+
+    def step(self, t: float, prev_eval: float, working: Sequence[GpuTrack],
+             run_peak_watts: float | None) -> bool:
+        """Fold one eval in; True while the pauses amount to a sync stall."""
+        cfg = self.cfg
+        paused = len(working) >= 2 and all(
+            self._quiet(tr, t, run_peak_watts) for tr in working)
+        if paused and self.open_since is None:
+            self.open_since = prev_eval
+            starts = [tr.run_start for tr in working if not tr.run_busy]
+            self.skew_s = max(starts) - min(starts) if len(starts) >= 2 else None
+        elif not paused and self.open_since is not None:
+            if t - self.open_since >= cfg.sync_pause_min_s:
+                self.pauses.append((self.open_since, t))
+            self.open_since = None
+        self.active = self._pattern(t, working)
+        return self.active
+
+    def _quiet(self, tr: GpuTrack, t: float, run_peak_watts: float | None) -> bool:
+        """Whether this GPU paused over the last driver sample (or eval interval)."""
+        cfg = self.cfg
+        look = max(cfg.eval_interval_s, tr.period_s or 0.0)
+        rec = tr.hist.at_or_before(t - look * 0.999)
+        if rec is None:
+            return False
+        cov = tr.cum_cov - rec[H_COV]
+        if cov <= 0:
+            return False
+        u = (tr.cum_busy - rec[H_BUSY]) / cov * 100
+        if u < cfg.pause_util_pct:
+            return True
+        # Spinning through the pause counts as paused: high util, low power now.
+        ref = tr.power_ref_watts(run_peak_watts)
+        p = tr.power_watts
+        return bool(u >= cfg.busywait_util_pct and p is not None and ref and
+                    p <= cfg.busywait_power_share * ref)
+
+    def _pattern(self, t: float, working: Sequence[GpuTrack]) -> bool:
+        cfg = self.cfg
+        lo = t - cfg.sync_window_s
+        spans = [(a, b) for a, b in self.pauses if b > lo]
+        if self.open_since is not None:
+            if t - self.open_since > cfg.sync_pause_max_s:
+                return False  # one very long pause is idleness, not a sync pattern
+            if t - self.open_since >= cfg.sync_pause_min_s:
+                spans.append((self.open_since, t))
+        if len(spans) < cfg.sync_min_pauses:
+            return False
+        # The share is taken since the first pause (at least ``sync_min_span_s``): a run
+        # that only now began pausing is judged on its pauses, not on its healthy past.
+        first = min(max(a, lo) for a, _ in spans)
+        self.first_s = first
+        span = min(cfg.sync_window_s, max(cfg.sync_min_span_s, t - first))
+        if working:
+            span = min(span, t - min((tr.first_t or t) for tr in working))
+        if span <= 0:
+            return False
+        share = sum(min(b, t) - max(a, lo) for a, b in spans) / span
+        need = cfg.sync_pause_share * (0.6 if self.active else 1.0)
+        if share < need or share >= 0.95:
+            return False
+        # Outside the pauses the GPUs must be busy: starvation gaps that happen to line up
+        # are not a sync pattern.
+        duties = [d for d in (tr.window(t, span).duty for tr in working) if d is not None]
+        if not duties:
+            return False
+        outside = (sum(duties) / len(duties)) / max(1e-6, 1.0 - share)
+        return outside >= cfg.starved_duty
