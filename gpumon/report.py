@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from gpumon.detect import Detector, DetectorConfig
-from gpumon.model import Episode, Snapshot, State, TraceHeader, Verdict
+from gpumon.model import Cause, Episode, Snapshot, State, TraceHeader, Verdict
 
 BLOCKS = " ▁▂▃▄▅▆▇█"
 STATE_CHAR = {State.HEALTHY: "█", State.STARVED: "▒", State.SYNC_STALL: "≈",
@@ -165,12 +165,58 @@ class AnalysisResult:
     start_s: float | None
     end_s: float | None
     ticks: int
+    state: State = State.UNKNOWN  # overall, over the whole stream (see ``overall``)
+    cause: Cause | None = None
+    advice: list[str] = field(default_factory=list)
 
     @property
     def duration_s(self) -> float:
         if self.start_s is None or self.end_s is None:
             return 0.0
         return self.end_s - self.start_s
+
+
+# Share of the working time (healthy + starved + sync stall) a problem must take to become
+# the overall verdict of a run: a few minutes of starvation in a day-long healthy run are
+# episodes worth listing, not the verdict.
+PROBLEM_SHARE = 0.1
+
+
+def overall(seconds: dict[State, float] | None, episodes: Iterable[Episode]
+            ) -> tuple[State, Cause | None]:
+    """The state that sums up a whole run (or GPU), and the cause by seconds if starved.
+
+    The detector's verdict is the state *now*; a file is better summed up by what took
+    its time: the bigger problem if problems took ``PROBLEM_SHARE`` of the working time,
+    else healthy if it worked at all, else idle or unknown.
+    """
+    sec = seconds or {}
+    work = sum(sec.get(x, 0.0) for x in (State.HEALTHY, State.STARVED, State.SYNC_STALL))
+    starved, stall = sec.get(State.STARVED, 0.0), sec.get(State.SYNC_STALL, 0.0)
+    if work > 0 and max(starved, stall) >= PROBLEM_SHARE * work:
+        if stall >= starved:
+            return State.SYNC_STALL, None
+        by_cause: dict[Cause, float] = {}
+        for ep in episodes:
+            if ep.state is State.STARVED and ep.end_s is not None:
+                c = ep.cause or Cause.UNKNOWN
+                by_cause[c] = by_cause.get(c, 0.0) + ep.end_s - ep.start_s
+        return State.STARVED, max(by_cause, key=by_cause.__getitem__, default=Cause.UNKNOWN)
+    if sec.get(State.HEALTHY, 0.0) > 0:
+        return State.HEALTHY, None
+    if sec.get(State.IDLE, 0.0) >= sec.get(State.UNKNOWN, 0.0) and sec.get(State.IDLE, 0.0) > 0:
+        return State.IDLE, None
+    return State.UNKNOWN, None
+
+
+def _advice_over(episodes: Iterable[Episode], state: State, cause: Cause | None) -> list[str]:
+    """Advice of the episodes that made the overall verdict, most time first."""
+    weight: dict[str, float] = {}
+    for ep in episodes:
+        if ep.state is state and (cause is None or ep.cause == cause) and ep.end_s is not None:
+            for a in ep.advice:
+                weight[a] = weight.get(a, 0.0) + ep.end_s - ep.start_s
+    return sorted(weight, key=lambda a: -weight[a])
 
 
 def analyze_snapshots(header: TraceHeader, snapshots: Iterable[Snapshot],
@@ -235,8 +281,14 @@ def analyze_snapshots(header: TraceHeader, snapshots: Iterable[Snapshot],
     verdict = det.verdict()
     seconds = det.seconds_in_state()
     take(det.finish().closed)
-    return AnalysisResult(header, dict(sorted(gpus.items())), list(run_eps), verdict, seconds,
-                          det.lost_gpu_seconds(), start, end, ticks)
+    run_list = list(run_eps)
+    state, cause = overall(seconds.get(None), run_list)
+    every = [ep for g in gpus.values() for ep in g.episodes]
+    advice = _advice_over(every, state, cause) or list(verdict.advice)
+    if state is State.HEALTHY:
+        advice = []
+    return AnalysisResult(header, dict(sorted(gpus.items())), run_list, verdict, seconds,
+                          det.lost_gpu_seconds(), start, end, ticks, state, cause, advice)
 
 
 # --- text ---------------------------------------------------------------------------------
@@ -296,10 +348,12 @@ def render_text(result: AnalysisResult, max_episodes: int = 12) -> str:
     src = result.header.source
     out.append(f"gpumon analysis · {src} · {len(result.gpus)} GPU(s) · "
                f"{_clock(result.end_s or t0, t0)} · {result.ticks} ticks")
-    verdict = v.state.value.upper().replace("_", " ")
-    if v.cause is not None and v.state is State.STARVED:
-        verdict += f" (cause: {v.cause.value})"
+    verdict = result.state.value.upper().replace("_", " ")
+    if result.cause is not None and result.state is State.STARVED:
+        verdict += f" (cause: {result.cause.value})"
     line = f"Verdict: {verdict}"
+    if v.state is not result.state:
+        line += f" · now {_label(v.state, v.cause)}"
     eff = v.evidence.get("effective_gpus")
     if isinstance(eff, int | float) and len(result.gpus) > 1:
         line += f" · {len(result.gpus)} GPUs deliver {eff:.1f} GPUs of work"
@@ -344,10 +398,14 @@ def render_text(result: AnalysisResult, max_episodes: int = 12) -> str:
                 out.append(f"{'':22}{evl}")
         out.append("")
     out.append(f"legend: {legend}")
-    if v.advice:
+    secs = result.seconds.get(None) or {}
+    spent = ", ".join(f"{st.value} {_clock(x, 0)}" for st, x in secs.items() if x >= 0.5)
+    if spent:
+        out.append(f"time per state (run): {spent}")
+    if result.advice:
         out.append("")
         out.append("Advice:")
-        out.extend(f"  - {a}" for a in v.advice)
+        out.extend(f"  - {a}" for a in result.advice)
     return "\n".join(out) + "\n"
 
 
@@ -371,11 +429,14 @@ def to_json(result: AnalysisResult) -> dict:
     for s in result.gpus.values():
         gv = next((g for g in v.gpus if g.gpu == s.gpu), None)
         duty = s.duty_cycle
+        gstate, gcause = overall(result.seconds.get(s.gpu), s.episodes)
         gpus.append({
             "gpu": s.gpu,
             "uuid": s.uuid,
-            "state": gv.state.value if gv else State.UNKNOWN.value,
-            "cause": gv.cause.value if gv and gv.cause else None,
+            "state": gstate.value,
+            "cause": gcause.value if gcause else None,
+            "state_now": gv.state.value if gv else State.UNKNOWN.value,
+            "cause_now": gv.cause.value if gv and gv.cause else None,
             "note": gv.note if gv else None,
             "duty_cycle": None if duty is None else round(min(1.0, max(0.0, duty)), 4),
             "samples": s.samples,
@@ -395,8 +456,10 @@ def to_json(result: AnalysisResult) -> dict:
             "advice": list(gv.advice) if gv else [],
         })
     return {
-        "verdict": v.state.value,
-        "cause": v.cause.value if v.cause is not None and v.state is State.STARVED else None,
+        "verdict": result.state.value,
+        "cause": result.cause.value if result.cause is not None else None,
+        "verdict_now": v.state.value,
+        "cause_now": v.cause.value if v.cause is not None else None,
         "note": v.note,
         "source": result.header.source,
         "start": result.start_s,
@@ -404,7 +467,7 @@ def to_json(result: AnalysisResult) -> dict:
         "duration_s": round(result.duration_s, 3),
         "started_wall_s": result.header.started_wall_s,
         "gpus": gpus,
-        "advice": list(v.advice),
+        "advice": list(result.advice),
         "seconds": _seconds_json(result.seconds.get(None)),
         "lost_gpu_seconds": round(result.lost_gpu_seconds, 1),
         "effective_gpus": v.evidence.get("effective_gpus"),

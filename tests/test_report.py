@@ -98,3 +98,47 @@ def test_sync_stall_report_names_the_straggler() -> None:
     strag = next(lab.gpu for lab in tr.labels if lab.note == "straggler")
     assert j["evidence"]["straggler_gpu"] == strag
     assert f"straggler GPU {strag}" in render_text(res)
+
+
+def _snaps(util, seconds: int) -> list:
+    from gpumon.model import GpuProcess, GpuSample, Snapshot, UtilPoint
+
+    out = []
+    for k in range(1, seconds + 1):
+        pts = tuple(UtilPoint(k - 1 + (j + 1) / 6, util(k - 1 + (j + 0.5) / 6))
+                    for j in range(6))
+        busy = util(k - 0.5) > 0 or k < 10
+        out.append(Snapshot(float(k), (GpuSample(
+            float(k), 0, "GPU-0", util_samples=pts, util_pct=pts[-1].util_pct,
+            processes=(GpuProcess(7),) if busy else ()),)))
+    return out
+
+
+def test_verdict_sums_up_the_run_not_its_last_moment() -> None:
+    # Starved for 200 s (after start-up), then the job ended and the GPU went idle.
+    def util(t: float) -> float:
+        if t < 20 or t >= 220:
+            return 0.0
+        return 100.0 if t % 1.0 < 0.35 else 0.0
+
+    res = analyze_snapshots(TraceHeader(1, "csv"), _snaps(util, 300))
+    j = to_json(res)
+    assert j["verdict"] == "starved" and j["verdict_now"] == "idle"
+    assert j["cause"] == "unknown"  # no host data
+    assert j["gpus"][0]["state"] == "starved" and j["gpus"][0]["state_now"] == "idle"
+    assert j["advice"], "the starvation's advice survives the idle ending"
+    assert "now idle" in render_text(res)
+
+
+def test_a_short_problem_in_a_long_healthy_run_stays_healthy_overall() -> None:
+    def util(t: float) -> float:
+        if t < 10:
+            return 0.0
+        if 500 <= t < 530:  # 30 s of starvation in ~20 min of work
+            return 100.0 if t % 1.0 < 0.4 else 0.0
+        return 98.0
+
+    j = to_json(analyze_snapshots(TraceHeader(1, "csv"), _snaps(util, 1200)))
+    assert j["verdict"] == "healthy" and j["cause"] is None and j["advice"] == []
+    states = [e["state"] for e in j["gpus"][0]["episodes"]]
+    assert "starved" in states  # still listed as an episode
