@@ -396,6 +396,8 @@ def render_text(result: AnalysisResult, max_episodes: int = 12) -> str:
                 _evidence_line({"duty_cycle": ep.evidence.get("duty_cycle")})
             if evl:
                 out.append(f"{'':22}{evl}")
+            if ep.advice and ep.state in (State.STARVED, State.SYNC_STALL):
+                out.append(f"{'':22}→ {ep.advice[0]}")
         out.append("")
     out.append(f"legend: {legend}")
     secs = result.seconds.get(None) or {}
