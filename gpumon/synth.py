@@ -323,8 +323,12 @@ def _phases(rng: random.Random, scenario: str, n: int, dur: float) -> list[Phase
 
 def generate(scenario: str, seed: int = 0, *, gpus: int | None = None,
              period_s: float | None = None, duration_s: float | None = None,
-             tick_s: float = 1.0) -> SynthTrace:
-    """One labelled trace.  Unset knobs are drawn from the seed (deterministically)."""
+             tick_s: float = 1.0, phases: Sequence[Phase] | None = None) -> SynthTrace:
+    """One labelled trace.  Unset knobs are drawn from the seed (deterministically).
+
+    ``phases`` replaces the scenario's own story (the scenario name still seeds the
+    machine: GPU count, power, cores, workers), e.g. for a demo told in chosen phases.
+    """
     rng = random.Random(f"{scenario}:{seed}")
     multi = scenario in ("straggler", "sync_pauses")
     n = gpus if gpus is not None else rng.choice((2, 4, 8) if multi else (1, 1, 2, 4, 8))
@@ -333,7 +337,8 @@ def generate(scenario: str, seed: int = 0, *, gpus: int | None = None,
     coarse = scenario.startswith("coarse_")
     period = None if coarse else (period_s if period_s is not None else rng.choice(PERIODS))
     dur = duration_s if duration_s is not None else rng.uniform(180.0, 420.0)
-    phases = _phases(rng, scenario, n, dur)
+    story = _phases(rng, scenario, n, dur)
+    phases = list(phases) if phases is not None else story
     straggler = rng.randrange(n)
     timelines = _build(rng, phases, n, straggler)
     total = sum(p.duration_s for p in phases)

@@ -108,3 +108,15 @@ def test_bad_arguments() -> None:
 def test_corpus_covers_every_scenario() -> None:
     names = {tr.name.split("/")[0] for tr in corpus(seeds=[0], duration_s=60)}
     assert names == set(SCENARIOS)
+
+
+def test_a_story_of_chosen_phases() -> None:
+    from gpumon.synth import Phase
+
+    story = [Phase("startup", 10.0), Phase("healthy", 30.0),
+             Phase("starved", 30.0, Cause.IO, params={"burst_s": 0.5, "duty": 0.4})]
+    tr = generate("healthy", 1, gpus=2, period_s=0.5, phases=story)
+    assert tr.phases == tuple(story)
+    assert tr.snapshots[-1].t_s == pytest.approx(70.0, abs=0.01)
+    assert [lab.state for lab in tr.labels if lab.gpu == 0] == [
+        State.IDLE, State.HEALTHY, State.STARVED]
