@@ -375,3 +375,25 @@ def test_a_jobs_process_tree_feeds_the_detector(tmp_path: Path) -> None:
     finally:
         proc.terminate()  # its SIGTERM handler kills the workers too
         proc.wait()
+
+
+def test_memory_stays_flat_over_thousands_of_ticks(tmp_path: Path) -> None:
+    """Bounded state: episodes, histograms, jobs, pid cache — no list grows with time."""
+    import tracemalloc
+
+    state, _ = make_state(tmp_path, summary_interval_s=50.0)
+    f = Feeder(state, {0: (101,), 1: (102,)})
+    f.run(300, {0: "steady", 1: "steady"})  # warm up: rings fill
+    tracemalloc.start()
+    try:
+        sizes = []
+        for block in range(3):
+            for i in range(6):  # alternate states so episodes open and close
+                pattern = "burst" if (block + i) % 2 else "steady"
+                f.run(100, {0: pattern, 1: "steady"})
+                metrics(state)
+            sizes.append(tracemalloc.get_traced_memory()[0])
+    finally:
+        tracemalloc.stop()
+    assert state.ticks_total > 4000
+    assert sizes[2] - sizes[1] < 64 * 1024, sizes
