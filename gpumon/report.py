@@ -8,15 +8,17 @@ episodes (capped).  ``render_text`` and ``to_json`` only format that result.
 
 from __future__ import annotations
 
-import math
+from bisect import bisect_right
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 from gpumon.detect import Detector, DetectorConfig
 from gpumon.model import Cause, Episode, Snapshot, State, TraceHeader, Verdict
 
 BLOCKS = " ▁▂▃▄▅▆▇█"
+_UTIL = attrgetter("util_pct")
 STATE_CHAR = {State.HEALTHY: "█", State.STARVED: "▒", State.SYNC_STALL: "≈",
               State.IDLE: "·", State.UNKNOWN: "?"}
 _STATES = tuple(State)
@@ -111,11 +113,13 @@ class LogHistogram:
         self.n = 0
         self.total = 0.0
 
+    # Upper edges of bins 0 .. BINS-2 (the last bin takes everything above).
+    EDGES = tuple(10 ** (-2.0 + (k + 1) / 20) for k in range(101))
+
     def add(self, x: float) -> None:
         if x <= 0:
             return
-        k = int((math.log10(x) - self.LO) * self.PER_DECADE)
-        self.counts[min(self.BINS - 1, max(0, k))] += 1
+        self.counts[bisect_right(self.EDGES, x)] += 1
         self.n += 1
         self.total += x
 
@@ -260,7 +264,7 @@ def analyze_snapshots(header: TraceHeader, snapshots: Iterable[Snapshot],
             dt = snap.t_s - s.last_t if s.last_t is not None else None
             s.last_t = snap.t_s
             if pts:
-                u = sum(p.util_pct for p in pts) / len(pts)
+                u = sum(map(_UTIL, pts)) / len(pts)
                 s.samples += len(pts)
             elif g.util_pct is not None:
                 u = g.util_pct

@@ -191,22 +191,34 @@ class GpuTrack:
         self.last_t = last_t
         self.run_busy = run_busy
         self.run_start = run_start
+        if events:
+            self._events(events, out_bursts, out_gaps)
+
+    def _events(self, events: list, out_bursts: list, out_gaps: list) -> None:
+        """Completed bursts and gaps into the rings (and out to the update)."""
         end = self.run_start
+        idx = self.index
+        last_burst = self.last_burst
+        bursts, gaps = self.bursts.append, self.gaps.append
+        nb = ng = 0
         for was_busy, length in events:
             if length <= 0.0:
                 continue
             if was_busy:
-                self.bursts.push(length)
-                self.cum_bursts += 1
-                self.last_burst = length
-                out_bursts.append((self.index, length))
+                bursts(length)
+                nb += 1
+                last_burst = length
+                out_bursts.append((idx, length))
             else:
-                self.gaps.push(length)
-                self.cum_gaps += 1
-                if self.last_burst is not None:
-                    self.cycles.push(self.last_burst + length)
-                    self.cycle_ends.push(end)
-                out_gaps.append((self.index, length))
+                gaps(length)
+                ng += 1
+                if last_burst is not None:
+                    self.cycles.append(last_burst + length)
+                    self.cycle_ends.append(end)
+                out_gaps.append((idx, length))
+        self.last_burst = last_burst
+        self.cum_bursts += nb
+        self.cum_gaps += ng
 
     # --- windows -------------------------------------------------------------------------
 

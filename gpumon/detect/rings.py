@@ -2,34 +2,26 @@
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Sequence
 
 
-class Ring:
-    """The last ``size`` floats pushed (order kept only for ``newest``)."""
-
-    __slots__ = ("buf", "i", "n", "size")
+class Ring(deque):
+    """The last ``size`` floats pushed: a bounded deque (its append runs in C)."""
 
     def __init__(self, size: int) -> None:
-        self.size = size
-        self.buf = [0.0] * size
-        self.i = 0
-        self.n = 0
+        super().__init__(maxlen=size)
 
-    def push(self, x: float) -> None:
-        self.buf[self.i] = x
-        self.i = (self.i + 1) % self.size
-        if self.n < self.size:
-            self.n += 1
+    push = deque.append
+
+    def __reduce__(self):  # type: ignore[override]  # rebuild with our one-argument init
+        return (Ring, (self.maxlen,), None, iter(self))
 
     def values(self) -> list[float]:
-        return self.buf[: self.n] if self.n < self.size else list(self.buf)
+        return list(self)
 
     def newest(self) -> float | None:
-        return None if self.n == 0 else self.buf[(self.i - 1) % self.size]
-
-    def __len__(self) -> int:
-        return self.n
+        return self[-1] if self else None
 
 
 class History:
