@@ -392,3 +392,12 @@ def test_verdict_before_any_data_is_unknown() -> None:
     v = Detector().verdict()
     assert v.state is State.UNKNOWN and v.t_s is None and v.gpus == ()
     assert math.isclose(Detector().lost_gpu_seconds(), 0.0)
+
+
+def test_a_lost_gpu_is_unknown_and_says_so() -> None:
+    snaps = stream(const(98), 60)
+    snaps += [Snapshot(s.t_s + 60, (GpuSample(s.t_s + 60, 0, "GPU-0", lost=True),))
+              for s in snaps[:20]]
+    det, _, _ = run(snaps)
+    g = det.verdict().gpus[0]
+    assert g.state is State.UNKNOWN and "lost" in (g.note or "")

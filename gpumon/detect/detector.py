@@ -235,6 +235,8 @@ class Detector:
         cfg = self.cfg
         d = w.duty
         cur = tr.state
+        if tr.lost:
+            return _Candidate(State.UNKNOWN, None, "GPU lost (fell off the bus)", t)
         if (d is None or w.coverage < cfg.min_coverage) and not tr.seen_work and \
                 tr.samples > 0 and tr.first_t is not None and t - tr.first_t < cfg.window_s:
             return _Candidate(State.IDLE, None, "start-up", t)  # the stream just began

@@ -69,6 +69,7 @@ class GpuTrack:
         self.mem_used_bytes: int | None = None
         self.mem_total_bytes = mem_total_bytes
         self.processes: int | None = None  # count; None = could not be read
+        self.lost = False  # NVML said GpuIsLost on the latest tick
         self.last_tick_t: float | None = None
         self.hist = History(cfg.ring_evals)
         # Classification state (owned by the detector's rules).
@@ -119,6 +120,7 @@ class GpuTrack:
         if g.mem_total_bytes is not None:
             self.mem_total_bytes = g.mem_total_bytes
         self.processes = None if g.processes is None else len(g.processes)
+        self.lost = g.lost
 
     def _looks_powered_down(self, p: float | None) -> bool:
         if p is None:
