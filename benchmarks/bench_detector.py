@@ -181,6 +181,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--seeds", type=int, default=10)
     ap.add_argument("--quick", action="store_true", help="3 seeds")
+    ap.add_argument("--first-seed", type=int, default=0,
+                    help="start of the seed range (other seeds: a held-out corpus)")
     ap.add_argument("--verbose", action="store_true", help="list missed/late transitions")
     ap.add_argument("--scenario", action="append", help="only these scenarios")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -188,7 +190,7 @@ def main() -> int:
     args = ap.parse_args()
     config = DetectorConfig(**{k: type(getattr(DetectorConfig(), k))(v) for k, v in
                                (kv.split("=", 1) for kv in args.set)})
-    seeds = range(3 if args.quick else args.seeds)
+    seeds = range(args.first_seed, args.first_seed + (3 if args.quick else args.seeds))
     scenarios = args.scenario or SCENARIOS
     conf: dict = defaultdict(int)
     causes = [0, 0]

@@ -36,11 +36,17 @@ class PauseTracker:
             starts = [tr.run_start for tr in working if not tr.run_busy]
             self.skew_s = max(starts) - min(starts) if len(starts) >= 2 else None
         elif not paused and self.open_since is not None:
-            if t - self.open_since >= cfg.sync_pause_min_s:
+            if t - self.open_since + self._slack(working) >= cfg.sync_pause_min_s:
                 self.pauses.append((self.open_since, t))
             self.open_since = None
         self.active = self._pattern(t, working)
         return self.active
+
+    def _slack(self, working: Sequence[GpuTrack]) -> float:
+        """How much shorter than the real pause the measured one can be: a GPU counts as
+        quiet only once a whole driver sample was, so up to one period per edge."""
+        per = max((tr.period_s or 0.0 for tr in working), default=0.0)
+        return max(self.cfg.eval_interval_s, per)
 
     def _quiet(self, tr: GpuTrack, t: float, run_peak_watts: float | None) -> bool:
         """Whether this GPU paused over the last driver sample (or eval interval)."""
@@ -68,7 +74,7 @@ class PauseTracker:
         if self.open_since is not None:
             if t - self.open_since > cfg.sync_pause_max_s:
                 return False  # one very long pause is idleness, not a sync pattern
-            if t - self.open_since >= cfg.sync_pause_min_s:
+            if t - self.open_since + self._slack(working) >= cfg.sync_pause_min_s:
                 spans.append((self.open_since, t))
         if len(spans) < cfg.sync_min_pauses:
             return False
