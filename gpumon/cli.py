@@ -29,13 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"gpumon {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for face in FACES:
-        try:  # TEMPORARY while faces land in parallel; removed before release
-            module = importlib.import_module(f"gpumon.faces.{face}")
-        except ModuleNotFoundError as exc:
-            if exc.name != f"gpumon.faces.{face}":
-                raise
-            continue
-        module.register(sub)
+        importlib.import_module(f"gpumon.faces.{face}").register(sub)
     return parser
 
 
