@@ -158,10 +158,15 @@ def main() -> int:
             try:
                 host, tree = HostSampler(), ProcessTreeSampler(pid)
                 monitor = Monitor(sampler, host, tree, Detector(gpus=sampler.gpus))
+                bare = Monitor(sampler, host, tree, None)  # the same tick without a detector
 
                 def tick(hz: OneHertz = hz, monitor: Monitor = monitor) -> None:
                     hz.step()
                     monitor.tick()
+
+                def no_detector(hz: OneHertz = hz, bare: Monitor = bare) -> None:
+                    hz.step()
+                    bare.tick()
 
                 with hz.installed():
                     monitor.tick()
@@ -170,6 +175,7 @@ def main() -> int:
                         {
                             "floor": floor,
                             "tick": tick,
+                            "no_detector": no_detector,
                             "nvml": nvml_part,
                             "host": host.sample,
                             "tree": tree.sample,
@@ -178,6 +184,7 @@ def main() -> int:
                         per_batch={
                             "floor": per,
                             "tick": max(2, per // 2),
+                            "no_detector": max(2, per // 2),
                             "nvml": per,
                             "host": 20,
                             "tree": max(2, 40 // n_procs),
@@ -199,12 +206,13 @@ def main() -> int:
                     ("PASS" if ok else "FAIL") if target else "",
                 )
             )
-            rest = res["tick"].cpu_us - sum(res[k].cpu_us for k in ("nvml", "host", "tree"))
+            detector = res["tick"].cpu_us - res["no_detector"].cpu_us
+            rest = res["no_detector"].cpu_us - sum(res[k].cpu_us for k in ("nvml", "host", "tree"))
             parts.append(
-                f"{n_gpus} GPU {n_procs:3} procs: tick {res['tick'].cpu_us:6.0f} = "
-                f"NVML {res['nvml'].cpu_us:5.0f} + host {res['host'].cpu_us:4.0f} + "
-                f"tree {res['tree'].cpu_us:5.0f} + detector/other {rest:5.0f}  "
-                f"(wall: tick {res['tick'].wall_us:6.0f}, floor {res['floor'].wall_us:5.0f})"
+                f"{n_gpus} GPU {n_procs:3} procs: tick {res['tick'].cpu_us:5.0f} = "
+                f"NVML {res['nvml'].cpu_us:4.0f} + host {res['host'].cpu_us:3.0f} + "
+                f"tree {res['tree'].cpu_us:4.0f} + detector {detector:4.0f} + rest {rest:4.0f}"
+                f"  (wall: tick {res['tick'].wall_us:5.0f}, floor {res['floor'].wall_us:4.0f})"
             )
 
     print("\nCPU us per call (process time), medians over rounds; gpumon at an emulated 1 Hz:")
