@@ -102,6 +102,33 @@ def test_burst_samples_come_through_without_loss_between_ticks(nvml) -> None:
     assert min(p.util_pct for p in points) == 0.0 and max(p.util_pct for p in points) == 100.0
 
 
+def test_one_call_sample_buffer_reads_what_pynvml_reads(nvml) -> None:
+    """The one-call buffer read, pynvml's two-call wrapper and the full-buffer fallback
+    give the same points and move the cursor alike."""
+    scn = Scenario(
+        gpus=[FakeGPU(pattern=Pattern.burst(1.0, 0.3, noise_pct=5.0))],
+        epoch=time.monotonic() - 30.0,  # a full driver history (120 samples) to read
+    )
+    nvml.set(scn)
+    fast, slow, tiny = (NvmlSampler(start_s=0.0) for _ in range(3))
+    assert fast._gpus[0].sample_buffer is not None
+    slow._gpus[0].sample_buffer = None  # pynvml's nvmlDeviceGetSamples
+    # Smaller than the driver's history: "full", so it falls back to pynvml.
+    tiny._gpus[0].sample_buffer = nvml_module._SampleBuffer.create(capacity=8)
+    checked = 0
+    for _ in range(10):  # a driver sample landing between the three reads: read again
+        a, b, c = (s.sample()[0] for s in (fast, slow, tiny))
+        if len({s._gpus[0].last_sample_ts_us for s in (fast, slow, tiny)}) > 1:
+            continue
+        values = [[p.util_pct for p in x.util_samples] for x in (a, b, c)]
+        assert values[0] == values[1] == values[2]
+        ts = [[p.t_s for p in x.util_samples] for x in (a, b, c)]
+        assert ts[0] == pytest.approx(ts[1], abs=1e-3) == ts[2]
+        checked += len(values[0])
+        time.sleep(0.4)
+    assert checked >= 100  # the full history once, then a few samples per read
+
+
 @pytest.mark.parametrize("clock", ["realtime", "monotonic", "boottime"])
 def test_sample_timestamps_on_any_clock_land_on_ours(nvml, clock: str) -> None:
     nvml.set(Scenario(timestamp_clock=clock))

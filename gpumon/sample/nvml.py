@@ -14,7 +14,9 @@ tick and is counted by kind (the daemon exports the counts).
 
 from __future__ import annotations
 
+import ctypes
 import logging
+import struct
 import threading
 import time
 from collections import Counter
@@ -123,6 +125,62 @@ class SampleClock:
         return self._anchor_offset_s
 
 
+class _SampleBuffer:
+    """``nvmlDeviceGetSamples`` for utilisation in one C call, into a buffer kept per GPU.
+
+    pynvml's wrapper makes two calls (the count, then the data), allocates an array and
+    returns a struct object per sample whose fields cost ~1 µs each to read (pynvml's
+    ``__getattribute__`` is Python); here one call fills a buffer larger than any driver's
+    history (NVML's is ~120 samples) and the (timestamp, value) pairs are unpacked from its
+    bytes at once: ~3 µs instead of ~13 µs per GPU per tick.  Errors are raised as pynvml
+    raises them; a full buffer (maybe truncated) returns None: the caller asks pynvml.
+    """
+
+    CAPACITY = 1024
+    # nvmlSample_t: unsigned long long timeStamp; nvmlValue_t sampleValue (an 8-byte
+    # union; uiVal, an unsigned int, at its start).
+    _LAYOUT = struct.Struct("@QI4x")
+    _TYPE = ctypes.c_uint(pynvml.NVML_GPU_UTILIZATION_SAMPLES)
+
+    def __init__(self, fn: Callable[..., int], capacity: int = CAPACITY) -> None:
+        self._fn = fn
+        self.capacity = capacity
+        self._buf = (pynvml.c_nvmlSample_t * capacity)()
+        self._bytes = memoryview(self._buf).cast("B")
+        self._count = ctypes.c_uint(0)
+        self._value_type = ctypes.c_uint(0)
+        self._count_ref = ctypes.byref(self._count)
+        self._value_type_ref = ctypes.byref(self._value_type)
+
+    @classmethod
+    def create(cls, capacity: int = CAPACITY) -> _SampleBuffer | None:
+        """None where the bindings' layout or function lookup differs from what is known."""
+        if ctypes.sizeof(pynvml.c_nvmlSample_t) != cls._LAYOUT.size:
+            return None
+        try:
+            return cls(pynvml._nvmlGetFunctionPointer("nvmlDeviceGetSamples"), capacity)
+        except (pynvml.NVMLError, AttributeError):
+            return None
+
+    def read(self, handle: Any, last_seen_us: int) -> list[tuple[int, int]] | None:
+        """(timeStamp, uiVal) of the samples after ``last_seen_us``; None if the buffer filled."""
+        self._count.value = self.capacity
+        ret = self._fn(
+            handle,
+            self._TYPE,
+            ctypes.c_ulonglong(last_seen_us),
+            self._value_type_ref,
+            self._count_ref,
+            self._buf,
+        )
+        if ret != pynvml.NVML_SUCCESS:
+            raise pynvml.NVMLError(ret)  # the specific subclass, as pynvml raises it
+        n = self._count.value
+        if n >= self.capacity:
+            return None
+        return list(self._LAYOUT.iter_unpack(self._bytes[: n * self._LAYOUT.size]))
+
+
 @dataclass
 class _GpuState:
     """Per-GPU sampling state: handle, buffer cursor, unsupported fields, lost flag."""
@@ -137,6 +195,7 @@ class _GpuState:
     pcie_read_at: float = float("-inf")
     clock: SampleClock = field(default_factory=SampleClock)
     processes_fn: Callable[[Any], Any] | None = None
+    sample_buffer: _SampleBuffer | None = field(default_factory=_SampleBuffer.create)
 
 
 class NvmlSampler:
@@ -335,9 +394,16 @@ class NvmlSampler:
         if self._skip(st, "samples"):
             return ()
         try:
-            _, raw = pynvml.nvmlDeviceGetSamples(
-                st.handle, pynvml.NVML_GPU_UTILIZATION_SAMPLES, st.last_sample_ts_us
-            )
+            stamped = None
+            if st.sample_buffer is not None:
+                stamped = st.sample_buffer.read(st.handle, st.last_sample_ts_us)
+            if stamped is None:
+                _, raw = pynvml.nvmlDeviceGetSamples(
+                    st.handle, pynvml.NVML_GPU_UTILIZATION_SAMPLES, st.last_sample_ts_us
+                )
+                # Each field read once: a pynvml struct's attribute access runs Python
+                # code and builds a union object for the value, about 1 µs each.
+                stamped = [(s.timeStamp, s.sampleValue.uiVal) for s in raw]
         except pynvml.NVMLError_NotFound:
             return ()  # nothing new since lastSeenTimeStamp: not an error
         except pynvml.NVMLError as exc:
@@ -345,11 +411,8 @@ class NvmlSampler:
             # still carries the duty cycle.
             self._fault(st, "samples", exc)
             return ()
-        if not raw:
+        if not stamped:
             return ()
-        # Each field is read once: a pynvml struct's attribute access runs Python code
-        # (its __getattribute__) and builds a union object for the value, about 1 µs each.
-        stamped = [(s.timeStamp, s.sampleValue.uiVal) for s in raw]
         newest = max(stamped)[0]
         offset = st.clock.offset_s(newest)
         first_call = st.last_sample_ts_us == 0
