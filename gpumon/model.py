@@ -7,6 +7,11 @@ it).  NVML's own sample timestamps are converted to that clock once, in
 
 "No reading" is ``None``, never 0: the detector must tell an idle GPU from a field the
 card does not support.  Units are in the field names.
+
+Samples are values: treat them as immutable (``dataclasses.replace`` makes changed
+copies).  The per-tick sample types are not ``frozen`` only because a frozen dataclass
+costs five times as much to build, and ``gpumon analyze`` builds millions of them; they
+stay hashable by value (``unsafe_hash``) like frozen ones.
 """
 
 from __future__ import annotations
@@ -46,7 +51,7 @@ class GpuIdentity:
     power_limit_watts: float | None = None  # nvmlDeviceGetEnforcedPowerLimit at discovery
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)  # immutable by convention (docstring)
 class UtilPoint:
     """One sample from the driver's utilisation buffer (nvmlDeviceGetSamples).
 
@@ -58,7 +63,7 @@ class UtilPoint:
     util_pct: float
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)  # immutable by convention (docstring)
 class GpuProcess:
     """A process holding a CUDA context on a GPU (nvmlDeviceGetComputeRunningProcesses)."""
 
@@ -67,7 +72,7 @@ class GpuProcess:
     sm_util_pct: float | None = None  # nvmlDeviceGetProcessUtilization, where supported
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)  # immutable by convention (docstring)
 class GpuSample:
     """Everything read from one GPU in one tick."""
 
@@ -94,7 +99,7 @@ class GpuSample:
     unsupported: tuple[str, ...] = ()
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)  # immutable by convention (docstring)
 class HostSample:
     """Machine-wide CPU, iowait, load and memory over the last tick (psutil)."""
 
@@ -111,7 +116,7 @@ class HostSample:
     disk_write_bytes_per_s: float | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)  # immutable by convention (docstring)
 class ProcessSample:
     """One process of the watched tree over the last tick."""
 
@@ -125,7 +130,7 @@ class ProcessSample:
     status: str | None  # psutil status: running, sleeping, disk-sleep, zombie, ...
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)  # immutable by convention (docstring)
 class ProcTreeSample:
     """The watched process and all its descendants (DataLoader workers included)."""
 
@@ -143,7 +148,7 @@ class ProcTreeSample:
         return tuple(p for p in self.processes if p.pid != self.root_pid)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)  # immutable by convention (docstring)
 class Snapshot:
     """One tick: every GPU, the host and the watched tree, on one clock."""
 

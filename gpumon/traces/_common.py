@@ -165,31 +165,6 @@ class Positional:
 # --- grouping rows into snapshots -------------------------------------------------------
 
 
-def _util_point_factory() -> Callable[[float, float], UtilPoint]:
-    """``UtilPoint(t, u)`` without the frozen dataclass's ``__init__``.
-
-    One point is made per log row; the generated ``__init__`` (an ``object.__setattr__``
-    per field) is 40 % of a row's cost.  Setting the two slots directly gives an equal
-    object.  Falls back to the constructor should UtilPoint ever validate its fields.
-    """
-    if hasattr(UtilPoint, "__post_init__") or set(UtilPoint.__slots__) != {"t_s", "util_pct"}:
-        return UtilPoint
-    new = object.__new__
-    set_t = UtilPoint.t_s.__set__  # type: ignore[attr-defined]
-    set_u = UtilPoint.util_pct.__set__  # type: ignore[attr-defined]
-
-    def make(t: float, u: float) -> UtilPoint:
-        p = new(UtilPoint)
-        set_t(p, t)
-        set_u(p, u)
-        return p
-
-    return make
-
-
-util_point = _util_point_factory()
-
-
 # build(gpu, t_s, util_pct, util_points, payload) -> GpuSample; payload is whatever the
 # reader kept of the row (its cells, its line number) so that fields other than the
 # utilisation are parsed only for the rows that become samples.
@@ -211,7 +186,7 @@ class Assembler:
         # gpu -> [util points (windowed) or None, (t, util, payload) of its last row]
         rows: dict[int, list[Any]] = {}
         start = float("-inf")
-        make_point = util_point
+        make_point = UtilPoint
 
         def flush() -> Snapshot | None:
             nonlocal rows
