@@ -12,6 +12,7 @@ import json
 import os
 from collections.abc import Iterator
 from dataclasses import fields
+from itertools import starmap
 from typing import IO, Any
 
 from gpumon.errors import TraceFormatError
@@ -144,10 +145,11 @@ def _tuple_fields(obj: dict[str, Any], names: tuple[str, ...]) -> dict[str, Any]
 
 
 def decode_gpu(obj: dict[str, Any], t_s: float) -> GpuSample:
-    obj = dict(obj)
+    """``obj`` is a freshly parsed line's and is changed in place (the hot path of
+    ``gpumon analyze``: one call per GPU per tick, a UtilPoint per driver sample)."""
     obj.setdefault("t_s", t_s)
     if "util_samples" in obj:
-        obj["util_samples"] = tuple(UtilPoint(t, v) for t, v in obj["util_samples"])
+        obj["util_samples"] = tuple(starmap(UtilPoint, obj["util_samples"]))
     if "processes" in obj:
         obj["processes"] = tuple(GpuProcess(**p) for p in obj["processes"])
     _tuple_fields(obj, ("unsupported",))
