@@ -3,8 +3,14 @@
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
+from gpumon.errors import GpumonError
 from gpumon.monitor import Monitor
+
+if TYPE_CHECKING:
+    from gpumon.model import Snapshot
+    from gpumon.traces.jsonl import TraceWriter
 
 
 def positive_float(text: str) -> float:
@@ -44,3 +50,14 @@ def build_monitor(
         interval_s=interval_s,
         command=command,
     )
+
+
+def write_tick(writer: TraceWriter, snapshot: Snapshot, path: str) -> None:
+    """Append one tick to a trace; a failed write (full disk) becomes one clear sentence."""
+    try:
+        writer.write(snapshot)
+    except OSError as exc:
+        raise GpumonError(
+            f"writing {path} failed ({exc.strerror or exc}); the ticks before this one are "
+            "intact in the file."
+        ) from None

@@ -12,7 +12,7 @@ import argparse
 import sys
 
 from gpumon.errors import GpumonError
-from gpumon.faces.common import build_monitor, positive_float
+from gpumon.faces.common import build_monitor, positive_float, write_tick
 from gpumon.monitor import StopFlag, paced
 from gpumon.traces.jsonl import TraceWriter
 
@@ -52,26 +52,16 @@ def run(args: argparse.Namespace) -> int:
         with writer:
             for _ in paced(args.interval, stop.event, duration_s=args.duration):
                 tick = monitor.tick()
-                _write(writer, tick.snapshot, args.output)
+                write_tick(writer, tick.snapshot, args.output)
                 ticks += 1
                 if args.pid is not None and not tick.snapshot.tree.root_alive:
                     print(f"gpumon: process {args.pid} exited; recording stopped.", file=sys.stderr)
                     break
             else:
                 # One last tick so the driver samples since the previous one are kept.
-                _write(writer, monitor.tick().snapshot, args.output)
+                write_tick(writer, monitor.tick().snapshot, args.output)
                 ticks += 1
     finally:
         stop.restore()
     print(f"gpumon: wrote {ticks} ticks to {args.output}", file=sys.stderr)
     return 0
-
-
-def _write(writer: TraceWriter, snapshot, path: str) -> None:  # type: ignore[no-untyped-def]
-    try:
-        writer.write(snapshot)
-    except OSError as exc:
-        raise GpumonError(
-            f"writing {path} failed ({exc.strerror or exc}); the ticks before this one are "
-            "intact in the file."
-        ) from None

@@ -26,7 +26,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from gpumon.errors import GpumonError
-from gpumon.faces.common import build_monitor, positive_float
+from gpumon.faces.common import build_monitor, positive_float, write_tick
 from gpumon.faces.watch_child import Child
 from gpumon.faces.watch_summary import (
     EXIT_FAIL_ON,
@@ -200,7 +200,7 @@ class _Run:
             tick = monitor.tick()
             snap = tick.snapshot
             if writer is not None:
-                _write(writer, snap, self.args.record)
+                write_tick(writer, snap, self.args.record)
             if tick.update is not None:
                 self.episodes.add(tick.update.closed)
             self.verdict = monitor.detector.verdict() if monitor.detector else None
@@ -385,16 +385,6 @@ def _cause_from(verdict: Verdict | None, state: State) -> Any:
     if verdict.state is state and verdict.cause is not None:
         return verdict.cause
     return next((g.cause for g in verdict.gpus if g.state is state and g.cause), None)
-
-
-def _write(writer: TraceWriter, snapshot: Any, path: str) -> None:
-    try:
-        writer.write(snapshot)
-    except OSError as exc:
-        raise GpumonError(
-            f"writing {path} failed ({exc.strerror or exc}); the ticks before this one are "
-            "intact in the file."
-        ) from None
 
 
 def run(

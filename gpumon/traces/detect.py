@@ -26,7 +26,7 @@ from gpumon.traces.jsonl import FORMAT_NAME, TraceReader
 # Names accepted by ``--format``, in the order content detection tries them.
 FORMATS: tuple[str, ...] = ("gpumon", "dmon", "nvidia-smi-csv", "nvidia-smi-table", "csv")
 _DESCRIPTIONS = {
-    "gpumon": "gpumon trace (JSON lines with a \"format\": \"gpumon-trace\" header)",
+    "gpumon": 'gpumon trace (JSON lines with a "format": "gpumon-trace" header)',
     "dmon": "nvidia-smi dmon output ('# gpu ...' and '# Idx ...' header lines)",
     "nvidia-smi-csv": "nvidia-smi --query-gpu CSV (a header of query names, or rows "
     "starting with a 'YYYY/MM/DD hh:mm:ss' timestamp)",
@@ -119,6 +119,21 @@ def sniff(head: list[str]) -> str | None:
     return None
 
 
+def _head_and_format(lines: Iterator[str], fmt: str, path: str) -> tuple[list[str], str]:
+    """The first HEAD_LINES lines, taken from ``lines``, and the format they are in."""
+    head = []
+    for line in lines:
+        head.append(line)
+        if len(head) >= HEAD_LINES:
+            break
+    if fmt == "auto":
+        found = sniff(head)
+        if found is None:
+            raise _unrecognised(head, path)
+        fmt = found
+    return head, fmt
+
+
 def read_lines(
     lines: Iterable[str],
     fmt: str = "auto",
@@ -130,16 +145,7 @@ def read_lines(
     Lines keep their line endings.  gpumon traces are read from files only (``open_trace``).
     """
     it = iter(lines)
-    head = []
-    for line in it:
-        head.append(line)
-        if len(head) >= HEAD_LINES:
-            break
-    if fmt == "auto":
-        found = sniff(head)
-        if found is None:
-            raise _unrecognised(head, path)
-        fmt = found
+    head, fmt = _head_and_format(it, fmt, path)
     if fmt == "gpumon":
         raise TraceFormatError("gpumon traces are read with open_trace(path)", path=path)
     if fmt not in _READERS:
@@ -161,16 +167,7 @@ def open_trace(path: str | os.PathLike[str], fmt: str = "auto") -> OpenedTrace:
     except OSError as exc:
         raise GpumonError(f"{name}: cannot read ({exc.strerror or exc})") from None
     try:
-        head = []
-        for line in text:
-            head.append(line)
-            if len(head) >= HEAD_LINES:
-                break
-        if fmt == "auto":
-            found = sniff(head)
-            if found is None:
-                raise _unrecognised(head, name)
-            fmt = found
+        head, fmt = _head_and_format(text, fmt, name)
         if fmt == "gpumon":
             utf8 = text.encoding == "utf-8"
             text.close()
@@ -192,9 +189,7 @@ def open_trace(path: str | os.PathLike[str], fmt: str = "auto") -> OpenedTrace:
 
 
 def _unrecognised(head: list[str], path: str) -> TraceFormatError:
-    first_no, first = next(
-        ((i, ln) for i, ln in enumerate(head, 1) if ln.strip()), (1, "")
-    )
+    first_no, first = next(((i, ln) for i, ln in enumerate(head, 1) if ln.strip()), (1, ""))
     shown = first.strip().lstrip("\ufeff")
     if len(shown) > 80:
         shown = shown[:77] + "..."
