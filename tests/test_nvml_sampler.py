@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import itertools
 import json
+import resource
+import signal
 import subprocess
 import sys
 import time
@@ -15,6 +17,7 @@ from fakenvml import FakeGPU, GiB, Pattern, Process, Scenario
 
 import gpumon.sample.nvml as nvml_module
 from gpumon.sample.nvml import NvmlSampler
+from gpumon.traces.jsonl import TraceReader
 
 
 @pytest.fixture
@@ -311,18 +314,56 @@ def test_record_to_unwritable_path_is_a_clear_error(fake_nvml, tmp_path: Path) -
     assert "cannot write" in result.stderr
 
 
-def test_record_to_a_full_disk_keeps_what_was_written(fake_nvml, tmp_path: Path) -> None:
-    if not Path("/dev/full").exists():
-        pytest.skip("/dev/full is not available")
-    result = run_gpumon("record", "-o", "/dev/full", "--duration", "2", env=fake_nvml.env)
+def _file_size_limit(limit: int):  # type: ignore[no-untyped-def]
+    """preexec_fn: writes past ``limit`` bytes fail with EFBIG, like a disk filling up."""
+
+    def apply() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # EFBIG instead of being killed
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    return apply
+
+
+def test_record_on_a_disk_that_fills_mid_run_keeps_what_was_written(
+    fake_nvml, tmp_path: Path
+) -> None:
+    fake_nvml.set(Scenario.uniform(2))
+    out = tmp_path / "t.jsonl"
+    result = subprocess.run(
+        [sys.executable, "-m", "gpumon", "record", "-o", str(out), "--duration", "20",
+         "--interval", "0.1"],
+        env=fake_nvml.env, capture_output=True, text=True, timeout=60,
+        preexec_fn=_file_size_limit(6000),
+    )
     assert result.returncode != 0
     assert "Traceback" not in result.stderr
-    assert "No space left on device" in result.stderr
+    assert "File too large" in result.stderr and "intact" in result.stderr
+    reader = TraceReader(out)
+    ticks = list(reader)  # every complete line before the failure reads back
+    assert len(ticks) >= 2
+    assert len(reader.warnings) <= 1  # at most the one line cut short
+
+
+def test_watch_with_a_failing_record_still_waits_for_the_command(
+    fake_nvml, tmp_path: Path
+) -> None:
+    out = tmp_path / "t.jsonl"
+    result = subprocess.run(
+        [sys.executable, "-m", "gpumon", "watch", "--plain", "--interval", "0.1",
+         "--record", str(out), "--", sys.executable, "-c",
+         "import time; time.sleep(2.5); raise SystemExit(7)"],
+        env=fake_nvml.env, capture_output=True, text=True, timeout=60,
+        preexec_fn=_file_size_limit(3000),
+    )
+    assert "Traceback" not in result.stderr
+    assert "Still waiting for the command" in result.stderr
+    assert result.returncode == 7  # the command's own status, not gpumon's failure
 
 
 SAMPLE_THEN_MAPS = """
 import sys, time
 from gpumon.sample.nvml import NvmlSampler
+from gpumon.traces.jsonl import TraceReader
 from gpumon.monitor import Monitor
 from gpumon.sample.host import HostSampler
 m = Monitor(NvmlSampler(), HostSampler())

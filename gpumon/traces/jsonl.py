@@ -7,6 +7,7 @@ Documented in ``docs/trace-format.md``.  Writing then reading a trace gives back
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
 import os
@@ -105,11 +106,18 @@ class TraceWriter:
     def __init__(self, stream: IO[str], header: TraceHeader, *, fsync: bool = False):
         self._stream = stream
         self._fsync = fsync
+        self._failed = False
         self._write_line(_dumps(encode_header(header)))
 
     @classmethod
     def open(cls, path: str | os.PathLike[str], header: TraceHeader, **kw: Any) -> TraceWriter:
-        return cls(open(path, "w", encoding="utf-8"), header, **kw)
+        stream = open(path, "w", encoding="utf-8")  # noqa: SIM115 - owned by the writer
+        try:
+            return cls(stream, header, **kw)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                stream.close()
+            raise
 
     def write(self, snapshot: Snapshot) -> None:
         self._write_line(_dumps(encode_snapshot(snapshot)))
@@ -119,13 +127,23 @@ class TraceWriter:
         self._write_line(_dumps({"t": t_s, "event": event, **data}))
 
     def _write_line(self, line: str) -> None:
-        self._stream.write(line + "\n")
-        self._stream.flush()
-        if self._fsync:
-            os.fsync(self._stream.fileno())
+        try:
+            self._stream.write(line + "\n")
+            self._stream.flush()
+            if self._fsync:
+                os.fsync(self._stream.fileno())
+        except OSError:
+            self._failed = True
+            raise
 
     def close(self) -> None:
-        self._stream.close()
+        """Close; after a failed write the unwritten rest is dropped, not flushed again
+        (that would raise the same error a second time, over the caller's report)."""
+        if self._failed:
+            with contextlib.suppress(OSError):
+                self._stream.close()
+        else:
+            self._stream.close()
 
     def __enter__(self) -> TraceWriter:
         return self
