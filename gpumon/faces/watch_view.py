@@ -261,14 +261,17 @@ class LiveView:
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
         # The width the console really has (a terminal resized mid-run included).
+        # Build under the lock, write outside it: a slow (or XOFF'd) terminal must not hold
+        # up ``feed()`` and so the sampling.
         with self.state.lock:
-            yield render(
+            screen = render(
                 self.state,
                 width=options.max_width,
                 height=options.height,
                 console=console,
                 quit_hint=self.quit_hint,
             )
+        yield screen
 
 
 def render(
