@@ -522,3 +522,41 @@ def test_a_closed_output_pipe_keeps_the_command_and_its_status(fake_nvml) -> Non
     gpumon.wait(15)
     assert gpumon.returncode == 4
     assert b"Traceback" not in gpumon.stderr.read()  # type: ignore[union-attr]
+
+
+def test_output_pump_keeps_draining_after_a_failed_write(monkeypatch) -> None:
+    """Passing output through fails (reader gone): the pump discards but keeps reading,
+    so a command writing far more than a pipe holds never blocks."""
+    import threading
+    import types
+
+    from gpumon.faces.watch_child import OutputPump
+
+    class Broken:
+        def write(self, _data: bytes) -> int:
+            raise BrokenPipeError(32, "Broken pipe")
+
+        def flush(self) -> None:
+            pass
+
+        def writelines(self, _lines: object) -> None:
+            pass
+
+    monkeypatch.setattr(sys, "stdout", types.SimpleNamespace(buffer=Broken()))
+    r, w = os.pipe()
+    with os.fdopen(r, "rb") as reader:
+        pump = OutputPump(reader)
+        pump.release()
+        payload = b"x" * 1023 + b"\n"
+        done = threading.Event()
+
+        def write_lots() -> None:
+            with os.fdopen(w, "wb") as out:
+                for _ in range(512):  # 512 KiB, eight times a pipe's buffer
+                    out.write(payload)
+            done.set()
+
+        threading.Thread(target=write_lots, daemon=True).start()
+        assert done.wait(10), "the command blocked: the pump stopped draining"
+        pump.join(5)
+        assert pump.broken

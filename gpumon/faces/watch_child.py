@@ -48,6 +48,8 @@ class OutputPump:
         self.dropped = 0
         self.lock = threading.Lock()
         self.passthrough = False
+        # Writing to the terminal failed (closed pipe, EIO): keep draining, discard.
+        self.broken = False
         self._thread = threading.Thread(target=self._run, name="gpumon-output", daemon=True)
         self._thread.start()
 
@@ -56,12 +58,21 @@ class OutputPump:
         for line in iter(self.stream.readline, b""):
             with self.lock:
                 if self.passthrough:
-                    out.write(line)
-                    out.flush()
+                    if not self.broken:
+                        self._write(out, line)
                     continue
                 if len(self.lines) == self.lines.maxlen:
                     self.dropped += 1
                 self.lines.append(line)
+
+    def _write(self, out: Any, data: bytes) -> None:
+        """Pass ``data`` on; on the first failed write stop passing and only drain, so the
+        command never blocks on a full pipe (the pump must outlive its reader)."""
+        try:
+            out.write(data)
+            out.flush()
+        except (OSError, ValueError):  # BrokenPipeError, EIO; ValueError: stdout closed
+            self.broken = True
 
     def tail(self, n: int) -> list[str]:
         """The last ``n`` lines for the view (a progress bar's \\r keeps its last state)."""
@@ -170,6 +181,3 @@ class Child:
         if self.pump is not None:
             self.pump.join()
         return exit_status(rc)
-
-    def poll(self) -> int | None:
-        return self.proc.poll()
