@@ -192,6 +192,37 @@ def test_silent_buffer_with_low_power_reads_as_idle() -> None:
     assert det.verdict().gpus[0].state is State.IDLE
 
 
+def test_no_utilisation_reading_with_a_process_is_unknown_not_idle() -> None:
+    """Utilisation unsupported (MIG, vGPU) and a process holding the GPU at low power: no
+    reading is not 0 %, so the GPU must not be called idle."""
+    snaps = stream(const(0), 60, fine=False)
+    snaps = [Snapshot(s.t_s, tuple(GpuSample(g.t_s, g.gpu, g.uuid, power_watts=150.0,
+                                             power_limit_watts=LIMIT,
+                                             processes=(GpuProcess(500),))
+                                   for g in s.gpus)) for s in snaps]
+    det, _, _ = run(snaps)
+    verdict = det.verdict().gpus[0]
+    assert verdict.state is State.UNKNOWN
+    assert "utilisation" in (verdict.note or "")
+
+
+def test_nan_utilisation_points_are_ignored() -> None:
+    snaps = stream(const(97), 60)
+    poisoned = []
+    for s in snaps:
+        g = s.gpus[0]
+        pts = (*g.util_samples[:-1], UtilPoint(g.util_samples[-1].t_s, math.nan))
+        poisoned.append(Snapshot(s.t_s, (GpuSample(
+            g.t_s, g.gpu, g.uuid, util_samples=pts, util_pct=g.util_pct,
+            mem_used_bytes=g.mem_used_bytes, mem_total_bytes=g.mem_total_bytes,
+            power_watts=g.power_watts, power_limit_watts=g.power_limit_watts,
+            processes=g.processes),)))
+    det, _, _ = run(poisoned)
+    v = det.verdict().gpus[0]
+    assert v.state is State.HEALTHY
+    assert v.evidence["duty_cycle"] > 0.9
+
+
 # --- start-up, hysteresis, episodes ---------------------------------------------------------
 
 

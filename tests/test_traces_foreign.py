@@ -487,3 +487,37 @@ def test_sub_second_without_index_keeps_each_gpu_apart() -> None:
     points = [(g.gpu, p.util_pct) for s in snaps for g in s.gpus for p in g.util_samples]
     assert len(points) == 2400
     assert all(u == gpu * 10 for gpu, u in points)
+
+
+# --- values that are not numbers (review findings) ----------------------------------------
+
+
+def test_a_nan_cell_is_no_reading_and_does_not_turn_a_healthy_log_idle() -> None:
+    from gpumon.report import analyze_snapshots, to_json
+
+    rows = ["timestamp, index, utilization.gpu [%]\n"]
+    for k in range(300):
+        util = "nan" if k == 150 else "95 %"
+        rows.append(f"2024/05/01 12:{k // 60:02d}:{k % 60:02d}.000, 0, {util}\n")
+    _, header, snaps = read_lines(rows, "nvidia-smi-csv")
+    snaps = list(snaps)
+    assert [g.util_pct for s in snaps for g in s.gpus][150] is None
+    assert to_json(analyze_snapshots(header, snaps))["verdict"] == "healthy"
+
+
+def test_an_infinite_cell_is_an_error_naming_the_line() -> None:
+    rows = ["timestamp, index, utilization.gpu [%]\n",
+            "2024/05/01 12:00:00.000, 0, 95 %\n",
+            "2024/05/01 12:00:01.000, 0, inf %\n"]
+    _, _, snaps = read_lines(rows, "nvidia-smi-csv", "gpu.csv")
+    with pytest.raises(TraceFormatError, match=r"gpu\.csv:3"):
+        list(snaps)
+
+
+def test_home_made_csv_with_the_gpu_index_in_the_first_column() -> None:
+    rows = ["gpu,time,util\n"]
+    for t in range(5):
+        rows += [f"{g},{t},{50 + g}\n" for g in range(4)]
+    _, header, snaps = read_lines(rows, "csv")
+    assert [g.index for g in header.gpus] == [0, 1, 2, 3]
+    assert {g.gpu for s in snaps for g in s.gpus} == {0, 1, 2, 3}

@@ -97,7 +97,10 @@ class GpuTrack:
             # Coarse source, or a buffer silent for longer than its period ("possibly idle",
             # NVML NotFound): fall back on the instantaneous reading, else on power.
             u = g.util_pct
-            if u is None and self._looks_powered_down(g.power_watts):
+            if u is None and g.processes == () and self._looks_powered_down(g.power_watts):
+                # No utilisation reading at all: only a GPU that nothing holds and that draws
+                # idle power is known to be idle.  With a process on it, no reading stays
+                # unknown: "no reading" must never pass for 0 %.
                 u = 0.0
             pts = () if u is None else (UtilPoint(g.t_s, u),)
         if pts:
@@ -163,6 +166,8 @@ class GpuTrack:
             if dt <= 0.0:
                 continue
             u = pt.util_pct
+            if not 0.0 <= u <= 100.0:
+                continue  # NaN or out of range is no reading; it must not poison the sums
             b = u >= thr
             if dt > hole:  # a hole in the data: close the run, count one period only
                 events.append((run_busy, last_t - run_start))

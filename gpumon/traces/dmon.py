@@ -12,6 +12,7 @@ from __future__ import annotations
 import calendar
 from collections.abc import Callable, Iterable, Iterator
 from itertools import chain
+from math import isfinite
 
 from gpumon.errors import TraceFormatError
 from gpumon.model import GpuIdentity, GpuSample, Snapshot, TraceHeader, UtilPoint
@@ -87,19 +88,28 @@ def _val(cells: list[str], i: int | None) -> float | None:
     if i is None:
         return None
     cell = cells[i]
-    return None if cell == "-" or cell == "N/A" else float(cell)
+    if cell == "-" or cell == "N/A":
+        return None
+    value = float(cell)
+    return value if isfinite(value) else None  # "nan": no reading, never a number
 
 
-def _compile(cols: Columns) -> Callable[[int, float, float | None, tuple[UtilPoint, ...],
-                                         list[str]], GpuSample]:
+def _compile(
+    cols: Columns,
+) -> Callable[[int, float, float | None, tuple[UtilPoint, ...], list[str]], GpuSample]:
     """A GpuSample builder for one header pair: column positions looked up once."""
     at = cols.at
     i_mutil, i_fb, i_power = at.get("mem_util"), at.get("mem_used"), at.get("power")
-    i_clock, i_rx, i_tx, i_temp = (at.get("sm_clock"), at.get("pcie_rx"), at.get("pcie_tx"),
-                                   at.get("temp"))
+    i_clock, i_rx, i_tx, i_temp = (
+        at.get("sm_clock"),
+        at.get("pcie_rx"),
+        at.get("pcie_tx"),
+        at.get("temp"),
+    )
 
-    def build(gpu: int, t: float, util: float | None, points: tuple[UtilPoint, ...],
-              cells: list[str]) -> GpuSample:
+    def build(
+        gpu: int, t: float, util: float | None, points: tuple[UtilPoint, ...], cells: list[str]
+    ) -> GpuSample:
         fb = _val(cells, i_fb)
         clock = _val(cells, i_clock)
         rx = _val(cells, i_rx)
@@ -277,7 +287,7 @@ def _snapshots(
             else:
                 t -= t0
             u_at = cols.util_at
-            util = None if u_at is None or cells[u_at] == "-" else float(cells[u_at])
+            util = _val(cells, u_at)
         except (ValueError, IndexError) as exc:
             if is_cut_short(line):
                 warns.append(cut_short_warning(path, no))

@@ -19,6 +19,7 @@ import re
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from itertools import chain
+from math import isfinite
 
 from gpumon.errors import TraceFormatError
 from gpumon.model import GpuIdentity, GpuSample, Snapshot, TraceHeader, UtilPoint
@@ -70,13 +71,46 @@ _FIELDS: dict[str, tuple[str, int]] = {
 
 # Any of these starts a header cell: recognises a header even when no column is one we use.
 _KNOWN_PREFIXES = (
-    "timestamp", "driver_version", "count", "name", "gpu_name", "gpu_uuid", "gpu_bus_id",
-    "gpu_serial", "serial", "uuid", "index",
-    "pci.", "pcie.", "display_", "persistence_mode", "accounting.", "driver_model.",
-    "vbios_version", "inforom.", "gom.", "fan.speed", "pstate", "clocks", "memory.",
-    "compute_mode", "compute_cap", "utilization.", "encoder.", "fbc.", "ecc.",
-    "retired_pages.", "remapped_rows.", "temperature.", "power.", "enforced.power",
-    "mig.", "reset_status.", "protected_memory", "module_id", "addressing_mode",
+    "timestamp",
+    "driver_version",
+    "count",
+    "name",
+    "gpu_name",
+    "gpu_uuid",
+    "gpu_bus_id",
+    "gpu_serial",
+    "serial",
+    "uuid",
+    "index",
+    "pci.",
+    "pcie.",
+    "display_",
+    "persistence_mode",
+    "accounting.",
+    "driver_model.",
+    "vbios_version",
+    "inforom.",
+    "gom.",
+    "fan.speed",
+    "pstate",
+    "clocks",
+    "memory.",
+    "compute_mode",
+    "compute_cap",
+    "utilization.",
+    "encoder.",
+    "fbc.",
+    "ecc.",
+    "retired_pages.",
+    "remapped_rows.",
+    "temperature.",
+    "power.",
+    "enforced.power",
+    "mig.",
+    "reset_status.",
+    "protected_memory",
+    "module_id",
+    "addressing_mode",
 )
 
 
@@ -119,8 +153,9 @@ class Columns:
         return cols
 
     @property
-    def builder(self) -> Callable[[int, float, float | None, tuple[UtilPoint, ...], list[str]],
-                                  GpuSample]:
+    def builder(
+        self,
+    ) -> Callable[[int, float, float | None, tuple[UtilPoint, ...], list[str]], GpuSample]:
         if self._builder is None:
             self._builder = _compile(self)
         return self._builder
@@ -182,8 +217,13 @@ def guess_columns(rows: list[list[str]], path: str) -> Columns:
     def first(kind: str) -> list[int]:
         return [i for i, k in enumerate(kinds) if k == kind]
 
-    for kind, fld in (("time", "time"), ("uuid", "uuid"), ("bus", "bus"), ("index", "index"),
-                      ("name", "name")):
+    for kind, fld in (
+        ("time", "time"),
+        ("uuid", "uuid"),
+        ("bus", "bus"),
+        ("index", "index"),
+        ("name", "name"),
+    ):
         if first(kind):
             cols.at[fld] = first(kind)[0]
     pct = first("%")
@@ -239,8 +279,10 @@ def sniff(head: list[str]) -> bool:
         return True
     # noheader without a timestamp first: rows of the same width with nvidia-smi units.
     rows = [ln.rstrip("\r\n").split(",") for ln in lines[:8]]
-    return len(rows) >= 2 and len(cells) > 1 and all(
-        len(r) == len(cells) and any(_UNIT_RE.match(c) for c in r) for r in rows
+    return (
+        len(rows) >= 2
+        and len(cells) > 1
+        and all(len(r) == len(cells) and any(_UNIT_RE.match(c) for c in r) for r in rows)
     )
 
 
@@ -265,13 +307,15 @@ def _reasons(cells: list[str], at: dict[str, int]) -> int | None:
 def _fnum(cell: str) -> float | None:
     """``num`` with a fast path for the common ``49140 MiB`` / ``150.20 W`` / ``92``."""
     try:
-        return float(cell.rstrip(" %WMiBHzC\r\n"))
+        value = float(cell.rstrip(" %WMiBHzC\r\n"))
     except ValueError:
         return num(cell)
+    return value if isfinite(value) else num(cell)  # "nan" is no reading, "inf" an error
 
 
-def _compile(cols: Columns) -> Callable[[int, float, float | None, tuple[UtilPoint, ...],
-                                         list[str]], GpuSample]:
+def _compile(
+    cols: Columns,
+) -> Callable[[int, float, float | None, tuple[UtilPoint, ...], list[str]], GpuSample]:
     """A GpuSample builder for one header: the column positions are looked up once here,
     not for every sample (a day of 8 GPUs makes ~700 k of them)."""
     at = cols.at
@@ -281,12 +325,12 @@ def _compile(cols: Columns) -> Callable[[int, float, float | None, tuple[UtilPoi
     has_reasons = "reasons" in at
     uuids: dict[int, str] = {}
 
-    def build(gpu: int, t: float, util: float | None, points: tuple[UtilPoint, ...],
-              cells: list[str]) -> GpuSample:
+    def build(
+        gpu: int, t: float, util: float | None, points: tuple[UtilPoint, ...], cells: list[str]
+    ) -> GpuSample:
         uuid = uuids.get(gpu)
         if uuid is None:  # a GPU's identity does not change under one header
-            uuid = uuids[gpu] = (_text(cells, at, "uuid") or _text(cells, at, "bus")
-                                 or f"gpu{gpu}")
+            uuid = uuids[gpu] = _text(cells, at, "uuid") or _text(cells, at, "bus") or f"gpu{gpu}"
         mem_used = None if i_used is None else _fnum(cells[i_used])
         mem_total = None if i_total is None else _fnum(cells[i_total])
         if mem_used is None and mem_total is not None and i_free is not None:
@@ -308,16 +352,19 @@ def _compile(cols: Columns) -> Callable[[int, float, float | None, tuple[UtilPoi
             clock_event_reasons=_reasons(cells, at) if has_reasons else None,
             temperature_c=None if i_temp is None else _fnum(cells[i_temp]),
             # A GPU that fell off the bus reads "[GPU is lost]" in every cell.
-            lost=util is None and i_util is not None
-            and cells[i_util].strip() == "[GPU is lost]",
+            lost=util is None and i_util is not None and cells[i_util].strip() == "[GPU is lost]",
         )
 
     return build
 
 
 def make_sample(
-    gpu: int, t: float, util: float | None, points: tuple[UtilPoint, ...],
-    cols: Columns, cells: list[str]
+    gpu: int,
+    t: float,
+    util: float | None,
+    points: tuple[UtilPoint, ...],
+    cols: Columns,
+    cells: list[str],
 ) -> GpuSample:
     """A GpuSample from one row's cells (raises ValueError on a malformed cell)."""
     return cols.builder(gpu, t, util, points, cells)
@@ -405,8 +452,9 @@ def read(
             n, split = inferred
             how = "from the row times"
         else:
-            slow = [cols.at[f] for f in ("name", "mem_total", "mem_used", "power_limit")
-                    if f in cols.at]
+            slow = [
+                cols.at[f] for f in ("name", "mem_total", "mem_used", "power_limit") if f in cols.at
+            ]
             period = repeat_period([tuple(r[i] for i in slow) for r in rows]) if slow else None
             if times is None and period is not None:
                 n, how = period, "from the repeating pattern of memory and power values"
@@ -486,8 +534,7 @@ def _snapshots(
     seen: set[int] = set()
     header_names: list[str] | None = None
     # Per-header state, rebuilt when a different header appears mid-file.
-    gpus = _Gpus(cols, Positional(positional_n or 1, split) if cols.key_column() is None
-                 else None)
+    gpus = _Gpus(cols, Positional(positional_n or 1, split) if cols.key_column() is None else None)
     t_at, u_at, ncols = cols.at.get("time"), cols.at.get("util"), cols.count
     index_at = cols.at.get("index") if gpus.key == "index" else None
     last_stamp, last_t = "", 0.0  # the GPUs of one tick share their timestamp text
@@ -499,8 +546,9 @@ def _snapshots(
                 continue  # the same header again (nvidia-smi restarted, logs concatenated)
             header_names = names
             cols = Columns.from_header(cells)
-            gpus = _Gpus(cols, Positional(positional_n or 1, split)
-                         if cols.key_column() is None else None)
+            gpus = _Gpus(
+                cols, Positional(positional_n or 1, split) if cols.key_column() is None else None
+            )
             t_at, u_at, ncols = cols.at.get("time"), cols.at.get("util"), cols.count
             index_at = cols.at.get("index") if gpus.key == "index" else None
             continue
@@ -533,6 +581,8 @@ def _snapshots(
                 cell = cells[u_at]
                 try:  # the common case, "92 %" or "92", without the general parser
                     util = float(cell.rstrip(" %\r\n"))
+                    if not isfinite(util):
+                        util = num(cell)  # "nan" is no reading, "inf" an error
                 except ValueError:
                     util = num(cell)
         except (ValueError, IndexError) as exc:

@@ -13,6 +13,7 @@ import re
 from collections.abc import Iterable, Iterator
 from datetime import UTC, datetime
 from itertools import chain
+from math import isfinite
 
 from gpumon.errors import TraceFormatError
 from gpumon.model import GpuIdentity, GpuSample, Snapshot, TraceHeader, UtilPoint
@@ -28,20 +29,81 @@ from gpumon.traces._common import (
 FORMAT = "csv"
 PREFIX_ROWS = 400
 
-_TIME_NAMES = ("timestamp", "time", "t", "ts", "elapsed", "elapsed_s", "time_s", "seconds",
-               "t_s", "datetime", "date_time", "wall_time", "epoch", "unix_time", "secs")
-_UTIL_NAMES = ("gpu_util", "util", "utilization", "gpu_utilization", "utilization.gpu",
-               "gpu_util_pct", "util_pct", "gpu_util_percent", "utilization_gpu",
-               "gpu_utilisation", "utilisation", "gpu_usage", "gpu_load", "sm_util", "gpu",
-               "gpu_pct", "gpu_percent", "usage")
-_INDEX_NAMES = ("gpu_index", "gpu_id", "index", "gpu_idx", "device", "device_id", "gpu",
-                "cuda_device", "rank", "local_rank", "idx")
-_MEM_NAMES = ("mem_used", "memory_used", "gpu_mem", "gpu_memory", "mem", "memory",
-              "memory.used", "gpu_mem_used", "fb_used")
-_POWER_NAMES = ("power", "power_w", "power_watts", "power_draw", "power.draw", "gpu_power",
-                "watts", "pwr")
-_UNIT_SUFFIX_RE = re.compile(r"[\s_]*[\[(]?(%|pct|percent|mib|mb|gib|gb|bytes|b|w|watts|s|"
-                             r"sec|ms)[\])]?$")
+_TIME_NAMES = (
+    "timestamp",
+    "time",
+    "t",
+    "ts",
+    "elapsed",
+    "elapsed_s",
+    "time_s",
+    "seconds",
+    "t_s",
+    "datetime",
+    "date_time",
+    "wall_time",
+    "epoch",
+    "unix_time",
+    "secs",
+)
+_UTIL_NAMES = (
+    "gpu_util",
+    "util",
+    "utilization",
+    "gpu_utilization",
+    "utilization.gpu",
+    "gpu_util_pct",
+    "util_pct",
+    "gpu_util_percent",
+    "utilization_gpu",
+    "gpu_utilisation",
+    "utilisation",
+    "gpu_usage",
+    "gpu_load",
+    "sm_util",
+    "gpu",
+    "gpu_pct",
+    "gpu_percent",
+    "usage",
+)
+_INDEX_NAMES = (
+    "gpu_index",
+    "gpu_id",
+    "index",
+    "gpu_idx",
+    "device",
+    "device_id",
+    "gpu",
+    "cuda_device",
+    "rank",
+    "local_rank",
+    "idx",
+)
+_MEM_NAMES = (
+    "mem_used",
+    "memory_used",
+    "gpu_mem",
+    "gpu_memory",
+    "mem",
+    "memory",
+    "memory.used",
+    "gpu_mem_used",
+    "fb_used",
+)
+_POWER_NAMES = (
+    "power",
+    "power_w",
+    "power_watts",
+    "power_draw",
+    "power.draw",
+    "gpu_power",
+    "watts",
+    "pwr",
+)
+_UNIT_SUFFIX_RE = re.compile(
+    r"[\s_]*[\[(]?(%|pct|percent|mib|mb|gib|gb|bytes|b|w|watts|s|"
+    r"sec|ms)[\])]?$"
+)
 
 
 def _norm(name: str) -> str:
@@ -142,7 +204,9 @@ def read(
         raise TraceFormatError(
             "CSV without a recognisable time column (time, timestamp, t, elapsed, ...) and "
             f"utilisation column (gpu_util, util, utilization, ...): header is {header_line!r}",
-            path=path, line=prefix[-1][0])
+            path=path,
+            line=prefix[-1][0],
+        )
     rows: list[list[str]] = []
     for no, line in numbered:
         prefix.append((no, line))
@@ -162,8 +226,9 @@ def read(
         if values and max(values) <= 1.0 and any(0 < u < 1 for u in values):
             fraction = True
             extra["util_scale"] = "utilisation logged as a 0-1 fraction; read as percent x100"
-        times = [_iso(r[cols.time_at]) if kind == "iso" else float(r[cols.time_at]) * scale
-                 for r in good]
+        times = [
+            _iso(r[cols.time_at]) if kind == "iso" else float(r[cols.time_at]) * scale for r in good
+        ]
     except (ValueError, IndexError):
         times, utils = [], []
     relative = kind == "num" and bool(times) and times[0] < 1e8
@@ -173,7 +238,11 @@ def read(
         extra["gpus_inferred"] = "1 (no GPU index column)"
     gpu_ids: list[int] = []
     try:
-        gpu_ids = sorted({int(float(r[cols.index_at])) for r in good}) if cols.index_at else [0]
+        gpu_ids = (
+            sorted({int(float(r[cols.index_at])) for r in good})
+            if cols.index_at is not None
+            else [0]
+        )
     except ValueError:
         gpu_ids = [0]
     if cols.index_at is None:
@@ -190,8 +259,9 @@ def read(
         extra=extra,
     )
     t0 = times[0] if times else 0.0
-    return header, _snapshots(chain(prefix[1:], numbered), cols, delim, kind, scale, t0,
-                              fraction, interval, path, warns)
+    return header, _snapshots(
+        chain(prefix[1:], numbered), cols, delim, kind, scale, t0, fraction, interval, path, warns
+    )
 
 
 def _snapshots(
@@ -216,7 +286,11 @@ def _snapshots(
         except ValueError as exc:
             raise bad_line(path, no, line, f"malformed value ({exc})") from None
         return GpuSample(
-            t_s=t, gpu=gpu, uuid=f"gpu{gpu}", util_samples=points, util_pct=util,
+            t_s=t,
+            gpu=gpu,
+            uuid=f"gpu{gpu}",
+            util_samples=points,
+            util_pct=util,
             mem_used_bytes=None if mem is None else int(mem * cols.mem_scale),
             power_watts=power,
         )
@@ -237,6 +311,8 @@ def _snapshots(
         try:
             raw_t = cells[t_at]
             t = round((_iso(raw_t) if kind == "iso" else float(raw_t) * num_scale) - t0, 6)
+            if not isfinite(t):
+                raise ValueError(f"time {raw_t.strip()!r} is not a number")
             gpu = int(float(cells[i_at])) if i_at is not None else 0
             util = num(cells[u_at])
             if fraction and util is not None:
