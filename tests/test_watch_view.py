@@ -249,6 +249,50 @@ def test_episode_log_keeps_closed_run_episodes() -> None:
     assert [e.state for e in log.run_level()] == [State.HEALTHY]
 
 
+def test_episode_log_memory_is_flat_and_its_answers_are_a_full_scan() -> None:
+    """A long run: only recent episodes are kept, the totals match scanning them all."""
+    import random
+
+    from gpumon.faces.watch_summary import RECENT_EPISODES
+
+    rng = random.Random(7)
+    states = [State.STARVED, State.HEALTHY, State.IDLE, State.SYNC_STALL]
+    causes = [None, *Cause]
+    every: list[Episode] = []
+    log = EpisodeLog()
+    t = 0.0
+    for i in range(5 * RECENT_EPISODES):
+        dur = rng.choice([0.0, 1.0, 2.5, rng.random() * 30])
+        st = rng.choice(states)
+        ep = _ep(
+            st,
+            rng.choice(causes),
+            t,
+            t + dur,
+            (f"a{i}",) if rng.random() < 0.5 else (),
+            "start-up" if st is State.IDLE and rng.random() < 0.3 else None,
+        )
+        t += dur
+        every.append(ep)
+        log.add([ep])
+    assert len(log.run_level()) == RECENT_EPISODES
+    tally = log.tally()
+    assert tally.startup_s == sum(
+        e.duration_s or 0.0 for e in every if e.state is State.IDLE and e.note == "start-up"
+    )
+    for st in states:
+        by: dict[Cause, float] = {}
+        for e in every:
+            if e.state is st and e.cause is not None:
+                by[e.cause] = by.get(e.cause, 0.0) + (e.duration_s or 0.0)
+        assert dominant_cause(tally, st) == (max(by, key=lambda c: by[c]) if by else None)
+        for cause in causes:
+            m = [e for e in every if e.state is st and (cause is None or e.cause == cause)]
+            m = [e for e in m if e.advice]
+            want = max(m, key=lambda e: e.duration_s or 0.0).advice if m else ()
+            assert advice_for_run(tally, st, cause, None) == want
+
+
 def _summary(**kw: object) -> Summary:
     base: dict[str, object] = dict(
         pid=100,

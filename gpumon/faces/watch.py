@@ -268,14 +268,10 @@ class _Run:
         lost = det.lost_gpu_seconds() if det is not None else None
         if det is not None:
             self.verdict = det.verdict()
-        episodes = self.episodes.run_level()
+        episodes = self.episodes.tally()
         # Start-up (before the first sustained work) is idle to the detector, but it is not
         # what the run did: it counts in "seconds", never towards the verdict.
-        startup = sum(
-            e.duration_s or 0.0
-            for e in episodes
-            if e.gpu is None and e.state is State.IDLE and e.note == "start-up"
-        )
+        startup = episodes.startup_s
         judged = dict(seconds)
         judged[State.IDLE] = max(0.0, judged.get(State.IDLE, 0.0) - startup)
         verdict = dominant(judged)

@@ -10,11 +10,12 @@ from __future__ import annotations
 import json
 import os
 import textwrap
+from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpumon.model import Cause, Episode, GpuIdentity, State, UtilPoint, Verdict
+from gpumon.model import Cause, Episode, State, UtilPoint, Verdict
 
 # Exit status when --fail-on trips (and the watched command itself succeeded).  Distinct
 # from gpumon's error statuses (1-4), from 130 (interrupted) and from argparse's 2.
@@ -65,21 +66,88 @@ class GpuUse:
         return None if self.util_n == 0 else round(self.util_sum / self.util_n / 100.0, 4)
 
 
+# Closed episodes kept as they were (the rest of a long run lives on as running totals).
+RECENT_EPISODES = 1_000
+
+
+class EpisodeTally:
+    """Running totals over closed episodes, in the order they came: flat memory however
+    long the run, and the same answers as scanning every episode."""
+
+    def __init__(self, episodes: Iterable[Episode] = ()) -> None:
+        # (state, cause) -> seconds; insertion order is first-seen order (ties go to it).
+        self.seconds: dict[tuple[State, Cause], float] = {}
+        # (state, cause) -> (duration, arrival, advice) of the longest episode with advice.
+        self.best_advice: dict[tuple[State, Cause | None], tuple[float, int, tuple[str, ...]]] = {}
+        self.startup_s = 0.0  # run-level idle episodes noted "start-up"
+        self.n = 0
+        for ep in episodes:
+            self.add(ep)
+
+    def add(self, ep: Episode) -> None:
+        self.n += 1
+        dur = ep.duration_s
+        if ep.cause is not None and dur is not None:
+            key = (ep.state, ep.cause)
+            self.seconds[key] = self.seconds.get(key, 0.0) + dur
+        if ep.advice:
+            akey = (ep.state, ep.cause)
+            d = dur or 0.0
+            best = self.best_advice.get(akey)
+            if best is None or d > best[0]:
+                self.best_advice[akey] = (d, self.n, ep.advice)
+        if ep.gpu is None and ep.state is State.IDLE and ep.note == "start-up":
+            self.startup_s += dur or 0.0
+
+    def dominant_cause(self, state: State) -> Cause | None:
+        by_cause = {c: v for (s, c), v in self.seconds.items() if s is state}
+        if not by_cause:
+            return None
+        return max(by_cause, key=lambda c: by_cause[c])
+
+    def advice(self, state: State, cause: Cause | None) -> tuple[str, ...] | None:
+        """The longest matching episode's advice (the earliest of equals); None if none."""
+        found = [
+            v
+            for (s, c), v in self.best_advice.items()
+            if s is state and (cause is None or c == cause)
+        ]
+        if not found:
+            return None
+        return max(found, key=lambda v: (v[0], -v[1]))[2]
+
+
 @dataclass
 class EpisodeLog:
-    """Closed episodes as the detector hands them out, for the dominant cause and advice."""
+    """Closed episodes as the detector hands them out, for the dominant cause and advice.
 
-    episodes: list[Episode] = field(default_factory=list)
+    Only running totals and the most recent episodes are kept, so a week-long watch
+    uses as much memory as a minute-long one.
+    """
+
+    run: EpisodeTally = field(default_factory=EpisodeTally)  # the run's own (gpu None)
+    per_gpu: EpisodeTally = field(default_factory=EpisodeTally)
+    recent_run: deque[Episode] = field(default_factory=lambda: deque(maxlen=RECENT_EPISODES))
+    recent_gpu: deque[Episode] = field(default_factory=lambda: deque(maxlen=RECENT_EPISODES))
 
     def add(self, episodes: Iterable[Episode] | None) -> None:
         for ep in episodes or ():
-            if ep.end_s is not None:
-                self.episodes.append(ep)
+            if ep.end_s is None:
+                continue
+            if ep.gpu is None:
+                self.run.add(ep)
+                self.recent_run.append(ep)
+            else:
+                self.per_gpu.add(ep)
+                self.recent_gpu.append(ep)
 
     def run_level(self) -> list[Episode]:
-        """The run's own episodes (gpu None); per-GPU ones when the detector has none."""
-        run = [e for e in self.episodes if e.gpu is None]
-        return run or list(self.episodes)
+        """The run's own recent episodes (gpu None); per-GPU ones when the detector has none."""
+        return list(self.recent_run if self.run.n else self.recent_gpu)
+
+    def tally(self) -> EpisodeTally:
+        """Totals over the run's own episodes; over per-GPU ones when the detector has none."""
+        return self.run if self.run.n else self.per_gpu
 
 
 @dataclass
@@ -227,30 +295,27 @@ def dominant(seconds: Mapping[State, float]) -> State:
     return max(known, key=lambda s: known[s])
 
 
-def dominant_cause(episodes: Iterable[Episode], state: State) -> Cause | None:
+def dominant_cause(episodes: Iterable[Episode] | EpisodeTally, state: State) -> Cause | None:
     """The cause holding the most time among the episodes in ``state``."""
-    by_cause: dict[Cause, float] = {}
-    for ep in episodes:
-        if ep.state is state and ep.cause is not None and ep.duration_s is not None:
-            by_cause[ep.cause] = by_cause.get(ep.cause, 0.0) + ep.duration_s
-    if not by_cause:
-        return None
-    return max(by_cause, key=lambda c: by_cause[c])
+    tally = episodes if isinstance(episodes, EpisodeTally) else EpisodeTally(episodes)
+    return tally.dominant_cause(state)
 
 
 def advice_for_run(
-    episodes: Iterable[Episode], state: State, cause: Cause | None, last: Verdict | None
+    episodes: Iterable[Episode] | EpisodeTally,
+    state: State,
+    cause: Cause | None,
+    last: Verdict | None,
 ) -> tuple[str, ...]:
     """The detector's advice from the longest episode matching the verdict.
 
     Falls back to the last live verdict when it matches (the run ended inside its only
     episode), and to nothing: gpumon never invents advice of its own.
     """
-    matching = [e for e in episodes if e.state is state and (cause is None or e.cause == cause)]
-    matching = [e for e in matching if e.advice]
-    if matching:
-        best = max(matching, key=lambda e: e.duration_s or 0.0)
-        return best.advice
+    tally = episodes if isinstance(episodes, EpisodeTally) else EpisodeTally(episodes)
+    best = tally.advice(state, cause)
+    if best is not None:
+        return best
     if last is not None:
         if last.state is state and last.advice:
             return last.advice
@@ -258,10 +323,6 @@ def advice_for_run(
             if g.state is state and g.advice:
                 return g.advice
     return ()
-
-
-def gpu_uses(identities: Iterable[GpuIdentity]) -> dict[str, GpuUse]:
-    return {g.uuid: GpuUse(gpu=g.index, uuid=g.uuid, name=g.name) for g in identities}
 
 
 def fmt_duration(seconds: float) -> str:
