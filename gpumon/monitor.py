@@ -104,8 +104,8 @@ class Monitor:
             for p in g.processes or ():
                 if p.pid in tree_pids:
                     self.tree_gpu_uuids.add(g.uuid)
-                elif not os.path.exists(f"/proc/{p.pid}"):
-                    self.invisible_gpu_pids.add(p.pid)
+                elif len(self.invisible_gpu_pids) < 64 and not os.path.exists(f"/proc/{p.pid}"):
+                    self.invisible_gpu_pids.add(p.pid)  # a handful is proof enough: bounded
         return tuple(g for g in gpus if g.uuid in self.tree_gpu_uuids)
 
 
@@ -125,7 +125,9 @@ class StopFlag:
 
     def _handle(self, signum: int, _frame: object) -> None:
         self.signal = signum
-        self.event.set()
+        # Not event.set() here: the handler runs in the main thread, which may be holding
+        # the event's own (non-reentrant) lock inside wait(); set() would then deadlock.
+        threading.Thread(target=self.event.set, name="gpumon-stop", daemon=True).start()
 
     def restore(self) -> None:
         for sig, handler in self._previous.items():
