@@ -218,3 +218,133 @@ def test_a_reused_root_pid_is_not_the_watched_process(tmp_path: Path) -> None:
     (proc_dir / "stat").write_text(stat.format(start=2000))
     assert not sampler.root_alive()
     assert sampler.sample().processes == ()
+
+
+def test_tree_samplers_share_one_fd_budget_and_keep_the_procfs_path() -> None:
+    """Many samplers (one per job in `gpumon serve`) under a low open-file limit: the kept
+    files come from one budget, so no sampler runs the process out of fds, none raises, and
+    none gives up the cheap /proc/PID/task/*/children path."""
+    t = start_tree(0, 6, 30)
+    script = (
+        "import os, resource, sys\n"
+        "from gpumon.sample import host\n"
+        "pid, expected = int(sys.argv[1]), set(map(int, sys.argv[2:]))\n"
+        "hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]\n"
+        "resource.setrlimit(resource.RLIMIT_NOFILE, (64, hard))\n"
+        "samplers = [host.ProcessTreeSampler(pid) for _ in range(8)]\n"
+        "for _ in range(3):\n"
+        "    for s in samplers:\n"
+        "        got = {p.pid for p in s.sample().processes}\n"
+        "        assert got == expected, (got, expected)\n"
+        "assert all(s._procfs_children for s in samplers)\n"
+        "budget = host.shared_fd_budget()\n"
+        "assert budget.limit == 16 and budget.used == 16, (budget.limit, budget.used)\n"
+        "for s in samplers:\n"
+        "    s.close()\n"
+        "assert budget.used == 0, budget.used\n"
+        "os.close(os.open('/dev/null', os.O_RDONLY))  # fds are left for everything else\n"
+        "print('ok')\n"
+    )
+    try:
+        res = subprocess.run(
+            [sys.executable, "-c", script, str(t.pid), str(t.pid), *map(str, t.workers)],
+            capture_output=True, text=True, timeout=60,
+        )
+        assert res.returncode == 0 and res.stdout.strip() == "ok", res.stdout + res.stderr
+    finally:
+        t.proc.terminate()
+        t.proc.wait(5)
+
+
+def test_running_out_of_fds_is_one_tick_without_children_not_a_fallback(
+    tree: Tree, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """EMFILE on a children file or a task listing is not a kernel without the file: the
+    tick misses the children, the sampler keeps /proc and finds them the next tick."""
+    import errno
+
+    from gpumon.sample import host
+
+    real_open, real_listdir = os.open, os.listdir
+
+    def no_fd_open(path, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if str(path).endswith("/children"):
+            raise OSError(errno.EMFILE, "Too many open files")
+        return real_open(path, *args, **kwargs)
+
+    def no_fd_listdir(path):  # type: ignore[no-untyped-def]
+        if str(path).endswith("/task"):
+            raise OSError(errno.EMFILE, "Too many open files")
+        return real_listdir(path)
+
+    def psutil_must_not_run(*_a, **_k):  # type: ignore[no-untyped-def]
+        raise AssertionError("fell back to psutil")
+
+    sampler = ProcessTreeSampler(tree.pid, fd_budget=host.FdBudget(0))
+    monkeypatch.setattr(host.psutil, "Process", psutil_must_not_run)
+    monkeypatch.setattr(host.os, "open", no_fd_open)
+    monkeypatch.setattr(host.os, "listdir", no_fd_listdir)
+    starved = sampler.sample()
+    assert starved.root_alive and [p.pid for p in starved.processes] == [tree.pid]
+    monkeypatch.setattr(host.os, "open", real_open)
+    monkeypatch.setattr(host.os, "listdir", real_listdir)
+    again = sampler.sample()
+    assert {p.pid for p in again.processes} == {tree.pid, *tree.workers}
+    assert sampler._procfs_children
+
+
+def test_psutil_fallback_errors_read_as_no_children(
+    tree: Tree, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from gpumon.sample import host
+
+    def broken(*_a, **_k):  # type: ignore[no-untyped-def]
+        raise OSError(24, "Too many open files")
+
+    sampler = ProcessTreeSampler(tree.pid)
+    sampler._procfs_children = False  # a kernel without the children files
+    monkeypatch.setattr(host.psutil, "Process", broken)
+    assert [p.pid for p in sampler.sample().processes] == [tree.pid]
+    sampler.close()
+
+
+def test_the_roots_stat_is_read_once_per_tick(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from gpumon.sample import host
+
+    proc_dir = tmp_path / "4242"
+    (proc_dir / "task" / "4242").mkdir(parents=True)
+    (proc_dir / "task" / "4242" / "children").write_text("")
+    (proc_dir / "stat").write_text(
+        "4242 (python) S 1 4242 1 0 -1 0 0 0 0 0 10 5 0 0 20 0 1 0 1000 0 0 0\n"
+    )
+    sampler = ProcessTreeSampler(4242, procfs=str(tmp_path))
+    reads: list[str] = []
+    real = host._read_text
+
+    def counting(path: str) -> str:
+        reads.append(path)
+        return real(path)
+
+    monkeypatch.setattr(host, "_read_text", counting)
+    sample = sampler.sample()
+    assert sample.root_alive and [p.pid for p in sample.processes] == [4242]
+    assert reads.count(f"{tmp_path}/4242/stat") == 1
+
+
+def test_host_cpu_is_absent_unless_every_core_was_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpumon.sample import host
+
+    before = [Times(10, 0, 10, 0), Times(10, 0, 10, 0)]
+    after = [Times(15, 0, 15, 0), Times(10, 0, 10, 0)]  # core 1: no time passed (no reading)
+    sampler = HostSampler()
+    sampler._cpu = before
+    monkeypatch.setattr(host.psutil, "cpu_times", lambda percpu: after)
+    partial = sampler.sample()
+    assert partial.cpu_pct is None and partial.cpu_pct_per_core == ()
+    sampler._cpu = before
+    monkeypatch.setattr(host.psutil, "cpu_times",
+                        lambda percpu: [Times(15, 0, 15, 0), Times(12, 0, 18, 0)])
+    full = sampler.sample()
+    assert full.cpu_pct == pytest.approx(35.0) and len(full.cpu_pct_per_core) == 2

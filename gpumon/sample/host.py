@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import resource
+import threading
 import time
 from dataclasses import dataclass
 
@@ -147,6 +148,7 @@ class HostSampler:
         per_core = [cpu_busy_pct(b, a) for b, a in zip(self._cpu, cpu, strict=False)]
         busy = [b for b, _ in per_core if b is not None]
         iowait = [w for _, w in per_core if w is not None]
+        all_cores = len(busy) == len(per_core)
         disk = self._disk_counters()
         seconds = t - self._t
         read = write = None
@@ -162,8 +164,8 @@ class HostSampler:
         return HostSample(
             t_s=t,
             # All cores or none: a missing reading must not pass for an idle core.
-            cpu_pct_per_core=tuple(busy) if len(busy) == len(per_core) else (),
-            cpu_pct=sum(busy) / len(busy) if busy else None,
+            cpu_pct_per_core=tuple(busy) if all_cores else (),
+            cpu_pct=sum(busy) / len(busy) if all_cores and busy else None,
             iowait_pct=sum(iowait) / len(iowait) if iowait else None,
             load_1m=load[0],
             load_5m=load[1],
@@ -258,8 +260,9 @@ class _Seen:
 
 
 def _max_kept_fds() -> int:
-    """How many procfs files a tree sampler may keep open: a quarter of the soft limit on
-    open files, at most 1024 (a 128-process tree needs about 390)."""
+    """How many procfs files the tree samplers of this process may keep open, all together:
+    a quarter of the soft limit on open files, at most 1024 (a 128-process tree needs
+    about 390)."""
     try:
         soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
     except (OSError, ValueError):
@@ -267,6 +270,44 @@ def _max_kept_fds() -> int:
     if soft == resource.RLIM_INFINITY:
         return 1024
     return max(0, min(1024, soft // 4))
+
+
+class FdBudget:
+    """How many procfs files may be kept open, shared by every tree sampler that uses it.
+
+    ``gpumon serve`` runs one tree sampler per job: a budget per sampler would multiply
+    with the jobs and exhaust the open-file limit, after which every open (NVML's, the
+    log's, a scrape's socket) fails.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+        self._lock = threading.Lock()
+
+    def take(self) -> bool:
+        with self._lock:
+            if self.used >= self.limit:
+                return False
+            self.used += 1
+            return True
+
+    def give(self, n: int = 1) -> None:
+        with self._lock:
+            self.used -= n
+
+
+_shared_budget: FdBudget | None = None
+_shared_budget_lock = threading.Lock()
+
+
+def shared_fd_budget() -> FdBudget:
+    """The process-wide budget (sized from the open-file limit when first asked for)."""
+    global _shared_budget
+    with _shared_budget_lock:
+        if _shared_budget is None:
+            _shared_budget = FdBudget(_max_kept_fds())
+        return _shared_budget
 
 
 class _ProcFiles:
@@ -278,11 +319,12 @@ class _ProcFiles:
     process, so once it exits (or its pid is reused) the read fails (ESRCH) and the path
     is opened afresh, which finds the new owner or nothing.  Only a real procfs is kept
     open (a test's procfs of plain files may be replaced, leaving an fd on the old one);
-    at most ``max_fds`` files are kept, the rest are opened per read as before.
+    files are kept while ``budget`` (shared by every sampler) allows, the rest are opened
+    per read as before; without a budget nothing is kept.
     """
 
-    def __init__(self, max_fds: int) -> None:
-        self.max_fds = max_fds
+    def __init__(self, budget: FdBudget | None) -> None:
+        self.budget = budget
         self._fds: dict[int, dict[str, int]] = {}
         self._count = 0
 
@@ -298,16 +340,23 @@ class _ProcFiles:
             if data is not None and len(data) < _READ_CHUNK:
                 return data.decode("ascii", errors="replace")
             self._close(pid, path)
-        if self._count >= self.max_fds:
+        budget = self.budget
+        if budget is None or not budget.take():
             return _read_text(path)
-        fd = os.open(path, os.O_RDONLY)
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except BaseException:
+            budget.give()
+            raise
         try:
             data = os.pread(fd, _READ_CHUNK, 0)
         except BaseException:
             os.close(fd)
+            budget.give()
             raise
         if len(data) >= _READ_CHUNK:  # too big to re-read in one call: not worth keeping
             os.close(fd)
+            budget.give()
             return _read_text(path)
         self._fds.setdefault(pid, {})[path] = fd
         self._count += 1
@@ -315,13 +364,19 @@ class _ProcFiles:
 
     def _close(self, pid: int, path: str) -> None:
         fd = self._fds[pid].pop(path)
-        self._count -= 1
+        self._release(1)
         os.close(fd)
+
+    def _release(self, n: int) -> None:
+        self._count -= n
+        if self.budget is not None and n:
+            self.budget.give(n)
 
     def forget(self, pid: int) -> None:
         """Close the files of a process that left the tree."""
-        for fd in self._fds.pop(pid, {}).values():
-            self._count -= 1
+        fds = self._fds.pop(pid, {})
+        self._release(len(fds))
+        for fd in fds.values():
             os.close(fd)
 
     def close(self) -> None:
@@ -335,8 +390,9 @@ def _children_procfs(
     """Direct children from /proc/PID/task/*/children (cheap: no scan of every process).
 
     A single-threaded process has one task, itself, so its listing is skipped (and its
-    one file may be kept open in ``files``).  None where the kernel lacks the file
-    (CONFIG_PROC_CHILDREN), so the caller falls back.
+    one file may be kept open in ``files``).  None only where the kernel lacks the file
+    (CONFIG_PROC_CHILDREN: absent for a task that exists), so the caller falls back for
+    good; any other failure (EMFILE, EACCES) reads as no children this tick.
     """
     task_dir = f"{procfs}/{pid}/task"
     if num_threads == 1:
@@ -349,10 +405,8 @@ def _children_procfs(
     else:
         try:
             tids = os.listdir(task_dir)
-        except FileNotFoundError:
+        except OSError:  # gone, or no fd left this tick: not a missing kernel feature
             return []
-        except OSError:
-            return None
     children: list[int] = []
     for tid in tids:
         try:
@@ -374,7 +428,9 @@ class ProcessTreeSampler:
     reused by an unrelated process is told apart by its start time.
     """
 
-    def __init__(self, root_pid: int, *, procfs: str = "/proc") -> None:
+    def __init__(
+        self, root_pid: int, *, procfs: str = "/proc", fd_budget: FdBudget | None = None
+    ) -> None:
         self.root_pid = root_pid
         self._procfs = procfs
         try:
@@ -388,7 +444,11 @@ class ProcessTreeSampler:
             ) from None
         self._seen: dict[int, _Seen] = {}
         self._procfs_children = True
-        self._files = _ProcFiles(_max_kept_fds() if procfs == "/proc" else 0)
+        if procfs != "/proc":
+            fd_budget = None
+        elif fd_budget is None:
+            fd_budget = shared_fd_budget()
+        self._files = _ProcFiles(fd_budget)
 
     def close(self) -> None:
         """Close the procfs files kept open between ticks (also done when collected)."""
@@ -399,16 +459,6 @@ class ProcessTreeSampler:
         if files is not None:
             files.close()
 
-    def _descendants(self) -> list[int]:
-        """Every descendant pid (used where only pids are needed, not samples)."""
-        found: list[int] = []
-        frontier = [self.root_pid]
-        while frontier:
-            kids = self._children(frontier.pop(), None)
-            found.extend(kids)
-            frontier.extend(kids)
-        return found
-
     def _children(self, pid: int, num_threads: int | None) -> list[int]:
         if self._procfs_children:
             kids = _children_procfs(pid, num_threads, self._procfs, self._files)
@@ -417,7 +467,7 @@ class ProcessTreeSampler:
             self._procfs_children = False
         try:  # kernels without /proc/PID/task/*/children: psutil scans every process
             return [p.pid for p in psutil.Process(pid).children()]
-        except psutil.Error:
+        except (psutil.Error, OSError):  # gone, denied, or no fd left: none this tick
             return []
 
     def cmdline(self) -> tuple[str, ...] | None:
@@ -427,32 +477,35 @@ class ProcessTreeSampler:
             return None
         return tuple(raw.rstrip("\0").split("\0")) if raw else None
 
-    def _root_stat(self) -> ProcStat | None:
-        """The root's stat while it is the same process and not a zombie; else None."""
+    def _root_fields(self) -> tuple[str, str, int, float, int, int] | None:
+        """The root's stat fields while it is the same process and not a zombie; else None."""
         try:
-            stat = parse_stat(
+            fields = _stat_fields(
                 self._files.read(self.root_pid, f"{self._procfs}/{self.root_pid}/stat")
             )
         except (OSError, ValueError, IndexError):
             return None
-        if stat.start_ticks != self._root_start or stat.state in ("zombie", "dead"):
+        if fields[5] != self._root_start or fields[1] in ("zombie", "dead"):
             return None
-        return stat
+        return fields
 
     def root_alive(self) -> bool:
-        return self._root_stat() is not None
-
-    def pids(self) -> list[int]:
-        """The tree's pids now (root first), for matching against NVML's process lists."""
-        return [self.root_pid, *self._descendants()] if self.root_alive() else []
+        return self._root_fields() is not None
 
     def sample(self) -> ProcTreeSample:
         """Walk the tree from the root, reading each process once (stat gives the thread
-        count that decides how its children are found)."""
+        count that decides how its children are found; the root's one read also says
+        whether it is alive)."""
         t = time.monotonic()
-        alive = self.root_alive()
+        root = self._root_fields()
+        alive = root is not None
         samples: list[ProcessSample] = []
-        frontier = [self.root_pid] if alive else []
+        if root is not None:
+            first = self._sample_one(self.root_pid, t, root)
+            samples.append(first)
+            frontier = self._children(self.root_pid, first.num_threads)
+        else:
+            frontier = []
         while frontier:
             pid = frontier.pop()
             sample = self._sample_one(pid, t)
@@ -460,7 +513,6 @@ class ProcessTreeSampler:
                 continue
             samples.append(sample)
             frontier.extend(self._children(pid, sample.num_threads))
-        samples.sort(key=lambda p: p.pid != self.root_pid)  # root first, then as found
         for gone in set(self._seen) - {s.pid for s in samples}:
             del self._seen[gone]
             self._files.forget(gone)
@@ -468,17 +520,20 @@ class ProcessTreeSampler:
             t_s=t, root_pid=self.root_pid, processes=tuple(samples), root_alive=alive
         )
 
-    def _sample_one(self, pid: int, t: float) -> ProcessSample | None:
+    def _sample_one(
+        self, pid: int, t: float, fields: tuple[str, str, int, float, int, int] | None = None
+    ) -> ProcessSample | None:
+        """One process; ``fields``: its stat, where already read this tick (the root's)."""
         base = f"{self._procfs}/{pid}"
         read = self._files.read
-        try:
-            name, state, ppid, cpu_s, num_threads, start_ticks = _stat_fields(
-                read(pid, f"{base}/stat")
-            )
-        except FileNotFoundError:
-            return None  # vanished mid-sample: it simply is not part of the tree any more
-        except (OSError, ValueError, IndexError):
-            return ProcessSample(pid, None, None, None, None, None, None, None)
+        if fields is None:
+            try:
+                fields = _stat_fields(read(pid, f"{base}/stat"))
+            except FileNotFoundError:
+                return None  # vanished mid-sample: it is simply not part of the tree any more
+            except (OSError, ValueError, IndexError):
+                return ProcessSample(pid, None, None, None, None, None, None, None)
+        name, state, ppid, cpu_s, num_threads, start_ticks = fields
         try:
             read_b, write_b = parse_io(read(pid, f"{base}/io"))
         except (OSError, KeyError, ValueError):  # another user's process: no io access
