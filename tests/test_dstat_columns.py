@@ -11,10 +11,11 @@ from typing import Any
 
 import pytest
 
+from gpumon.detect import DetectorUpdate
 from gpumon.errors import NoDriverError
 from gpumon.faces import dstat_columns as dc
 from gpumon.faces.dstat_columns import GpuCell, GpuColumns, PluginLoadError, aggregate
-from gpumon.model import GpuIdentity, GpuSample, GpuVerdict, State, UtilPoint, Verdict
+from gpumon.model import Episode, GpuIdentity, GpuSample, State, UtilPoint, Verdict
 from gpumon.monitor import Monitor
 
 REPO = Path(__file__).resolve().parent.parent
@@ -34,22 +35,26 @@ class StubSampler:
 
 
 class StubDetector:
+    """Opens one episode per GPU in its given state on every update, as the detector does
+    once it has judged; ``fail`` hands out an update that cannot be read."""
+
     def __init__(self, states: dict[int, tuple[State, str | None]] | None = None) -> None:
         self.states = states or {}
         self.seen = 0
         self.fail = False
 
-    def update(self, snapshot: Any) -> None:
+    def update(self, snapshot: Any) -> Any:
         self.seen += 1
-
-    def verdict(self) -> Verdict:
         if self.fail:
-            raise RuntimeError("detector bug")
-        gv = tuple(
-            GpuVerdict(i, f"GPU-{i}", s, None, None, note=note)
+            return SimpleNamespace(closed=None, opened=None)  # iterating it raises
+        opened = tuple(
+            Episode(i, f"GPU-{i}", s, None, 0.0, None, note=note)
             for i, (s, note) in self.states.items()
         )
-        return Verdict(None, State.UNKNOWN, None, gv)
+        return DetectorUpdate(opened=opened)
+
+    def verdict(self) -> Verdict:
+        raise AssertionError("the columns need no full verdict per tick")
 
 
 def sample(gpu: int, t: float, points: list[tuple[float, float]], **kw: Any) -> GpuSample:
@@ -321,3 +326,41 @@ def test_plugin_file_builds_its_class_from_the_host_globals(name: str, kind: str
     cls = scope[f"{kind}_plugin"]
     assert issubclass(cls, Base)
     assert cls.__name__ == f"{kind}_plugin"
+
+
+@pytest.mark.parametrize("scenario", ["healthy_then_starved", "straggler", "checkpoint"])
+def test_words_followed_through_updates_match_the_full_verdict(scenario: str) -> None:
+    """The columns follow the detector's opened/closed episodes instead of building a
+    verdict every tick: tick by tick, the words are those the verdict would give."""
+    from gpumon.detect import Detector
+    from gpumon.monitor import Tick
+    from gpumon.synth import generate
+
+    trace = generate(scenario, seed=1, duration_s=200.0)
+    det = Detector(gpus=trace.header.gpus)
+    snapshots = iter(trace.snapshots)
+
+    class TraceMonitor:
+        nvml = SimpleNamespace(gpus=trace.header.gpus)
+        detector = det
+
+        def tick(self) -> Tick:
+            snap = next(snapshots)
+            return Tick(snapshot=snap, update=det.update(snap))
+
+    c = GpuColumns(lambda: TraceMonitor(), warn=pytest.fail)  # type: ignore[arg-type, return-value]
+    c.start(1.0)
+    seen: set[str] = set()
+    for _ in trace.snapshots:
+        cells = c.tick()
+        want = {v.gpu: dc._word(v.state, v.note) for v in det.verdict().gpus}
+        for cell in cells:
+            if cell.word == "lost":
+                continue
+            word = want.get(cell.gpu, "?")
+            if word == dc.STARTUP:
+                util = cell.util_pct
+                word = "idle" if util is None or util < dc.STARTUP_BUSY_PCT else "?"
+            assert cell.word == word
+            seen.add(word)
+    assert len(seen) >= 2, seen  # the run went through more than one state

@@ -7,10 +7,12 @@ the logic lives here, importable and testable without dstat.
 
 Per tick, the plugin asks a :class:`~gpumon.monitor.Monitor` (NVML sampler + detector) for
 a snapshot.  Utilisation is the mean of the driver's buffered samples since the previous
-definitive tick, so nothing between dstat's ticks is lost; the state is the detector's
-verdict for each GPU, which therefore runs across ticks for the whole dstat session.  The
-driver's buffer (up to ~20 s before dstat started) is fed to the detector on the first
-tick, so a verdict is there within seconds rather than after a full window.
+definitive tick, so nothing between dstat's ticks is lost; the state is that of the
+detector's open episode for each GPU (what its verdict would say, followed through its
+updates rather than built every tick), so the detector runs across ticks for the whole
+dstat session.  The driver's buffer (up to ~20 s before dstat started) is fed to the
+detector on the first tick, so a verdict is there within seconds rather than after a full
+window.
 
 dstat prints an exception raised by ``extract()`` on stdout every tick, and dool dies of
 it: ``extract()`` here never raises.
@@ -25,10 +27,10 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
-from gpumon.model import GpuSample, State
+from gpumon.model import Episode, GpuSample, State
 
 if TYPE_CHECKING:
-    from gpumon.detect import Detector
+    from gpumon.detect import Detector, DetectorUpdate
     from gpumon.monitor import Monitor
 
 # The state words of the dstat column (5 characters at most: the column is 5 wide).
@@ -116,6 +118,8 @@ class GpuColumns:
         self.cells: tuple[GpuCell, ...] = ()
         # Utilisation points since the last definitive tick, per GPU index.
         self._points: dict[int, list[float]] = {}
+        # The detector's open episode per GPU index (what its verdict would report).
+        self._open: dict[int, Episode] = {}
         self._window_start = float("-inf")
         self._warned: set[str] = set()
 
@@ -148,7 +152,7 @@ class GpuColumns:
     def _tick(self, final: bool) -> tuple[GpuCell, ...]:
         assert self.monitor is not None, "start() first"
         tick = self.monitor.tick()  # samples, then feeds the detector
-        words = self._words()
+        words = self._words(tick.update)
         cells = []
         for g in tick.snapshot.gpus:
             cells.append(self._cell(g, words.get(g.gpu, "?")))
@@ -157,16 +161,25 @@ class GpuColumns:
             self._window_start = tick.snapshot.t_s
         return tuple(cells)
 
-    def _words(self) -> dict[int, str]:
+    def _words(self, update: DetectorUpdate | None) -> dict[int, str]:
+        """Each GPU's word from its open episode, followed through the detector's updates:
+        only state and note are shown, so no full verdict (evidence, advice) per tick."""
         detector = self.monitor.detector if self.monitor is not None else None
         if detector is None:
             return {}
         try:
-            verdict = detector.verdict()
+            if update is not None:
+                for ep in update.closed:
+                    cur = self._open.get(ep.gpu)
+                    if cur is not None and cur.start_s == ep.start_s:
+                        del self._open[ep.gpu]
+                for ep in update.opened:
+                    if ep.gpu is not None:  # the run's own episode: not a column
+                        self._open[ep.gpu] = ep
         except Exception as exc:  # keep the numbers coming even if the detector breaks
             self.warn_once("verdict", f"dstat_gpu: the detector failed: {exc!r}")
             return {}
-        return {v.gpu: _word(v.state, v.note) for v in verdict.gpus}
+        return {gpu: _word(ep.state, ep.note) for gpu, ep in self._open.items()}
 
     def _cell(self, g: GpuSample, word: str) -> GpuCell:
         if g.lost:
