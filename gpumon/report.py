@@ -106,7 +106,7 @@ class Timeline:
 class LogHistogram:
     """Durations in log-spaced bins (10 ms .. 3 h, 20 per decade): bounded quantiles."""
 
-    LO, PER_DECADE, BINS = -2.0, 20, 102
+    LO, PER_DECADE, BINS = -2.0, 20, 122
 
     def __init__(self) -> None:
         self.counts = [0] * self.BINS
@@ -114,7 +114,7 @@ class LogHistogram:
         self.total = 0.0
 
     # Upper edges of bins 0 .. BINS-2 (the last bin takes everything above).
-    EDGES = tuple(10 ** (-2.0 + (k + 1) / 20) for k in range(101))
+    EDGES = tuple(10 ** (-2.0 + (k + 1) / 20) for k in range(BINS - 1))  # 10 ms .. ~3 h
 
     def add(self, x: float) -> None:
         if x <= 0:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gpumon.detect.config import DetectorConfig
-from gpumon.detect.rings import History, Ring
+from gpumon.detect.rings import History, Ring, quantile
 from gpumon.model import GpuSample, State, UtilPoint
 
 # Indices into a History record (running totals at one eval).
@@ -305,8 +305,9 @@ class GpuTrack:
         if self._gp_t is not None and t - self._gp_t < 5.0:
             return self._gp_val
         self._gp_t = t
-        vals = sorted(self.gaps.values())
-        self._gp_val = vals[int(0.9 * (len(vals) - 1))] if len(vals) >= 3 else None
+        vals = self.gaps.values()
+        # The same quantile as the evidence's, so the rules and the report agree.
+        self._gp_val = quantile(vals, 0.9) if len(vals) >= 3 else None
         return self._gp_val
 
     def held(self) -> bool | None:

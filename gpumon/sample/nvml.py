@@ -48,11 +48,6 @@ _NO_DRIVER = {
     pynvml.NVML_ERROR_FUNCTION_NOT_FOUND: "the NVIDIA driver is too old for these NVML bindings",
 }
 
-# Bits of nvmlDeviceGetCurrentClocksEventReasons, for display.
-CLOCK_EVENT_GPU_IDLE = 0x1
-CLOCK_EVENT_SW_POWER_CAP = 0x4
-
-
 def nvml_init() -> None:
     """Initialise NVML once per process; later calls are free.
 
@@ -364,6 +359,8 @@ class NvmlSampler:
         ("temperature", "nvmlDeviceGetTemperature", (pynvml.NVML_TEMPERATURE_GPU,)),
     )
 
+    _SCALAR_NAMES = frozenset(name for name, _, _ in _SCALARS)
+
     def _scalars(self, st: _GpuState) -> tuple[Any, ...]:
         """The scalar fields, each None where unreadable.
 
@@ -373,7 +370,7 @@ class NvmlSampler:
         the guarded path, field by field.
         """
         h = st.handle
-        if not st.unsupported_until:
+        if not st.unsupported_until.keys() & self._SCALAR_NAMES:
             try:
                 return (
                     pynvml.nvmlDeviceGetUtilizationRates(h),

@@ -12,7 +12,7 @@ from __future__ import annotations
 import calendar
 import itertools
 import re
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from gpumon.errors import TraceFormatError
@@ -44,10 +44,6 @@ def num(cell: str) -> float | None:
     while s and not (s[-1].isdigit() or s[-1] == "."):
         s = s[:-1]  # trailing unit glued to the number: 34C, 61W, 4MiB, 0%
     return float(s)
-
-
-def int_or_none(value: float | None) -> int | None:
-    return None if value is None else int(value)
 
 
 def mib_bytes(value: float | None) -> int | None:
@@ -254,7 +250,3 @@ def is_cut_short(line: str) -> bool:
 
 def cut_short_warning(path: str, line_no: int) -> str:
     return f"{path}:{line_no}: last line is incomplete (the logger stopped mid-write); ignored"
-
-
-def numbered(lines: Iterable[str], start: int = 1) -> Iterator[tuple[int, str]]:
-    return enumerate(lines, start)

@@ -193,10 +193,11 @@ def decode_snapshot(obj: dict[str, Any]) -> Snapshot:
     return Snapshot(t_s=t_s, gpus=gpus, host=host, tree=tree)
 
 
+_PROCESS_DEFAULTS: dict[str, Any] = {f.name: None for f in fields(ProcessSample)}
+
+
 def _process(obj: dict[str, Any]) -> ProcessSample:
-    values = {f.name: None for f in fields(ProcessSample)}
-    values.update(obj)
-    return ProcessSample(**values)
+    return ProcessSample(**{**_PROCESS_DEFAULTS, **obj})
 
 
 def decode_header(obj: dict[str, Any]) -> TraceHeader:
