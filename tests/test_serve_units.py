@@ -397,3 +397,18 @@ def test_memory_stays_flat_over_thousands_of_ticks(tmp_path: Path) -> None:
         tracemalloc.stop()
     assert state.ticks_total > 4000
     assert sizes[2] - sizes[1] < 64 * 1024, sizes
+
+
+# --------------------------------------------------------------------------- the server
+def test_a_server_never_started_closes_at_once(tmp_path: Path) -> None:
+    """Closing after a failed start-up (the server built, never started) must not hang."""
+    import threading
+
+    from gpumon.serve.http import MetricsServer
+
+    state, _ = make_state(tmp_path)
+    server = MetricsServer(ServeConfig(address="127.0.0.1", port=0), make_registry(state))
+    closer = threading.Thread(target=server.close, daemon=True)
+    closer.start()
+    closer.join(5.0)
+    assert not closer.is_alive()

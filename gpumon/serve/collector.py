@@ -311,10 +311,3 @@ def make_registry(state: ServeState) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=True)
     registry.register(GpumonCollector(state))
     return registry
-
-
-def exposition(registry: CollectorRegistry) -> str:
-    from prometheus_client import generate_latest
-
-    return generate_latest(registry).decode()
-

@@ -103,7 +103,8 @@ class MetricsServer:
         return self
 
     def close(self) -> None:
-        self.httpd.shutdown()
+        if self.thread.is_alive():  # shutdown() waits for serve_forever: never if not started
+            self.httpd.shutdown()
         self.httpd.server_close()
 
 
