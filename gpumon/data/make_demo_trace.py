@@ -18,7 +18,6 @@ import random
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
-from unittest import mock
 
 from gpumon import synth
 from gpumon.model import Cause, Snapshot, TraceHeader, UtilPoint
@@ -38,20 +37,15 @@ STORY: tuple[tuple[str, str, float, Cause | None, dict[str, float]], ...] = (
 )
 
 
-def story_phases(*_args: object) -> list[synth.Phase]:
+def story_phases() -> list[synth.Phase]:
     return [synth.Phase(kind, seconds, cause, params=dict(params))
             for _label, kind, seconds, cause, params in STORY]
 
 
 def generate(seed: int) -> synth.SynthTrace:
-    """The story through synth's generator.
-
-    ``synth.generate`` takes a scenario name, not a list of phases, so its phase builder is
-    swapped for the story's while it runs (a ``phases=`` parameter would make this plain).
-    """
-    with mock.patch.object(synth, "_phases", story_phases):
-        return synth.generate("healthy", seed, gpus=GPUS, period_s=PERIOD_S,
-                              duration_s=sum(s[2] for s in STORY))
+    """The story through synth's generator (the scenario name only seeds the machine)."""
+    return synth.generate("healthy", seed, gpus=GPUS, period_s=PERIOD_S,
+                          duration_s=sum(s[2] for s in STORY), phases=story_phases())
 
 
 def suitable(trace: synth.SynthTrace) -> bool:
