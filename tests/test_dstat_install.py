@@ -205,7 +205,26 @@ def test_pcp_dstat_is_pointed_at_the_ini_plugin(
     link = tmp_path / "dstat"
     link.symlink_to(pcp)
     assert main(["dstat", "install", "--dir", str(tmp_path / "p"), "--program", str(link)]) == 1
-    assert "pcp-dstat" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "pcp-dstat" in err
+    for named in ("deploy/pcp/dstat/gpumon", "deploy/pcp/gpumon.url", "docs/dstat.md"):
+        assert named in err
+        assert (Path(__file__).resolve().parent.parent / named).is_file(), named
+
+
+def test_a_failed_write_leaves_no_temporary_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    dest = tmp_path / "p" / "dstat_gpu.py"
+
+    def full(*_a: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(inst.os, "chmod", full)
+    args = inst.argparse.Namespace(system=False)
+    with pytest.raises(inst.GpumonError, match="No space left"):
+        inst._write(dest, "text", args)
+    assert list(dest.parent.iterdir()) == []
 
 
 def test_uninstall_removes_only_gpumon_files(

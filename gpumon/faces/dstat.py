@@ -352,8 +352,8 @@ def run_install(args: argparse.Namespace) -> int:
             if _is_pcp_dstat(program):
                 raise GpumonError(
                     f"{program} is pcp-dstat (Performance Co-Pilot's dstat), which reads ini "
-                    "plugins, not Python: use deploy/pcp/gpumon.conf with gpumon serve "
-                    "(see docs/dstat.md)."
+                    "plugins, not Python: use its plugin deploy/pcp/dstat/gpumon, fed by "
+                    "gpumon serve through deploy/pcp/gpumon.url (see docs/dstat.md)."
                 )
             python = interpreter_of(resolve_program(program))
             check = probe(python, candidate, target.program)
@@ -391,6 +391,7 @@ def _is_pcp_dstat(program: Path) -> bool:
 
 
 def _write(dest: Path, text: str, args: argparse.Namespace) -> None:
+    tmp: str | None = None
     try:
         dest.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", dir=dest.parent)
@@ -398,7 +399,11 @@ def _write(dest: Path, text: str, args: argparse.Namespace) -> None:
             f.write(text)
         os.chmod(tmp, 0o644)
         os.replace(tmp, dest)
+        tmp = None
     except OSError as exc:
+        if tmp is not None:  # a failed write (disk full...) leaves no stray temporary file
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
         hint = (
             " (run it with sudo, or install for yourself without --system)" if args.system else ""
         )
