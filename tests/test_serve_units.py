@@ -158,11 +158,13 @@ def busy(pattern: str, t: float) -> bool:
 class Feeder:
     """Drives a ServeState with synthetic ticks of 0.5 s, like the loop would."""
 
-    def __init__(self, state: ServeState, pids: dict[int, tuple[int, ...]]) -> None:
+    def __init__(self, state: ServeState, pids: dict[int, tuple[int, ...]],
+                 *, via_step: bool = False) -> None:
         self.state = state
         self.pids = pids
         self.t = 100.0
         self.next_point = self.t
+        self.via_step = via_step  # through step() (the loop's path), not ingest()
 
     def run(self, seconds: float, patterns: dict[int, str], lost: frozenset[int] = frozenset()
             ) -> None:
@@ -193,8 +195,26 @@ class Feeder:
             while self.next_point + PERIOD <= self.t + 1e-9:
                 self.next_point += PERIOD
             host = HostSample(t_s=self.t, cpu_pct=35.0, iowait_pct=2.0)
-            self.state.ingest(Tick(Snapshot(t_s=self.t, gpus=tuple(gpus), host=host),
-                                   sample_duration_s=0.004))
+            tick = Tick(Snapshot(t_s=self.t, gpus=tuple(gpus), host=host),
+                        sample_duration_s=0.004)
+            if self.via_step:
+                self.state.monitor = _OneTick(tick)  # type: ignore[assignment]
+                self.state.step()
+                assert self.state.tick_errors_total == 0
+            else:
+                self.state.ingest(tick)
+
+
+class _OneTick:
+    """A Monitor that returns the tick it was given."""
+
+    nvml = None
+
+    def __init__(self, tick: Tick) -> None:
+        self._tick = tick
+
+    def tick(self) -> Tick:
+        return self._tick
 
 
 def make_state(tmp_path: Path, **cfg: object) -> tuple[ServeState, Path]:
@@ -282,7 +302,8 @@ def test_jobs_are_forgotten_and_capped(tmp_path: Path) -> None:
     state, _ = make_state(tmp_path, job_linger_s=3.0, max_jobs=1)
     f = Feeder(state, {0: (101,), 1: (102,)})
     f.run(3, {0: "steady", 1: "steady"})
-    assert len(state.jobs) == 1 and state.jobs_dropped_total > 0
+    # The second job is counted once, not once per tick it stays untracked.
+    assert len(state.jobs) == 1 and state.jobs_dropped_total == 1
     f.pids = {}
     f.run(5, {0: "steady", 1: "steady"})
     assert not state.jobs and len(state.resolver) == 0
@@ -353,8 +374,10 @@ def test_a_jobs_process_tree_feeds_the_detector(tmp_path: Path) -> None:
     try:
         workers = [int(x) for x in proc.stdout.readline().split()[1:]]  # type: ignore[union-attr]
         fake_proc(tmp_path / "proc", proc.pid, "0::/slurm/uid_0/job_4321/step_0\n")
+        # Labels from a fake procfs, the tree from the real one.
         state = ServeState(Monitor(None), ServeConfig(), EventLog(None),
-                           resolver=JobResolver(procfs=str(tmp_path / "proc")), gpus=IDENTS)
+                           resolver=JobResolver(procfs=str(tmp_path / "proc")), gpus=IDENTS,
+                           procfs="/proc")
         f = Feeder(state, {0: (proc.pid,), 1: (proc.pid,)})
         import time
 
@@ -369,33 +392,62 @@ def test_a_jobs_process_tree_feeds_the_detector(tmp_path: Path) -> None:
         assert burner.cpu_pct is not None and burner.cpu_pct > 20
         # Without trees (config), nothing is sampled.
         off = ServeState(Monitor(None), ServeConfig(process_trees=False), EventLog(None),
-                         resolver=JobResolver(procfs=str(tmp_path / "proc")), gpus=IDENTS)
+                         resolver=JobResolver(procfs=str(tmp_path / "proc")), gpus=IDENTS,
+                         procfs="/proc")
         Feeder(off, {0: (proc.pid,)}).run(1, {0: "steady", 1: "steady"})
-        assert all(j.tree is None and j.tree_sample is None for j in off.jobs.values())
+        assert off.jobs and not off._trees
+        assert all(j.tree_sample is None for j in off.jobs.values())
     finally:
         proc.terminate()  # its SIGTERM handler kills the workers too
         proc.wait()
 
 
 def test_memory_stays_flat_over_thousands_of_ticks(tmp_path: Path) -> None:
-    """Bounded state: episodes, histograms, jobs, pid cache — no list grows with time."""
+    """Bounded state: episodes, histograms, jobs, pid cache, process trees — nothing grows
+    with time, nor with pid and job churn (new processes and jobs every 100 s)."""
+    import itertools
     import tracemalloc
 
     state, _ = make_state(tmp_path, summary_interval_s=50.0)
-    f = Feeder(state, {0: (101,), 1: (102,)})
-    f.run(300, {0: "steady", 1: "steady"})  # warm up: rings fill
+    proc = tmp_path / "proc"
+    serial = itertools.count(1000)
+
+    def new_job() -> tuple[int, ...]:
+        """A Slurm job of two GPU processes, with stat files: its tree is really sampled."""
+        job = next(serial)
+        pids = (next(serial), next(serial))
+        for pid in pids:
+            fake_proc(proc, pid, f"0::/slurm/uid_0/job_{job}/step_0\n")
+            (proc / str(pid) / "stat").write_text(
+                f"{pid} (python) S 1 {pid} 1 0 -1 0 0 0 0 0 10 5 0 0 20 0 1 0 7 0 0 0\n")
+            (proc / str(pid) / "task" / str(pid)).mkdir(parents=True)
+            (proc / str(pid) / "task" / str(pid) / "children").write_text("")
+        return pids
+
+    f = Feeder(state, {})
+
+    def churn(pattern: str) -> None:
+        f.pids = {0: new_job(), 1: new_job()}
+        f.run(100, {0: pattern, 1: "steady"})
+
+    for _ in range(3):  # warm up: rings fill, jobs come and expire
+        churn("steady")
     tracemalloc.start()
     try:
         sizes = []
         for block in range(3):
             for i in range(6):  # alternate states so episodes open and close
-                pattern = "burst" if (block + i) % 2 else "steady"
-                f.run(100, {0: pattern, 1: "steady"})
+                churn("burst" if (block + i) % 2 else "steady")
                 metrics(state)
             sizes.append(tracemalloc.get_traced_memory()[0])
     finally:
         tracemalloc.stop()
     assert state.ticks_total > 4000
+    assert next(serial) == 1000 + 21 * 2 * 3  # 21 runs, each two new jobs of two pids
+    # Only the current processes, jobs and trees are kept.
+    assert len(state.resolver) == 4
+    assert len(state.jobs) == 2 and len(state._trees) <= 4
+    assert all(j.tree_sample is not None for j in state.jobs.values())
     assert sizes[2] - sizes[1] < 64 * 1024, sizes
 
 
@@ -412,3 +464,88 @@ def test_a_server_never_started_closes_at_once(tmp_path: Path) -> None:
     closer.start()
     closer.join(5.0)
     assert not closer.is_alive()
+
+
+def test_a_job_that_moves_gpus_gets_a_detector_for_its_new_gpus(tmp_path: Path) -> None:
+    """A job's detector tracks the GPUs it was built for: when the job's GPUs change it is
+    rebuilt, so a GPU left behind does not hold the job's state and a new one has its
+    identity."""
+    state, log = make_state(tmp_path)
+    f = Feeder(state, {0: (101,), 1: (102,)})
+    f.run(15, {0: "burst", 1: "steady"})  # job 65 starved on GPU 0
+    m = metrics(state)
+    assert value(m, "gpumon_job_state", hpc_job="65", state="starved") == 1
+    f.pids = {1: (101,)}  # job 65 moves to GPU 1 (healthy), job 66 leaves
+    f.run(20, {0: "burst", 1: "steady"})
+    job = state.jobs[("65", "", "")]
+    assert job.gpus == frozenset({1}) and job.detector is not None
+    assert set(job.detector._ident) == {1}  # GPU 1's identity, not GPU 0's
+    m = metrics(state)
+    assert value(m, "gpumon_job_state", hpc_job="65", state="healthy") == 1
+    records = [json.loads(x) for x in log.read_text().splitlines()]
+    ends = [r for r in records if r["event"] == "episode_end" and r["scope"] == "job"
+            and r["jobs"][0]["hpc_job"] == "65" and r["state"] == "starved"]
+    assert ends  # the old detector's open episode was closed, not dropped
+
+
+def test_an_unreadable_process_list_has_no_process_count(tmp_path: Path) -> None:
+    state, _ = make_state(tmp_path)
+    f = Feeder(state, {0: (101,), 1: (102,)})
+    f.run(2, {0: "steady", 1: "steady"})
+    assert value(metrics(state), "gpumon_gpu_processes", gpu="0") == 1
+    # The next tick NVML cannot list GPU 0's processes: no count (series absent), the
+    # last known job stays.
+    snap = Snapshot(t_s=f.t + 0.5, gpus=(
+        GpuSample(t_s=f.t + 0.5, gpu=0, uuid="GPU-0", util_pct=100.0, processes=None),
+        GpuSample(t_s=f.t + 0.5, gpu=1, uuid="GPU-1", util_pct=100.0,
+                  processes=(GpuProcess(102),)),
+    ))
+    state.ingest(Tick(snap))
+    m = metrics(state)
+    assert not [k for k in m if k.startswith("gpumon_gpu_processes") and 'gpu="0"' in k]
+    assert value(m, "gpumon_gpu_processes", gpu="1") == 1
+    assert value(m, "gpumon_gpu_job_info", gpu="0", hpc_job="65") == 1
+
+
+def test_fake_pids_are_not_sampled_from_the_real_proc(tmp_path: Path) -> None:
+    """Process trees are read from the daemon's procfs (the resolver's): a fake pid 1 in a
+    test's procfs is not the machine's init."""
+    fake_proc(tmp_path / "proc", 1, "0::/slurm/uid_0/job_7/step_0\n")
+    state = ServeState(Monitor(None), ServeConfig(), EventLog(None),
+                       resolver=JobResolver(procfs=str(tmp_path / "proc")), gpus=IDENTS)
+    assert state.procfs == str(tmp_path / "proc")
+    Feeder(state, {0: (1,), 1: (1,)}).run(2, {0: "steady", 1: "steady"})
+    (job,) = state.jobs.values()
+    assert job.labels.hpc_job == "7" and job.tree_sample is None
+
+
+def test_proc_reads_and_log_writes_happen_outside_the_lock(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A scrape waits on the lock: label resolution, tree sampling and log writes (disk)
+    must not run under it."""
+    from gpumon.sample import host
+
+    state, _ = make_state(tmp_path, summary_interval_s=1.0)
+    for pid in (101, 102):  # fake stat files: the trees are really sampled
+        (tmp_path / "proc" / str(pid) / "stat").write_text(
+            f"{pid} (python) S 1 {pid} 1 0 -1 0 0 0 0 0 10 5 0 0 20 0 1 0 1000 0 0 0\n")
+        (tmp_path / "proc" / str(pid) / "task" / str(pid)).mkdir(parents=True)
+        (tmp_path / "proc" / str(pid) / "task" / str(pid) / "children").write_text("")
+    seen: dict[str, list[bool]] = {"labels": [], "tree": [], "log": []}
+    resolve, write = state.resolver._read, state.log.write
+    tree_sample = host.ProcessTreeSampler.sample
+
+    def spy(kind, fn):  # type: ignore[no-untyped-def]
+        def wrapped(*a, **k):  # type: ignore[no-untyped-def]
+            seen[kind].append(state.lock.locked())
+            return fn(*a, **k)
+        return wrapped
+
+    monkeypatch.setattr(state.resolver, "_read", spy("labels", resolve))
+    monkeypatch.setattr(state.log, "write", spy("log", write))
+    monkeypatch.setattr(host.ProcessTreeSampler, "sample", spy("tree", tree_sample))
+    Feeder(state, {0: (101,), 1: (102,)}, via_step=True).run(15, {0: "burst", 1: "steady"})
+    assert all(seen.values()), seen  # each kind happened
+    assert not any(any(v) for v in seen.values()), seen
+    assert any(j.tree_sample is not None for j in state.jobs.values())

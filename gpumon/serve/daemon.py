@@ -1,18 +1,22 @@
 """The daemon's state: ticks in, detector + job attribution + histograms + log lines out.
 
-One ``ServeState`` lives for the daemon's lifetime.  The sampling loop calls ``step()``
-(NVML and /proc reads outside the lock, then ``ingest()`` under it); the Prometheus
-collector reads under the same lock, so every scrape sees one tick's consistent state.
+One ``ServeState`` lives for the daemon's lifetime.  The sampling loop calls ``step()``:
+NVML reads, then the /proc reads (job labels of new pids, each job's process tree) outside
+the lock, then the fold into the state under it, then the log lines after it.  The
+Prometheus collector reads under the same lock, so every scrape sees one tick's
+consistent state and never waits on /proc or the disk.
 
 Everything here is bounded: the detectors keep rings, histograms are fixed bucket arrays,
 the job table is capped (``max_jobs``) and forgets a job ``job_linger_s`` after its last
-GPU process left, the pid cache forgets pids that left the GPUs.
+GPU process left, the pid cache forgets pids that left the GPUs, and the untracked jobs
+are remembered (to count each once) up to ``MAX_UNTRACKED_REMEMBERED``.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -42,6 +46,9 @@ GAP_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0, 60.0)
 BURST_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0, 60.0)
 
 JobKey = tuple[str, str, str]
+
+# Jobs left untracked (max_jobs reached) are remembered so that each is counted once.
+MAX_UNTRACKED_REMEMBERED = 4096
 
 
 class Histogram:
@@ -108,9 +115,23 @@ class JobRuntime:
     last_seen_s: float
     detector: Detector | None = None
     episode: Episode | None = None  # the job's open run-level episode (own detector)
-    tree_root: int | None = None
-    tree: ProcessTreeSampler | None = None
     tree_sample: ProcTreeSample | None = None
+
+
+@dataclass(slots=True)
+class Prepared:
+    """A tick's /proc work, done before the lock: job labels, the job table's plan, trees.
+
+    Only the sampling thread changes the job table and the GPUs' pids, so reading them
+    here, outside the lock, sees what the fold that follows will see.
+    """
+
+    # Per GPU with a process list this tick: its pids and, where they changed, its jobs.
+    fresh: dict[int, tuple[frozenset[int], tuple[JobLabels, ...] | None]]
+    # The jobs on the GPUs now, in GPU order: labels and GPUs.
+    by_job: dict[JobKey, tuple[JobLabels, frozenset[int]]]
+    admitted: frozenset[JobKey]  # jobs in by_job not tracked yet that get a place
+    trees: dict[JobKey, ProcTreeSample | None]
 
 
 class ServeState:
@@ -127,11 +148,14 @@ class ServeState:
         gpus: Sequence[GpuIdentity] | None = None,
         wall: Callable[[], float] = time.time,
         mono: Callable[[], float] = time.monotonic,
+        procfs: str | None = None,
     ) -> None:
         self.monitor = monitor
         self.cfg = cfg
         self.log = log
         self.resolver = resolver if resolver is not None else JobResolver(cfg.job_sources)
+        # Where process trees are read: the resolver's procfs unless told otherwise.
+        self.procfs = procfs if procfs is not None else self.resolver.procfs
         self.detector_config = detector_config or DetectorConfig()
         idents = tuple(gpus if gpus is not None else
                        (monitor.nvml.gpus if monitor.nvml is not None else ()))
@@ -153,6 +177,7 @@ class ServeState:
         self.ticks_total = 0
         self.tick_errors_total = 0
         self.jobs_dropped_total = 0  # jobs not tracked because max_jobs was reached
+        self._untracked: OrderedDict[JobKey, None] = OrderedDict()  # counted already
         self.last_sample_wall_s: float | None = None
         self.last_sample_duration_s: float | None = None
         self.nvml_errors: dict[str, int] = {}
@@ -161,6 +186,9 @@ class ServeState:
         self._all_pids: frozenset[int] = frozenset()
         self._tick_error_kinds: set[str] = set()
         self._expired: list[JobKey] = []
+        # Each tracked job's process-tree sampler and its root pid (None: the root could
+        # not be read); only the sampling thread touches it.
+        self._trees: dict[JobKey, tuple[int, ProcessTreeSampler | None]] = {}
 
     # --- time ------------------------------------------------------------------------------
 
@@ -170,15 +198,14 @@ class ServeState:
     # --- the loop's body -------------------------------------------------------------------
 
     def step(self) -> None:
-        """One tick: sample (no lock), then fold it in (lock).  Never raises."""
+        """One tick: sample, read /proc, fold it in (lock), write the log.  Never raises."""
         try:
             tick = self.monitor.tick()
         except Exception as exc:  # a bug or an unforeseen driver/proc fault: skip the tick
             self._tick_failed("sampling", exc)
             return
         try:
-            with self.lock:
-                self.ingest(tick)
+            self.ingest(tick)
         except Exception as exc:
             self._tick_failed("processing", exc)
 
@@ -194,7 +221,17 @@ class ServeState:
                   file=sys.stderr, flush=True)
 
     def ingest(self, tick: Tick) -> DetectorUpdate:
-        """Fold one tick in; the caller holds ``lock``."""
+        """Fold one tick in: /proc reads first, then the state under ``lock`` (which the
+        caller must not hold), then the log lines once the lock is released."""
+        prepared = self.prepare(tick.snapshot)
+        with self.lock:
+            update, records = self._fold(tick, prepared)
+        for record in records:
+            self.log.write(record)
+        return update
+
+    def _fold(self, tick: Tick, prepared: Prepared) -> tuple[DetectorUpdate, list[dict[str, Any]]]:
+        """The state's part of a tick (under ``lock``): no /proc read, no log write."""
         snap = tick.snapshot
         self.host = snap.host
         for g in snap.gpus:
@@ -202,8 +239,8 @@ class ServeState:
             if rt is None:  # a GPU not seen at discovery (should not happen; stay robust)
                 rt = self.gpus[g.gpu] = GpuRuntime(GpuIdentity(index=g.gpu, uuid=g.uuid))
             rt.sample = g
-        job_pids = self._attribute(snap)
-        self._update_job_table(snap, job_pids)
+        self._attribute(snap, prepared)
+        job_updates = self._update_job_table(snap, prepared)
         if tick.update is not None:
             update = tick.update
         else:
@@ -219,10 +256,10 @@ class ServeState:
         for gpu, seconds in update.bursts:
             if gpu in self.gpus:
                 self.gpus[gpu].bursts.observe(seconds)
-        job_updates = self._update_job_detectors(snap)
-        self._log_update(update, None)
+        job_updates += self._update_job_detectors(snap)
+        records = self._log_records(update, None)
         for labels, upd in job_updates:
-            self._log_update(upd, labels)
+            records += self._log_records(upd, labels)
         self.ticks_total += 1
         self.last_sample_wall_s = self.wall_of(snap.t_s)
         self.last_sample_duration_s = tick.sample_duration_s
@@ -231,96 +268,163 @@ class ServeState:
         now = self._mono()
         if now - self._last_summary_mono >= self.cfg.summary_interval_s:
             self._last_summary_mono = now
-            self.log.write(self.summary("summary"))
-        return update
+            records.append(self.summary("summary"))
+        return update, records
 
     # --- jobs --------------------------------------------------------------------------------
 
-    def _attribute(self, snap: Snapshot) -> dict[JobKey, set[int]]:
-        """Processes -> job labels per GPU; /proc is read only for pids not seen before.
-
-        Returns each job's GPU pids (for its process tree).
-        """
+    def prepare(self, snap: Snapshot) -> Prepared:
+        """The tick's /proc reads, outside the lock: labels of pids not seen before (the
+        resolver caches the rest), then each tracked job's process tree."""
+        fresh: dict[int, tuple[frozenset[int], tuple[JobLabels, ...] | None]] = {}
+        jobs_now: list[tuple[int, tuple[JobLabels, ...]]] = []  # each GPU's jobs after it
         all_pids: set[int] = set()
+        for g in snap.gpus:
+            rt = self.gpus.get(g.gpu)
+            if g.lost:
+                continue
+            if g.processes is None:
+                if rt is not None:  # unreadable this tick: keep the last known
+                    all_pids.update(rt.pids)
+                    jobs_now.append((g.gpu, rt.jobs))
+                continue
+            pids = frozenset(p.pid for p in g.processes)
+            all_pids.update(pids)
+            if rt is None or pids != rt.pids:
+                labels = {self.resolver.labels(pid) for pid in sorted(pids)}
+                jobs = tuple(sorted((lb for lb in labels if lb.known),
+                                    key=lambda lb: (lb.hpc_job, lb.namespace, lb.pod,
+                                                    lb.container)))
+                fresh[g.gpu] = (pids, jobs)
+            else:
+                fresh[g.gpu] = (pids, None)
+                jobs = rt.jobs
+            jobs_now.append((g.gpu, jobs))
+        frozen = frozenset(all_pids)
+        if frozen != self._all_pids:
+            self._all_pids = frozen
+            self.resolver.retain(frozen)
+        by_job: dict[JobKey, tuple[JobLabels, frozenset[int]]] = {}
+        admitted: set[JobKey] = set()
+        trees: dict[JobKey, ProcTreeSample | None] = {}
+        if self.cfg.max_jobs > 0:
+            gpus_of: dict[JobKey, tuple[JobLabels, set[int]]] = {}
+            for gpu, jobs in jobs_now:
+                for lb in jobs:
+                    entry = gpus_of.setdefault(
+                        lb.job_key(), (JobLabels(lb.hpc_job, lb.pod, lb.namespace), set()))
+                    entry[1].add(gpu)
+            by_job = {k: (lb, frozenset(gpus)) for k, (lb, gpus) in gpus_of.items()}
+            room = self.cfg.max_jobs - len(self.jobs)
+            for key in by_job:
+                if key not in self.jobs and room > 0:
+                    admitted.add(key)
+                    room -= 1
+            if self.cfg.process_trees:
+                job_pids: dict[JobKey, set[int]] = {}
+                for pid in frozen:
+                    lb = self.resolver.labels(pid)  # cached: no /proc read
+                    if lb.known:
+                        job_pids.setdefault(lb.job_key(), set()).add(pid)
+                for key in by_job:
+                    if key in self.jobs or key in admitted:
+                        trees[key] = self._sample_tree(key, job_pids.get(key))
+        for key in [k for k in self._trees if k not in self.jobs and k not in admitted]:
+            self._drop_tree(key)  # its job expired (or was never given a place)
+        return Prepared(fresh, by_job, frozenset(admitted), trees)
+
+    def _attribute(self, snap: Snapshot, prepared: Prepared) -> None:
+        """Each GPU's processes and jobs, from what ``prepare`` read."""
         for g in snap.gpus:
             rt = self.gpus[g.gpu]
             if g.lost:
                 rt.jobs, rt.processes, rt.pids = (), None, frozenset()
                 continue
-            if g.processes is None:
-                all_pids.update(rt.pids)  # unreadable this tick: keep the last known
+            if g.processes is None:  # unreadable this tick: no count, the last known jobs
+                rt.processes = None
                 continue
-            pids = frozenset(p.pid for p in g.processes)
-            all_pids.update(pids)
+            pids, jobs = prepared.fresh[g.gpu]
             rt.processes = len(pids)
-            if pids != rt.pids:
-                rt.pids = pids
-                labels = {self.resolver.labels(pid) for pid in sorted(pids)}
-                rt.jobs = tuple(sorted((lb for lb in labels if lb.known),
-                                       key=lambda lb: (lb.hpc_job, lb.namespace, lb.pod,
-                                                       lb.container)))
-        frozen = frozenset(all_pids)
-        if frozen != self._all_pids:
-            self._all_pids = frozen
-            self.resolver.retain(frozen)
-        job_pids: dict[JobKey, set[int]] = {}
-        for pid in frozen:
-            lb = self.resolver.labels(pid)  # cached: no /proc read
-            if lb.known:
-                job_pids.setdefault(lb.job_key(), set()).add(pid)
-        return job_pids
+            if pids != rt.pids and jobs is not None:
+                rt.pids, rt.jobs = pids, jobs
 
-    def _update_job_table(self, snap: Snapshot, job_pids: dict[JobKey, set[int]]) -> None:
-        """Jobs seen now: create, refresh (GPUs, process tree), expire, all bounded."""
+    def _update_job_table(
+        self, snap: Snapshot, prepared: Prepared
+    ) -> list[tuple[JobLabels, DetectorUpdate]]:
+        """Jobs seen now: create, refresh (GPUs, process tree), expire, all bounded.
+
+        Returns the last updates of the job detectors replaced because a job's GPUs
+        changed (their open episodes close).
+        """
+        out: list[tuple[JobLabels, DetectorUpdate]] = []
         if self.cfg.max_jobs == 0:
-            return
+            return out
         t = snap.t_s
-        by_job: dict[JobKey, tuple[JobLabels, set[int]]] = {}
-        for g in snap.gpus:
-            for lb in self.gpus[g.gpu].jobs:
-                key = lb.job_key()
-                entry = by_job.setdefault(key, (JobLabels(lb.hpc_job, lb.pod, lb.namespace),
-                                                set()))
-                entry[1].add(g.gpu)
         all_gpus = frozenset(g.gpu for g in snap.gpus if not g.lost)
-        for key, (labels, gpus) in by_job.items():
+        for key, (labels, gpus) in prepared.by_job.items():
             job = self.jobs.get(key)
-            frozen = frozenset(gpus)
             if job is None:
-                if len(self.jobs) >= self.cfg.max_jobs:
-                    self.jobs_dropped_total += 1
+                if key not in prepared.admitted:
+                    self._count_untracked(key)
                     continue
-                job = self.jobs[key] = JobRuntime(labels, frozen, t)
-                if frozen != all_gpus:
-                    job.detector = self._job_detector(frozen)
+                job = self.jobs[key] = JobRuntime(labels, gpus, t)
+                if gpus != all_gpus:
+                    job.detector = self._job_detector(gpus)
             else:
                 job.last_seen_s = t
-                if frozen != job.gpus:
-                    job.gpus = frozen
-                    if job.detector is None and frozen != all_gpus:
-                        job.detector = self._job_detector(frozen)
-            job.tree_sample = self._sample_tree(job, job_pids.get(key, set()))
+                if gpus != job.gpus:
+                    # The job's detector tracks the GPUs it was built for: one it left would
+                    # read as unknown, one it joined would have no identity.  Start afresh.
+                    job.gpus = gpus
+                    if job.detector is not None:
+                        out.append((job.labels, _run_level(job.detector.finish())))
+                        job.detector, job.episode = None, None
+                    if gpus != all_gpus:
+                        job.detector = self._job_detector(gpus)
+            job.tree_sample = prepared.trees.get(key)
         for job in self.jobs.values():
             if job.last_seen_s != t:
                 job.tree_sample = None  # lingering: its processes left the GPUs
         linger = self.cfg.job_linger_s
         self._expired = [k for k, j in self.jobs.items() if t - j.last_seen_s > linger]
+        return out
 
-    def _sample_tree(self, job: JobRuntime, pids: set[int]) -> ProcTreeSample | None:
+    def _count_untracked(self, key: JobKey) -> None:
+        """Count a job left untracked once, however many ticks it stays (bounded memory)."""
+        if key in self._untracked:
+            self._untracked.move_to_end(key)
+            return
+        self._untracked[key] = None
+        self.jobs_dropped_total += 1
+        while len(self._untracked) > MAX_UNTRACKED_REMEMBERED:
+            self._untracked.popitem(last=False)
+
+    def _sample_tree(self, key: JobKey, pids: set[int] | None) -> ProcTreeSample | None:
         """The job's lowest GPU pid (rank 0, usually) and its descendants (its workers)."""
-        if not self.cfg.process_trees or not pids:
+        if not pids:
             return None
         root = min(pids)
-        if root != job.tree_root:
-            job.tree_root, job.tree = root, None
+        kept = self._trees.get(key)
+        if kept is None or kept[0] != root:
+            self._drop_tree(key)
             try:
-                job.tree = ProcessTreeSampler(root)
+                tree = ProcessTreeSampler(root, procfs=self.procfs)
             except GpumonError:  # gone or not readable: no tree for this root
+                self._trees[key] = (root, None)
                 return None
-        if job.tree is None:
+            except (OSError, ValueError, IndexError):  # no fd left, say: try next tick
+                return None
+            kept = self._trees[key] = (root, tree)
+        tree = kept[1]
+        if tree is None:
             return None
-        sample = job.tree.sample()
+        sample = tree.sample()
         return sample if sample.root_alive else None
+
+    def _drop_tree(self, key: JobKey) -> None:
+        kept = self._trees.pop(key, None)
+        if kept is not None and kept[1] is not None:
+            kept[1].close()  # its kept /proc files go back to the shared budget
 
     def _update_job_detectors(self, snap: Snapshot) -> list[tuple[JobLabels, DetectorUpdate]]:
         out: list[tuple[JobLabels, DetectorUpdate]] = []
@@ -351,13 +455,14 @@ class ServeState:
 
     # --- the log -------------------------------------------------------------------------------
 
-    def _log_update(self, update: DetectorUpdate, job: JobLabels | None) -> None:
+    def _log_records(
+        self, update: DetectorUpdate, job: JobLabels | None
+    ) -> list[dict[str, Any]]:
+        """The log lines of an update, built under the lock, written after it."""
         if self.log.path is None:
-            return
-        for ep in update.closed:
-            self.log.write(self._episode_record("episode_end", ep, job))
-        for ep in update.opened:
-            self.log.write(self._episode_record("episode_start", ep, job))
+            return []
+        return ([self._episode_record("episode_end", ep, job) for ep in update.closed]
+                + [self._episode_record("episode_start", ep, job) for ep in update.opened])
 
     def _episode_record(self, event: str, ep: Episode, job: JobLabels | None) -> dict[str, Any]:
         if job is not None:
@@ -419,12 +524,15 @@ class ServeState:
         """Close every open episode and write the final line (SIGTERM, end of run)."""
         with self.lock:
             record = self.summary("stop")  # the states as they were, before closing them
-            self._log_update(_only_closed(self.detector.finish()), None)
+            records = self._log_records(_only_closed(self.detector.finish()), None)
             for job in self.jobs.values():
                 if job.detector is not None:
-                    self._log_update(_run_level(job.detector.finish()), job.labels)
+                    records += self._log_records(_run_level(job.detector.finish()), job.labels)
             record["reason"] = reason
-            self.log.write(record)
+        for key in list(self._trees):
+            self._drop_tree(key)
+        for line in [*records, record]:
+            self.log.write(line)
 
 
 def _run_level(update: DetectorUpdate) -> DetectorUpdate:
