@@ -317,14 +317,6 @@ class ReplayProcessTreeSampler(_StandIn):
     def root_alive(self) -> bool:
         return not self.replay.finished
 
-    def pids(self) -> list[int]:
-        tree = self.replay.current.tree
-        if not self.root_alive():
-            return []
-        if tree is None:
-            return [self.root_pid]
-        return [self.root_pid, *(p.pid for p in tree.workers)]
-
     def sample(self) -> ProcTreeSample:
         tree = self._frame().tree
         if tree is not None:
