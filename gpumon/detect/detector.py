@@ -324,7 +324,7 @@ class Detector:
             last = tr.open_gap_s() or (tr.gaps.newest() or 0.0)
             idle = (1.0 - w.duty) * w.coverage * w.span_s
             quiet = (1.0 - w.active) * w.coverage * w.span_s  # samples with no activity
-            if idle > min(last, quiet) + 1.5 * per + 0.5:
+            if idle > min(last, quiet) + 1.0 * per + 0.5:
                 return False  # idle spread over many short gaps (or partial samples)
         span = max(self.cfg.dip_isolation_s, w.span_s)
         old = tr.hist.at_or_before(t - span)
@@ -427,7 +427,10 @@ class Detector:
             self._pending[key] = pend
         elif c.clear:
             pend.clear = True  # the case became clear while pending
-        if ep is not None and t - pend.since_s < self._confirm_s(ep, pend):
+        # Evals come every tick that is >= 0.9 interval on: jittered tick times must not
+        # cost a whole extra interval, so the confirmation time allows the same slack.
+        if ep is not None and \
+                t - pend.since_s < self._confirm_s(ep, pend) - 0.1 * self.cfg.eval_interval_s:
             return None
         start = pend.since_s - pend.backdate_s
         if ep is not None:
