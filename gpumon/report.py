@@ -59,14 +59,22 @@ class Timeline:
             self.width *= 2
 
     def add_util(self, t: float, dt: float, util_pct: float) -> None:
-        if self.t0 is None:
-            self.t0 = t - dt
-        if t >= self.t0 + self.n * self.width:
+        t0 = self.t0
+        if t0 is None:
+            t0 = self.t0 = t - dt
+        n = self.n
+        if t >= t0 + n * self.width:
             self._grow(t)
-        i = min(self.n - 1, max(0, int((t - self.t0) / self.width)))
+        i = int((t - t0) / self.width)
+        if i >= n:
+            i = n - 1
+        elif i < 0:
+            i = 0
         self.util[i] += util_pct * dt
         self.cov[i] += dt
-        self.end = t if self.end is None or t > self.end else self.end
+        end = self.end
+        if end is None or t > end:
+            self.end = t
 
     def add_state(self, start: float, end: float, state: State) -> None:
         """Spread an episode's seconds over the buckets it overlaps."""
@@ -251,37 +259,45 @@ def analyze_snapshots(header: TraceHeader, snapshots: Iterable[Snapshot],
             s.episodes.append(ep)
             s.timeline.add_state(ep.start_s, ep.end_s or ep.start_s, ep.state)
 
+    default_dt = header.interval_s or 1.0
+    update = det.update
     for snap in snapshots:
         ticks += 1
+        ts = snap.t_s
         if start is None:
-            start = snap.t_s
-        end = snap.t_s
+            start = ts
+        end = ts
         for g in snap.gpus:
             s = gpus.get(g.gpu)
             if s is None:
                 s = gpus[g.gpu] = GpuSummary(g.gpu, g.uuid)
             pts = g.util_samples
-            dt = snap.t_s - s.last_t if s.last_t is not None else None
-            s.last_t = snap.t_s
+            last = s.last_t
+            s.last_t = ts
             if pts:
-                u = sum(map(_UTIL, pts)) / len(pts)
-                s.samples += len(pts)
+                n = len(pts)
+                u = sum(map(_UTIL, pts)) / n
+                s.samples += n
             elif g.util_pct is not None:
                 u = g.util_pct
                 s.samples += 1
             else:
                 continue
-            if dt is None or dt <= 0 or dt > 10:
-                dt = header.interval_s or 1.0
-            s.timeline.add_util(snap.t_s, dt, u)
+            dt = default_dt if last is None else ts - last
+            if dt <= 0 or dt > 10:
+                dt = default_dt
+            s.timeline.add_util(ts, dt, u)
             s.busy_s += u * 0.01 * dt
             s.cov_s += dt
-        upd = det.update(snap)
-        for i, x in upd.bursts:
-            gpus[i].bursts.add(x)
-        for i, x in upd.gaps:
-            gpus[i].gaps.add(x)
-        take(upd.closed)
+        upd = update(snap)
+        if upd.bursts:
+            for i, x in upd.bursts:
+                gpus[i].bursts.add(x)
+        if upd.gaps:
+            for i, x in upd.gaps:
+                gpus[i].gaps.add(x)
+        if upd.closed:
+            take(upd.closed)
     verdict = det.verdict()
     seconds = det.seconds_in_state()
     take(det.finish().closed)

@@ -52,6 +52,7 @@ class _Candidate:
 
 
 _ALL_STATES = tuple(State)
+_NO_UPDATE = DetectorUpdate()
 
 
 class Detector:
@@ -90,8 +91,11 @@ class Detector:
         self._opened, self._closed = [], []
         gap_w = 0.0
         gap_n = 0
+        tracks = self._tracks
+        peak = self._run_peak_watts
+        lost = self._lost
         for g in snapshot.gpus:
-            tr = self._tracks.get(g.gpu)
+            tr = tracks.get(g.gpu)
             if tr is None:
                 tr = self._new_track(g.gpu, g.uuid, snapshot.t_s)
             cov0, busy0 = tr.cum_cov, tr.cum_busy
@@ -101,27 +105,32 @@ class Detector:
                 busy = tr.cum_busy - busy0
                 gap_w += 1.0 - busy / cov
                 gap_n += 1
-                held = tr.held()
-                if held:
-                    self._lost += max(0.0, cov - busy)
+                if tr.held():
+                    if cov > busy:
+                        lost += cov - busy
                     if g.gpu in self._busywait:
-                        self._lost += busy
+                        lost += busy
             p = tr.power_watts
-            if p is not None and (self._run_peak_watts is None or p > self._run_peak_watts):
-                self._run_peak_watts = p
-        weight = max(0.02, gap_w / gap_n) if gap_n else 0.02
-        self._host.ingest(snapshot.host, snapshot.tree, weight)
+            if p is not None and (peak is None or p > peak):
+                peak = p
+        self._run_peak_watts = peak
+        self._lost = lost
+        if snapshot.host is not None or snapshot.tree is not None:
+            weight = gap_w / gap_n if gap_n else 0.02
+            self._host.ingest(snapshot.host, snapshot.tree, weight if weight > 0.02 else 0.02)
         t = snapshot.t_s
         if self._t is None or t > self._t:
             self._t = t
         if self._last_eval is None:
             self._last_eval = t
-            for tr in self._tracks.values():
+            for tr in tracks.values():
                 tr.record(t)
             self._host.record(t)
         elif t - self._last_eval >= 0.9 * self._interval():  # 0.9: ticks jitter
             self._evaluate(t)
             self._last_eval = t
+        if not (bursts or gaps or self._opened or self._closed):
+            return _NO_UPDATE  # the common tick: nothing to report (frozen, so shared)
         return DetectorUpdate(tuple(self._opened), tuple(self._closed), tuple(bursts),
                               tuple(gaps))
 

@@ -84,7 +84,6 @@ class GpuTrack:
 
     def ingest(self, g: GpuSample, out_bursts: list, out_gaps: list) -> None:
         """Fold one tick of one GPU in; completed bursts/gaps go to the two lists."""
-        cfg = self.cfg
         if self.first_t is None:
             self.first_t = g.t_s
         pts = g.util_samples
@@ -104,25 +103,33 @@ class GpuTrack:
                 u = 0.0
             pts = () if u is None else (UtilPoint(g.t_s, u),)
         if pts:
-            self._fold(pts, cfg, out_bursts, out_gaps)
+            self._fold(pts, self.cfg, out_bursts, out_gaps)
         # Tick-level readings.
-        tick_dt = None if self.last_tick_t is None else g.t_s - self.last_tick_t
-        self.last_tick_t = g.t_s
+        t_s = g.t_s
+        last_tick = self.last_tick_t
+        self.last_tick_t = t_s
         p = g.power_watts
         self.power_watts = p
         if p is not None:
-            if tick_dt is not None and 0 < tick_dt < 10.0:
-                self.cum_pw += p * tick_dt
-                self.cum_pw_cov += tick_dt
-            if self.power_peak_watts is None or p > self.power_peak_watts:
+            if last_tick is not None:
+                tick_dt = t_s - last_tick
+                if 0 < tick_dt < 10.0:
+                    self.cum_pw += p * tick_dt
+                    self.cum_pw_cov += tick_dt
+            peak = self.power_peak_watts
+            if peak is None or p > peak:
                 self.power_peak_watts = p
-        if g.power_limit_watts is not None:
-            self.power_limit_watts = g.power_limit_watts
-        if g.mem_used_bytes is not None:
-            self.mem_used_bytes = g.mem_used_bytes
-        if g.mem_total_bytes is not None:
-            self.mem_total_bytes = g.mem_total_bytes
-        self.processes = None if g.processes is None else len(g.processes)
+        v = g.power_limit_watts
+        if v is not None:
+            self.power_limit_watts = v
+        v = g.mem_used_bytes
+        if v is not None:
+            self.mem_used_bytes = v
+        v = g.mem_total_bytes
+        if v is not None:
+            self.mem_total_bytes = v
+        procs = g.processes
+        self.processes = None if procs is None else len(procs)
         self.lost = g.lost
 
     def _looks_powered_down(self, p: float | None) -> bool:
@@ -243,15 +250,27 @@ class GpuTrack:
         if span <= 0:
             span = span_s
         cov = self.cum_cov - old[H_COV]
-        duty = (self.cum_busy - old[H_BUSY]) / cov if cov > 0 else None
-        if duty is not None:
-            duty = min(1.0, max(0.0, duty))
+        if cov > 0:
+            duty = (self.cum_busy - old[H_BUSY]) / cov
+            # Clamped to [0, 1] (NaN reads 0, as min(1, max(0, x)) would have it).
+            if duty >= 0.0:
+                if duty > 1.0:
+                    duty = 1.0
+            else:
+                duty = 0.0
+            act = (self.cum_act - old[H_ACT]) / cov
+            if not act < 1.0:
+                act = 1.0
+        else:
+            duty = None
+            act = 0.0
         gaps = self.cum_gaps - int(old[H_GAPS]) + (0 if self.run_busy else 1)
         pwc = self.cum_pw_cov - old[H_PWCOV]
         pw = (self.cum_pw - old[H_PW]) / pwc if pwc > 0 else self.power_watts
-        act = (self.cum_act - old[H_ACT]) / cov if cov > 0 else 0.0
-        return Window(span, min(1.0, cov / span), duty, gaps,
-                      self.cum_bursts - int(old[H_BURSTS]), pw, min(1.0, act))
+        c = cov / span
+        if not c < 1.0:
+            c = 1.0
+        return Window(span, c, duty, gaps, self.cum_bursts - int(old[H_BURSTS]), pw, act)
 
     def open_gap_s(self) -> float:
         """Length of the gap in progress (0 while busy)."""
