@@ -6,6 +6,7 @@ only local floats and appends a tuple per completed burst or gap, never per poin
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from dataclasses import dataclass
 
 from gpumon.detect.config import DetectorConfig
@@ -302,8 +303,12 @@ class GpuTrack:
     def _cycle_period(self, t: float | None, recent_s: float) -> float | None:
         vals = self.cycles.values()
         if t is not None:
-            ends = self.cycle_ends.values()
-            vals = [v for v, e in zip(vals, ends, strict=True) if e >= t - recent_s]
+            # Cycle ends are pushed in stream order (non-decreasing): the recent ones are
+            # a tail, found by bisection instead of a scan of the whole ring.
+            ends = self.cycle_ends
+            cut = t - recent_s
+            if ends and not ends[0] >= cut:
+                vals = vals[bisect_left(ends, cut):]
         if len(vals) < 3:
             return None
         vals.sort()
