@@ -281,9 +281,11 @@ class Detector:
         if tr.work_start_s is not None and cur is State.IDLE and \
                 t - tr.work_start_s < young:
             return _Candidate(State.IDLE, None, tr.note, t)  # too little work to judge yet
-        if cur is State.IDLE and tr.work_start_s is not None:
+        if tr.work_start_s is not None and (cur is State.IDLE or (
+                cur is State.STARVED and t - w.span_s < tr.work_start_s + per)):
             # First judgment of new work: its latest samples decide if it is healthy, so a
-            # ramp-up sample or an early work-start estimate does not read as starvation.
+            # ramp-up sample or an early work-start estimate does not read as starvation
+            # (nor keep a GPU starved while its window still reaches back to that start).
             wy = tr.window(t, max(young, 2 * per))
             if wy.duty is not None and wy.duty >= cfg.healthy_duty:
                 return _Candidate(State.HEALTHY, None, None, t, young)
