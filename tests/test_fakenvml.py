@@ -307,6 +307,18 @@ def test_idle_periods_record_no_samples_when_asked(fake_nvml):
         pynvml.nvmlDeviceGetSamples(h[3], 1, 0)
 
 
+def test_idle_no_samples_skips_a_period_busy_under_half_a_percent(fake_nvml):
+    # The burst starts 0.3 ms before a sample period ends: that period reads 0 % busy, so a
+    # driver that records only busy periods records nothing for it, never a sample of 0.
+    burst = Pattern.burst(1.0, 0.3, phase_s=-0.0997)
+    scn = Scenario(gpus=[FakeGPU(pattern=burst, idle_no_samples=True, sample_period_s=0.1)])
+    _init(fake_nvml, scn)
+    time.sleep(2.5)
+    _, busy = pynvml.nvmlDeviceGetSamples(pynvml.nvmlDeviceGetHandleByIndex(0), 1, 0)
+    assert len(busy) >= 6
+    assert {s.sampleValue.uiVal for s in busy} == {100}
+
+
 def test_samples_size_query_returns_success_and_count(fake_nvml):
     lib = _init(fake_nvml, Scenario(gpus=[FakeGPU(buffer_len=30)]))
     h = pynvml.nvmlDeviceGetHandleByIndex(0)

@@ -197,7 +197,7 @@ class FakeGPU:
     pcie_tx_kbps: int = 0
     sample_period_s: float = 1.0 / 6.0
     buffer_len: int = 120
-    idle_no_samples: bool = False  #: an all-idle sample period records no sample
+    idle_no_samples: bool = False  #: a sample period under 0.5 % busy records no sample
     samples_supported: bool = True
     pattern: Pattern = field(default_factory=Pattern)
     mem_busy_pct: float = 40.0  #: memory-controller utilisation while busy

@@ -1256,7 +1256,9 @@ static int sample_value(const scn_t *s, const gpu_t *g, int type, long long k, d
     double frac = busy_between(s, g, t0, t1) / (t1 - t0);
     if (frac < 0) frac = 0;
     if (frac > 1) frac = 1;
-    if (g->idle_no_samples && frac <= 1e-9) return 0;
+    /* The driver reports whole percent: a period busy for less than 0.5 % of its length
+     * reads as idle, so with idle_no_samples it records no sample either. */
+    if (g->idle_no_samples && frac < 0.005) return 0;
     int gi = (int)(g - s->gpus);
     switch (type) {
     case 0: /* NVML_TOTAL_POWER_SAMPLES, mW */
