@@ -192,6 +192,28 @@ def test_silent_buffer_with_low_power_reads_as_idle() -> None:
     assert det.verdict().gpus[0].state is State.IDLE
 
 
+def test_quiet_buffer_after_the_job_exits_is_idle_within_seconds() -> None:
+    """The job exits: its process and memory go, power drops to idle, the 2 s driver buffer
+    goes quiet while the instantaneous reading still lags at 30 %.  That is idle, at once,
+    and the stand-in readings must not stretch the driver-period estimate."""
+    snaps = stream(const(98), 120, period=1.0)
+    snaps = [Snapshot(s.t_s, tuple(GpuSample(  # one driver sample every 2 s
+        g.t_s, g.gpu, g.uuid, util_samples=g.util_samples if k % 2 else (),
+        util_pct=g.util_pct, mem_used_bytes=g.mem_used_bytes, mem_total_bytes=g.mem_total_bytes,
+        power_watts=g.power_watts, power_limit_watts=LIMIT, processes=g.processes)
+        for g in s.gpus)) for k, s in enumerate(snaps)]
+    end = snaps[59].t_s
+    tail = [Snapshot(s.t_s, tuple(GpuSample(
+        g.t_s, g.gpu, g.uuid, util_pct=30.0 if s.t_s - end <= 3 else 0.0,
+        mem_used_bytes=300 * 1024**2, mem_total_bytes=80 * GIB, power_watts=70.0,
+        power_limit_watts=LIMIT, processes=()) for g in s.gpus)) for s in snaps[60:]]
+    det, _, opened = run(snaps[:60] + tail)
+    idle = [t for t, e in opened if e.gpu == 0 and e.state is State.IDLE and t > end]
+    assert idle and idle[0] - end <= 10, idle  # latency target: 10 s
+    assert det._tracks[0].period_s == pytest.approx(2.0, rel=0.05)
+    assert det.verdict().gpus[0].state is State.IDLE
+
+
 def test_no_utilisation_reading_with_a_process_is_unknown_not_idle() -> None:
     """Utilisation unsupported (MIG, vGPU) and a process holding the GPU at low power: no
     reading is not 0 %, so the GPU must not be called idle."""
@@ -241,6 +263,24 @@ def test_startup_is_reported_as_such_not_starved() -> None:
     assert all(e.state is not State.STARVED for e in first)
     healthy = next(e for e in first if e.state is State.HEALTHY)
     assert abs(healthy.start_s - 1025) < 5
+
+
+def test_starved_after_startup_on_coarse_driver_samples_is_found_in_time() -> None:
+    """2 s driver samples: the first busy sample after start-up is one observation, not
+    "continuous work", so the work start is not pinned to the latest sample (which made the
+    detector wait for more work before its first judgment: 10.9 s for a 10.6 s target)."""
+    tr = generate("starved_cpu", 7)
+    onset = next(lab.start_s for lab in tr.labels if lab.state is State.STARVED)
+    phase = tr.phases[1]
+    allowed = max(3 * phase.params["burst_s"] / phase.params["duty"], 10.0)
+    det = Detector(None, gpus=tr.header.gpus)
+    found = None
+    for snap in tr.snapshots:
+        if any(e.state is State.STARVED for e in det.update(snap).opened):
+            found = snap.t_s
+            break
+    assert tr.period_s == 2.0
+    assert found is not None and found - onset <= allowed, (found, onset, allowed)
 
 
 def test_short_dips_do_not_flip_a_healthy_run() -> None:

@@ -262,7 +262,8 @@ class Detector:
                 # Later windows never reach back into start-up.
                 # (skipping the first, partial sample of the work).
                 onset = t - w.active * w.span_s
-                if tr.was_act and t - tr.act_on >= 2.0 and tr.act_on > onset:
+                if tr.was_act and t - tr.act_on >= max(2.0, 2 * (tr.period_s or 0.0)) and \
+                        tr.act_on > onset:
                     onset = tr.act_on  # continuous work since then: blips before are no work
                 tr.work_start_s = onset + (tr.period_s or 0.0)
                 w = tr.window(t, max(cfg.eval_interval_s * 2, t - tr.work_start_s))
