@@ -97,14 +97,17 @@ class GpuTrack:
             # Coarse source, or a buffer silent for longer than its period ("possibly idle",
             # NVML NotFound): fall back on the instantaneous reading, else on power.
             u = g.util_pct
-            if u is None and g.processes == () and self._looks_powered_down(g.power_watts):
-                # No utilisation reading at all: only a GPU that nothing holds and that draws
-                # idle power is known to be idle.  With a process on it, no reading stays
+            if (u is None or self.has_fine) and g.processes == () and \
+                    self._looks_powered_down(g.power_watts):
+                # No utilisation reading at all, or a driver buffer gone quiet while the
+                # instantaneous reading lags: a GPU that nothing holds and that draws idle
+                # power is known to be idle.  With a process on it, no reading stays
                 # unknown: "no reading" must never pass for 0 %.
                 u = 0.0
             pts = () if u is None else (UtilPoint(g.t_s, u),)
         if pts:
-            self._fold(pts, self.cfg, out_bursts, out_gaps)
+            # A stand-in point for a quiet buffer says nothing about the driver's period.
+            self._fold(pts, self.cfg, out_bursts, out_gaps, pts is not g.util_samples)
         # Tick-level readings.
         t_s = g.t_s
         last_tick = self.last_tick_t
@@ -139,12 +142,15 @@ class GpuTrack:
         refs = [r for r in (self.power_peak_watts, self.power_limit_watts) if r is not None]
         return bool(refs) and p < 0.3 * max(refs)
 
-    def _fold(self, pts, cfg: DetectorConfig, out_bursts: list, out_gaps: list) -> None:
+    def _fold(self, pts, cfg: DetectorConfig, out_bursts: list, out_gaps: list,
+              stand_in: bool = False) -> None:
         thr = cfg.busy_util_pct
         last_t = self.last_t
         n = len(pts)
         # Period estimate: spacing of this tick's points, else the step from the last point.
-        if n >= 2:
+        if stand_in and self.has_fine:
+            p_est = None
+        elif n >= 2:
             p_est = (pts[-1].t_s - pts[0].t_s) / (n - 1)
         elif last_t is not None:
             p_est = pts[0].t_s - last_t
