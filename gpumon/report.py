@@ -8,17 +8,16 @@ episodes (capped).  ``render_text`` and ``to_json`` only format that result.
 
 from __future__ import annotations
 
+import math
 from bisect import bisect_right
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from operator import attrgetter
 
 from gpumon.detect import Detector, DetectorConfig
 from gpumon.model import Cause, Episode, Snapshot, State, TraceHeader, Verdict
 
 BLOCKS = " ▁▂▃▄▅▆▇█"
-_UTIL = attrgetter("util_pct")
 STATE_CHAR = {State.HEALTHY: "█", State.STARVED: "▒", State.SYNC_STALL: "≈",
               State.IDLE: "·", State.UNKNOWN: "?"}
 _STATES = tuple(State)
@@ -92,6 +91,12 @@ class Timeline:
             if hi > lo:
                 self.states[i][k] += hi - lo
 
+    def next_edge(self, t: float) -> float:
+        """The end of the bucket ``t`` falls in (``t`` itself before the first data)."""
+        if self.t0 is None:
+            return t
+        return self.t0 + (math.floor((t - self.t0) / self.width) + 1) * self.width
+
     def used(self) -> int:
         """Buckets that hold data (the rest lie after the stream's end)."""
         if self.t0 is None or self.end is None:
@@ -152,7 +157,6 @@ class GpuSummary:
     samples: int = 0
     busy_s: float = 0.0  # util-weighted
     cov_s: float = 0.0
-    last_t: float | None = None
     timeline: Timeline = field(default_factory=Timeline)
     bursts: LogHistogram = field(default_factory=LogHistogram)
     gaps: LogHistogram = field(default_factory=LogHistogram)
@@ -259,37 +263,40 @@ def analyze_snapshots(header: TraceHeader, snapshots: Iterable[Snapshot],
             s.episodes.append(ep)
             s.timeline.add_state(ep.start_s, ep.end_s or ep.start_s, ep.state)
 
-    default_dt = header.interval_s or 1.0
+    # Duty cycles and timelines come from the detector's running totals, read only when
+    # the stream crosses a timeline bucket edge: the driver samples are walked once.
+    flushed: dict[int, tuple[float, float]] = {}  # per GPU: covered_s, busy_s so far
+
+    def flush(t: float) -> float:
+        """Put each GPU's work since the last flush into its bucket at ``t``; return the
+        time of the next bucket edge."""
+        edge = math.inf
+        for idx, tot in det.gpu_totals().items():
+            s = gpus[idx]
+            cov0, busy0 = flushed.get(idx, (0.0, 0.0))
+            dcov = tot.covered_s - cov0
+            if dcov > 0:
+                s.timeline.add_util(t, dcov, 100.0 * (tot.busy_s - busy0) / dcov)
+                flushed[idx] = (tot.covered_s, tot.busy_s)
+            s.samples, s.cov_s, s.busy_s = tot.samples, tot.covered_s, tot.busy_s
+            edge = min(edge, s.timeline.next_edge(t))
+        return edge
+
     update = det.update
+    flush_at = -math.inf
     for snap in snapshots:
         ticks += 1
         ts = snap.t_s
         if start is None:
             start = ts
+        elif ts >= flush_at:
+            flush_at = flush(end)  # the work so far lies before ts: in end's bucket
         end = ts
-        for g in snap.gpus:
-            s = gpus.get(g.gpu)
-            if s is None:
-                s = gpus[g.gpu] = GpuSummary(g.gpu, g.uuid)
-            pts = g.util_samples
-            last = s.last_t
-            s.last_t = ts
-            if pts:
-                n = len(pts)
-                u = sum(map(_UTIL, pts)) / n
-                s.samples += n
-            elif g.util_pct is not None:
-                u = g.util_pct
-                s.samples += 1
-            else:
-                continue
-            dt = default_dt if last is None else ts - last
-            if dt <= 0 or dt > 10:
-                dt = default_dt
-            s.timeline.add_util(ts, dt, u)
-            s.busy_s += u * 0.01 * dt
-            s.cov_s += dt
         upd = update(snap)
+        if det.gpu_count() != len(gpus):
+            for g in snap.gpus:
+                if g.gpu not in gpus:
+                    gpus[g.gpu] = GpuSummary(g.gpu, g.uuid)
         if upd.bursts:
             for i, x in upd.bursts:
                 gpus[i].bursts.add(x)
@@ -298,6 +305,8 @@ def analyze_snapshots(header: TraceHeader, snapshots: Iterable[Snapshot],
                 gpus[i].gaps.add(x)
         if upd.closed:
             take(upd.closed)
+    if end is not None:
+        flush(end)
     verdict = det.verdict()
     seconds = det.seconds_in_state()
     take(det.finish().closed)

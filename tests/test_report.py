@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
-from gpumon.model import State, TraceHeader
+from gpumon.model import GpuSample, Snapshot, State, TraceHeader, UtilPoint
 from gpumon.report import LogHistogram, Timeline, analyze_snapshots, render_text, to_json
 from gpumon.synth import generate
 
@@ -72,6 +73,33 @@ def test_timeline_stays_bounded_and_keeps_the_mean() -> None:
     assert series[-1] == pytest.approx(0.0)
     states = tl.state_series()
     assert states[0] is State.HEALTHY and states[-1] is State.IDLE
+
+
+def test_analysis_timeline_buckets_hold_the_utilisation_of_their_own_time() -> None:
+    """The report reads the detector's totals only at bucket edges: each bucket must still
+    get exactly its own seconds' work (a second GPU appears late and idles)."""
+    def gpu(t: float, i: int, u: float) -> GpuSample:
+        pts = tuple(UtilPoint(t - 1 + (j + 1) / 4, u) for j in range(4))
+        return GpuSample(t, i, f"GPU-{i}", util_samples=pts, util_pct=u)
+
+    snaps = []
+    for k in range(1, 1001):  # GPU 0: 100 % for 300 s, 0 % for 300 s, 40 % for 400 s
+        u = 100.0 if k <= 300 else 0.0 if k <= 600 else 40.0
+        gs = (gpu(k, 0, u),) + ((gpu(k, 1, 0.0),) if k > 500 else ())
+        snaps.append(Snapshot(float(k), gs))
+    res = analyze_snapshots(TraceHeader(1, "test"), iter(snaps))
+    g0, g1 = res.gpus[0], res.gpus[1]
+    assert g0.samples == 4000 and g1.samples == 2000
+    assert g0.duty_cycle == pytest.approx((300 * 1.0 + 400 * 0.4) / 1000, abs=1e-3)
+    assert g1.duty_cycle == pytest.approx(0.0)
+    tl = g0.timeline
+    for i, u in enumerate(tl.util_series()):
+        lo, hi = tl.t0 + i * tl.width, tl.t0 + (i + 1) * tl.width  # type: ignore[operator]
+        want = [100.0 if t <= 300 else 0.0 if t <= 600 else 40.0
+                for t in range(max(1, math.ceil(lo)), min(1000, math.ceil(hi) - 1) + 1)]
+        if want and len(set(want)) == 1:  # a bucket wholly inside one phase
+            assert u == pytest.approx(want[0], abs=0.5), (i, lo, hi)
+    assert g1.timeline.util_series()[-1] == pytest.approx(0.0)
 
 
 def test_log_histogram_quantiles() -> None:

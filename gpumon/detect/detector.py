@@ -41,6 +41,16 @@ class DetectorUpdate:
     gaps: tuple[tuple[int, float], ...] = ()
 
 
+@dataclass(frozen=True, slots=True)
+class GpuTotals:
+    """One GPU's running totals since the stream began (what a report sums over time)."""
+
+    uuid: str
+    samples: int  # utilisation readings folded in (driver points, or tick readings)
+    covered_s: float  # seconds those readings cover
+    busy_s: float  # utilisation-weighted busy seconds within them
+
+
 @dataclass(slots=True)
 class _Candidate:
     state: State
@@ -180,6 +190,19 @@ class Detector:
                 d[ep.state] += max(0.0, self._t - ep.start_s)
             out[key] = d
         return out
+
+    def gpu_count(self) -> int:
+        """GPUs seen so far (cheap: a report checks it every tick)."""
+        return len(self._tracks)
+
+    def gpu_totals(self) -> dict[int, GpuTotals]:
+        """Per GPU, the readings folded in so far and the time and work they cover.
+
+        A report takes its duty cycles and timelines from these, so it need not walk every
+        driver sample a second time.
+        """
+        return {idx: GpuTotals(tr.uuid, tr.samples, tr.cum_cov, tr.cum_busy)
+                for idx, tr in self._tracks.items()}
 
     def lost_gpu_seconds(self) -> float:
         """GPU-seconds spent idle (or busy-waiting) while a process held the GPU."""
