@@ -184,6 +184,9 @@ class AnalysisResult:
     state: State = State.UNKNOWN  # overall, over the whole stream (see ``overall``)
     cause: Cause | None = None
     advice: list[str] = field(default_factory=list)
+    # (time, what) of a tick whose values the detector could not take (a string where a
+    # number belongs, in a hand-edited file): the analysis stopped before it.
+    bad_tick: tuple[float, str] | None = None
 
     @property
     def duration_s(self) -> float:
@@ -284,15 +287,23 @@ def analyze_snapshots(header: TraceHeader, snapshots: Iterable[Snapshot],
 
     update = det.update
     flush_at = -math.inf
+    bad_tick = None
     for snap in snapshots:
-        ticks += 1
         ts = snap.t_s
+        if start is not None and ts >= flush_at:
+            flush_at = flush(end)  # the work so far lies before ts: in end's bucket
+        try:
+            upd = update(snap)
+        except (TypeError, ValueError) as exc:
+            # Readers of text logs parse every number; a JSON trace can hold a string or a
+            # list where a number belongs.  Stop there, keep the analysis of what came
+            # before (try costs nothing until it catches, unlike checking every field).
+            bad_tick = (ts, f"{type(exc).__name__}: {exc}")
+            break
+        ticks += 1
         if start is None:
             start = ts
-        elif ts >= flush_at:
-            flush_at = flush(end)  # the work so far lies before ts: in end's bucket
         end = ts
-        upd = update(snap)
         if det.gpu_count() != len(gpus):
             for g in snap.gpus:
                 if g.gpu not in gpus:
@@ -317,7 +328,8 @@ def analyze_snapshots(header: TraceHeader, snapshots: Iterable[Snapshot],
     if state is State.HEALTHY:
         advice = []
     return AnalysisResult(header, dict(sorted(gpus.items())), run_list, verdict, seconds,
-                          det.lost_gpu_seconds(), start, end, ticks, state, cause, advice)
+                          det.lost_gpu_seconds(), start, end, ticks, state, cause, advice,
+                          bad_tick)
 
 
 # --- text ---------------------------------------------------------------------------------

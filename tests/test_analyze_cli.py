@@ -149,3 +149,31 @@ def test_gpumon_trace(tmp_path: Path) -> None:
         doc = json.loads(proc.stdout)
         check_json(doc, 2)
         assert doc["verdict"] == "starved"
+
+
+@pytest.mark.parametrize("part, field, value", [("gpu", "power_watts", '"high"'),
+                                                ("gpu", "util_samples", '[["a", 5]]'),
+                                                ("host", "cpu_pct", "[97]")])
+def test_a_string_where_a_number_belongs_names_the_line(tmp_path: Path, part: str, field: str,
+                                                         value: str) -> None:
+    """JSON can hold any type anywhere: a wrong one mid-trace gets the report of the ticks
+    before it and an error naming its line, not a traceback from inside the detector."""
+    from gpumon.synth import generate
+
+    synth = generate("healthy", seed=2, gpus=1, duration_s=120.0)
+    path = tmp_path / "run.jsonl"
+    with TraceWriter.open(path, synth.header) as writer:
+        for snap in synth.snapshots:
+            writer.write(snap)
+    lines = path.read_text().splitlines(keepends=True)
+    obj = json.loads(lines[80])
+    (obj["gpus"][0] if part == "gpu" else obj["host"])[field] = json.loads(value)
+    lines[80] = json.dumps(obj) + "\n"
+    path.write_text("".join(lines))
+    proc = gpumon(path, "--json")
+    assert proc.returncode == 2
+    assert f"run.jsonl:81: malformed values in the tick at t={obj['t']}" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    doc = json.loads(proc.stdout)
+    check_json(doc, 1)
+    assert doc["gpus"][0]["samples"] > 0

@@ -83,6 +83,12 @@ def run(args: argparse.Namespace) -> int:
     with open_trace(args.file, args.format) as trace:
         guarded = _UntilError(iter(trace), trace.path)
         result = analyze_snapshots(trace.header, iter(guarded))
+        if result.bad_tick is not None:
+            t, what = result.bad_tick
+            guarded.error = TraceFormatError(
+                f"malformed values in the tick at t={t} ({what})",
+                path=trace.path, line=trace.line_of_last())
+            guarded.count = result.ticks
     if guarded.error is not None and guarded.count == 0:
         raise guarded.error
     if args.json:

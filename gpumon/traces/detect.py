@@ -55,7 +55,9 @@ class OpenedTrace:
         snapshots: Iterator[Snapshot],
         warnings: list[str],
         stream: IO[Any] | None,
+        line_of_last: Callable[[], int | None] = lambda: None,
     ):
+        self.line_of_last = line_of_last  # line of the snapshot last yielded, if known
         self.path = path
         self.format = fmt
         self.header = header
@@ -176,7 +178,8 @@ def open_trace(path: str | os.PathLike[str], fmt: str = "auto") -> OpenedTrace:
                     "gpumon traces are UTF-8 (plain or gzip): re-encode it first", path=name
                 )
             reader = TraceReader(name)
-            return OpenedTrace(name, fmt, reader.header, iter(reader), reader.warnings, None)
+            return OpenedTrace(name, fmt, reader.header, iter(reader), reader.warnings, None,
+                               lambda: reader.line)
         warnings: list[str] = []
         _fmt, header, snapshots = read_lines(chain(head, text), fmt, name, warnings)
         return OpenedTrace(name, fmt, header, snapshots, warnings, text)

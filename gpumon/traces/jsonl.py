@@ -239,6 +239,7 @@ class TraceReader:
         self.path = os.fspath(path)
         self.warnings: list[str] = []
         self.events: list[dict[str, Any]] = []
+        self.line: int | None = None  # line of the snapshot last yielded
         try:
             self._stream = _open_text(self.path)
         except OSError as exc:
@@ -283,6 +284,7 @@ class TraceReader:
                     raise TraceFormatError(
                         f"malformed trace line ({_describe(exc)})", path=self.path, line=line_no
                     ) from None
+                self.line = line_no
                 yield snapshot
 
 
