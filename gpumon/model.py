@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import NamedTuple
 
 
 class State(StrEnum):
@@ -51,16 +52,22 @@ class GpuIdentity:
     power_limit_watts: float | None = None  # nvmlDeviceGetEnforcedPowerLimit at discovery
 
 
-@dataclass(slots=True, unsafe_hash=True)  # immutable by convention (docstring)
-class UtilPoint:
+class UtilPoint(NamedTuple):
     """One sample from the driver's utilisation buffer (nvmlDeviceGetSamples).
 
     ``util_pct`` is the share of the driver's sample period (1/6 s to 1 s, by product)
     during which any kernel ran.  ``t_s`` is the end of that period on gpumon's clock.
+
+    A point is a ``(t_s, util_pct)`` pair and code reads it as one (``for t, u in
+    points``): the trace readers hand on plain tuples, which cost a tenth of building a
+    named object per sample, and ``gpumon analyze`` reads millions of them.
     """
 
     t_s: float
     util_pct: float
+
+
+Point = tuple[float, float]  # (t_s, util_pct): a UtilPoint or a plain pair
 
 
 @dataclass(slots=True, unsafe_hash=True)  # immutable by convention (docstring)
@@ -81,7 +88,7 @@ class GpuSample:
     uuid: str
     # Driver buffer samples recorded since the previous tick, oldest first.  Empty when the
     # buffer had nothing new (NVML's NotFound) or is unsupported.
-    util_samples: tuple[UtilPoint, ...] = ()
+    util_samples: tuple[Point, ...] = ()
     util_pct: float | None = None  # nvmlDeviceGetUtilizationRates().gpu (utilization.gpu)
     mem_util_pct: float | None = None  # ...().memory (utilization.memory)
     mem_used_bytes: int | None = None  # memory.used

@@ -80,11 +80,11 @@ def test_times_are_rebased_onto_the_live_clock_without_scaling() -> None:
     assert gpus[0].t_s == pytest.approx(101.0)  # T0+2 re-based: 100 + (2 - 1)
     points = gpus[0].util_samples
     assert len(points) == 12  # both ticks' driver points, none lost
-    assert points[0].t_s == pytest.approx(100.0 - 1 + 1 / 6)
-    assert points[-1].t_s == pytest.approx(101.0)
-    assert [p.util_pct for p in points[:6]] == [10.0] * 6
-    assert [p.util_pct for p in points[6:]] == [20.0] * 6
-    assert all(a.t_s < b.t_s for a, b in itertools.pairwise(points))
+    assert points[0][0] == pytest.approx(100.0 - 1 + 1 / 6)
+    assert points[-1][0] == pytest.approx(101.0)
+    assert [u for _, u in points[:6]] == [10.0] * 6
+    assert [u for _, u in points[6:]] == [20.0] * 6
+    assert all(a[0] < b[0] for a, b in itertools.pairwise(points))
     # Host and tree belong to the same merged tick, averaged over its two recorded ticks.
     h = host.sample()
     assert h.t_s == gpus[0].t_s

@@ -126,11 +126,11 @@ def test_nvsmi_csv_sub_second_rows_become_util_samples() -> None:
     _, header, snaps, _ = load("nvsmi_nounits_lms100.csv")
     assert header.interval_s == pytest.approx(0.1, abs=0.005)
     points = [p for s in snaps for p in s.gpus[0].util_samples]
-    assert len(points) == 600  # one UtilPoint per log row, none lost
+    assert len(points) == 600  # one point per log row, none lost
     assert all(8 <= len(s.gpus[0].util_samples) <= 12 for s in snaps[:-1])
-    assert [p.t_s for p in points] == sorted(p.t_s for p in points)
+    assert [t for t, _ in points] == sorted(t for t, _ in points)
     s = snaps[0].gpus[0]
-    assert s.util_pct == s.util_samples[-1].util_pct and s.t_s == s.util_samples[-1].t_s
+    assert (s.t_s, s.util_pct) == s.util_samples[-1]
     assert s.mem_used_bytes == 20311 * MIB
     # [N/A] power in the row that closes a window stays None, never 0.
     assert all(g.power_watts is None or g.power_watts > 0 for sn in snaps for g in sn.gpus)
@@ -301,7 +301,7 @@ def test_simple_csv_iso_fraction_semicolon() -> None:
     assert fmt == "csv"
     assert "util_scale" in header.extra
     points = [p for s in snaps for p in s.gpus[0].util_samples]
-    assert len(points) == 240 and all(90 <= p.util_pct <= 100 for p in points)
+    assert len(points) == 240 and all(90 <= u <= 100 for _, u in points)
 
 
 def test_simple_csv_relative_seconds_and_ms() -> None:
@@ -484,7 +484,7 @@ def test_sub_second_without_index_keeps_each_gpu_apart() -> None:
                   for g in range(8)]
     _, header, snaps, _ = parse("".join(lines))
     assert len(header.gpus) == 8
-    points = [(g.gpu, p.util_pct) for s in snaps for g in s.gpus for p in g.util_samples]
+    points = [(g.gpu, u) for s in snaps for g in s.gpus for _, u in g.util_samples]
     assert len(points) == 2400
     assert all(u == gpu * 10 for gpu, u in points)
 

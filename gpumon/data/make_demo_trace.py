@@ -20,7 +20,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from gpumon import synth
-from gpumon.model import Cause, Snapshot, TraceHeader, UtilPoint
+from gpumon.model import Cause, Snapshot, TraceHeader
 from gpumon.traces.jsonl import TraceWriter
 
 OUT = Path(__file__).with_name("demo-synthetic.jsonl.gz")
@@ -92,8 +92,7 @@ def rounded(snap: Snapshot, root_pid: int) -> Snapshot:
     which in this tree is a data-loader worker -- odd to see in the demo's process list."""
     gpus = tuple(
         replace(g, t_s=round(g.t_s, 3),
-                util_samples=tuple(UtilPoint(round(p.t_s, 3), p.util_pct)
-                                   for p in g.util_samples),
+                util_samples=tuple((round(t, 3), u) for t, u in g.util_samples),
                 processes=None if g.processes is None else tuple(
                     replace(p, pid=root_pid) for p in g.processes))
         for g in snap.gpus

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from gpumon.detect.config import DetectorConfig
 from gpumon.detect.rings import History, Ring, quantile
-from gpumon.model import GpuSample, State, UtilPoint
+from gpumon.model import GpuSample, State
 
 # Indices into a History record (running totals at one eval).
 H_T, H_COV, H_BUSY, H_GAPS, H_PW, H_PWCOV, H_BURSTS, H_ACT = range(8)
@@ -104,7 +104,7 @@ class GpuTrack:
                 # power is known to be idle.  With a process on it, no reading stays
                 # unknown: "no reading" must never pass for 0 %.
                 u = 0.0
-            pts = () if u is None else (UtilPoint(g.t_s, u),)
+            pts = () if u is None else ((g.t_s, u),)
         if pts:
             # A stand-in point for a quiet buffer says nothing about the driver's period.
             self._fold(pts, self.cfg, out_bursts, out_gaps, pts is not g.util_samples)
@@ -151,9 +151,9 @@ class GpuTrack:
         if stand_in and self.has_fine:
             p_est = None
         elif n >= 2:
-            p_est = (pts[-1].t_s - pts[0].t_s) / (n - 1)
+            p_est = (pts[-1][0] - pts[0][0]) / (n - 1)
         elif last_t is not None:
-            p_est = pts[0].t_s - last_t
+            p_est = pts[0][0] - last_t
         else:
             p_est = None
         if p_est is not None and p_est > 0:
@@ -170,16 +170,14 @@ class GpuTrack:
         act_on = self.act_on
         events = []
         if last_t is None:
-            first = pts[0]
-            last_t = first.t_s - period
-            run_busy = first.util_pct >= thr
+            first_t, first_u = pts[0]
+            last_t = first_t - period
+            run_busy = first_u >= thr
             run_start = last_t
-        for pt in pts:
-            t = pt.t_s
+        for t, u in pts:
             dt = t - last_t
             if dt <= 0.0:
                 continue
-            u = pt.util_pct
             if not 0.0 <= u <= 100.0:
                 continue  # NaN or out of range is no reading; it must not poison the sums
             b = u >= thr

@@ -186,7 +186,7 @@ class GpuColumns:
             self._points.pop(g.gpu, None)
             return GpuCell(g.gpu, None, None, LOST)
         pts = self._points.setdefault(g.gpu, [])
-        pts.extend(p.util_pct for p in g.util_samples if p.t_s > self._window_start)
+        pts.extend(u for t, u in g.util_samples if t > self._window_start)
         util = mean(pts)
         if util is None:  # no driver buffer (MIG, old GPU) or nothing new: the 1-s rate
             util = g.util_pct

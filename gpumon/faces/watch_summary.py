@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpumon.model import Cause, Episode, State, UtilPoint, Verdict
+from gpumon.model import Cause, Episode, Point, State, Verdict
 
 # Exit status when --fail-on trips (and the watched command itself succeeded).  Distinct
 # from gpumon's error statuses (1-4), from 130 (interrupted) and from argparse's 2.
@@ -51,11 +51,11 @@ class GpuUse:
     util_sum: float = 0.0
     util_n: int = 0
 
-    def add(self, points: Iterable[UtilPoint], tick_util_pct: float | None) -> None:
+    def add(self, points: Iterable[Point], tick_util_pct: float | None) -> None:
         """Driver samples where there are any; the tick's utilization.gpu otherwise."""
         pts = list(points)
         if pts:
-            self.util_sum += sum(p.util_pct for p in pts)
+            self.util_sum += sum(u for _, u in pts)
             self.util_n += len(pts)
         elif tick_util_pct is not None:
             self.util_sum += tick_util_pct

@@ -31,10 +31,10 @@ from gpumon.model import (
     GpuIdentity,
     GpuSample,
     GpuVerdict,
+    Point,
     ProcessSample,
     Snapshot,
     State,
-    UtilPoint,
     Verdict,
 )
 
@@ -93,7 +93,7 @@ class GpuTrace:
     """The last minute or so of one GPU: driver samples (or per-tick readings)."""
 
     identity: GpuIdentity
-    points: deque[UtilPoint] = field(default_factory=lambda: deque(maxlen=720))
+    points: deque[Point] = field(default_factory=lambda: deque(maxlen=720))
     from_ticks: bool = False  # True when the driver buffer gave nothing and ticks are shown
     latest: GpuSample | None = None
 
@@ -106,7 +106,7 @@ class GpuTrace:
             self.points.extend(g.util_samples)
         elif g.util_pct is not None and (self.from_ticks or not self.points):
             self.from_ticks = True
-            self.points.append(UtilPoint(g.t_s, g.util_pct))
+            self.points.append((g.t_s, g.util_pct))
 
 
 @dataclass
@@ -202,7 +202,7 @@ def evidence_items(evidence: dict[str, object]) -> list[tuple[str, str]]:
     return out
 
 
-def timeline(points: Sequence[UtilPoint], width: int) -> tuple[Text, float]:
+def timeline(points: Sequence[Point], width: int) -> tuple[Text, float]:
     """One character per driver sample, newest at the right; returns (text, span seconds).
 
     A hole longer than 1.5 sample periods (the buffer ran dry) is drawn as dots, one per
@@ -211,19 +211,19 @@ def timeline(points: Sequence[UtilPoint], width: int) -> tuple[Text, float]:
     cells: list[tuple[str, str]] = []
     period = 0.0
     if points:
-        diffs = sorted(b.t_s - a.t_s for a, b in itertools.pairwise(points) if b.t_s > a.t_s)
+        diffs = sorted(b[0] - a[0] for a, b in itertools.pairwise(points) if b[0] > a[0])
         period = diffs[len(diffs) // 2] if diffs else 0.0
-        prev: UtilPoint | None = None
-        for p in points:
-            if prev is not None and period > 0 and p.t_s - prev.t_s > 1.5 * period:
-                missing = min(width, round((p.t_s - prev.t_s) / period) - 1)
+        prev_t: float | None = None
+        for t, u in points:
+            if prev_t is not None and period > 0 and t - prev_t > 1.5 * period:
+                missing = min(width, round((t - prev_t) / period) - 1)
                 cells.extend([(HOLE, "dim")] * missing)
-            cells.append(_block(p.util_pct))
-            prev = p
+            cells.append(_block(u))
+            prev_t = t
     cells = cells[-width:]
     span = 0.0
     if len(points) > 1:
-        span = points[-1].t_s - points[0].t_s
+        span = points[-1][0] - points[0][0]
         if period > 0:
             span = min(span, len(cells) * period)
     text = Text(" " * (width - len(cells)))
@@ -606,7 +606,7 @@ def _ordered_procs(procs: Iterable[ProcessSample], root: int | None) -> list[Pro
 def tick_duty(g: GpuSample) -> float | None:
     """This interval's duty cycle (0-1): the mean of its driver samples, else utilization.gpu."""
     if g.util_samples:
-        return sum(p.util_pct for p in g.util_samples) / len(g.util_samples) / 100.0
+        return sum(u for _, u in g.util_samples) / len(g.util_samples) / 100.0
     return None if g.util_pct is None else g.util_pct / 100.0
 
 

@@ -36,7 +36,6 @@ from gpumon.model import (
     ProcTreeSample,
     Snapshot,
     TraceHeader,
-    UtilPoint,
 )
 
 # The pid shown for the watched process when the trace recorded none.
@@ -48,7 +47,7 @@ DEFAULT_PID = 1
 
 def shift_gpu(g: GpuSample, dt: float) -> GpuSample:
     """A GPU sample moved by ``dt`` seconds, its driver points included."""
-    points = tuple(UtilPoint(p.t_s + dt, p.util_pct) for p in g.util_samples)
+    points = tuple((t + dt, u) for t, u in g.util_samples)
     return replace(g, t_s=g.t_s + dt, util_samples=points)
 
 

@@ -3,7 +3,7 @@
 Pure helpers: cell parsing where "no reading" becomes ``None`` (never 0), timestamp
 parsing cached per day, inference of the GPU count when a log has no index column, and
 the assembler that groups per-GPU rows into one ``Snapshot`` per tick -- or, for
-sub-second logs, per ~1 s window with one ``UtilPoint`` per row, which is how gpumon's own
+sub-second logs, per ~1 s window with one point per row, which is how gpumon's own
 sampler hands the detector the driver's utilisation buffer.
 """
 
@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from gpumon.errors import TraceFormatError
-from gpumon.model import GpuSample, Snapshot, UtilPoint
+from gpumon.model import GpuSample, Point, Snapshot
 
 MIB = 1 << 20
 
@@ -164,7 +164,7 @@ class Positional:
 # build(gpu, t_s, util_pct, util_points, payload) -> GpuSample; payload is whatever the
 # reader kept of the row (its cells, its line number) so that fields other than the
 # utilisation are parsed only for the rows that become samples.
-Builder = Callable[[int, float, float | None, tuple[UtilPoint, ...], Any], GpuSample]
+Builder = Callable[[int, float, float | None, tuple[Point, ...], Any], GpuSample]
 
 
 class Assembler:
@@ -182,7 +182,6 @@ class Assembler:
         # gpu -> [util points (windowed) or None, (t, util, payload) of its last row]
         rows: dict[int, list[Any]] = {}
         start = float("-inf")
-        make_point = UtilPoint
 
         def flush() -> Snapshot | None:
             nonlocal rows
@@ -209,7 +208,7 @@ class Assembler:
                 entry = rows[gpu] = [[], None]
             entry[1] = (t, util, payload)
             if util is not None:
-                entry[0].append(make_point(t, util))
+                entry[0].append((t, util))
             return out
 
         def add_tick(t: float, gpu: int, util: float | None, payload: Any) -> Snapshot | None:

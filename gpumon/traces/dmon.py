@@ -15,7 +15,7 @@ from itertools import chain
 from math import isfinite
 
 from gpumon.errors import TraceFormatError
-from gpumon.model import GpuIdentity, GpuSample, Snapshot, TraceHeader, UtilPoint
+from gpumon.model import GpuIdentity, GpuSample, Point, Snapshot, TraceHeader
 from gpumon.traces._common import (
     MIB,
     Assembler,
@@ -96,7 +96,7 @@ def _val(cells: list[str], i: int | None) -> float | None:
 
 def _compile(
     cols: Columns,
-) -> Callable[[int, float, float | None, tuple[UtilPoint, ...], list[str]], GpuSample]:
+) -> Callable[[int, float, float | None, tuple[Point, ...], list[str]], GpuSample]:
     """A GpuSample builder for one header pair: column positions looked up once."""
     at = cols.at
     i_mutil, i_fb, i_power = at.get("mem_util"), at.get("mem_used"), at.get("power")
@@ -108,7 +108,7 @@ def _compile(
     )
 
     def build(
-        gpu: int, t: float, util: float | None, points: tuple[UtilPoint, ...], cells: list[str]
+        gpu: int, t: float, util: float | None, points: tuple[Point, ...], cells: list[str]
     ) -> GpuSample:
         fb = _val(cells, i_fb)
         clock = _val(cells, i_clock)
@@ -240,7 +240,7 @@ def _snapshots(
     warns: list[str],
 ) -> Iterator[Snapshot]:
     def build(
-        gpu: int, t: float, util: float | None, points: tuple[UtilPoint, ...], payload: object
+        gpu: int, t: float, util: float | None, points: tuple[Point, ...], payload: object
     ) -> GpuSample:
         row_cols, cells, no, line = payload  # type: ignore[misc]
         try:

@@ -13,7 +13,6 @@ import json
 import os
 from collections.abc import Iterator
 from dataclasses import fields
-from itertools import starmap
 from typing import IO, Any
 
 from gpumon.errors import TraceFormatError
@@ -26,7 +25,6 @@ from gpumon.model import (
     ProcTreeSample,
     Snapshot,
     TraceHeader,
-    UtilPoint,
 )
 
 FORMAT_NAME = "gpumon-trace"
@@ -52,7 +50,7 @@ def _plain(obj: Any, skip: tuple[str, ...] = ()) -> dict[str, Any]:
 def encode_gpu(sample: GpuSample) -> dict[str, Any]:
     out = _plain(sample, skip=("util_samples", "processes", "t_s"))
     if sample.util_samples:
-        out["util_samples"] = [[p.t_s, p.util_pct] for p in sample.util_samples]
+        out["util_samples"] = [[t, u] for t, u in sample.util_samples]
     if sample.processes is not None:
         out["processes"] = [_plain(p) for p in sample.processes]
     return out
@@ -164,10 +162,14 @@ def _tuple_fields(obj: dict[str, Any], names: tuple[str, ...]) -> dict[str, Any]
 
 def decode_gpu(obj: dict[str, Any], t_s: float) -> GpuSample:
     """``obj`` is a freshly parsed line's and is changed in place (the hot path of
-    ``gpumon analyze``: one call per GPU per tick, a UtilPoint per driver sample)."""
+    ``gpumon analyze``: one call per GPU per tick, a point per driver sample).
+
+    Points become plain ``(t, u)`` tuples, unchecked: a point of the wrong shape or type
+    fails where it is read (``gpumon analyze`` names its line), which costs nothing on
+    the millions of good ones."""
     obj.setdefault("t_s", t_s)
     if "util_samples" in obj:
-        obj["util_samples"] = tuple(starmap(UtilPoint, obj["util_samples"]))
+        obj["util_samples"] = tuple(map(tuple, obj["util_samples"]))
     if "processes" in obj:
         obj["processes"] = tuple(GpuProcess(**p) for p in obj["processes"])
     _tuple_fields(obj, ("unsupported",))

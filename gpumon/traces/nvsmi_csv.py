@@ -22,7 +22,7 @@ from itertools import chain
 from math import isfinite
 
 from gpumon.errors import TraceFormatError
-from gpumon.model import GpuIdentity, GpuSample, Snapshot, TraceHeader, UtilPoint
+from gpumon.model import GpuIdentity, GpuSample, Point, Snapshot, TraceHeader
 from gpumon.traces._common import (
     MIB,
     NVSMI_TIME_RE,
@@ -155,7 +155,7 @@ class Columns:
     @property
     def builder(
         self,
-    ) -> Callable[[int, float, float | None, tuple[UtilPoint, ...], list[str]], GpuSample]:
+    ) -> Callable[[int, float, float | None, tuple[Point, ...], list[str]], GpuSample]:
         if self._builder is None:
             self._builder = _compile(self)
         return self._builder
@@ -315,7 +315,7 @@ def _fnum(cell: str) -> float | None:
 
 def _compile(
     cols: Columns,
-) -> Callable[[int, float, float | None, tuple[UtilPoint, ...], list[str]], GpuSample]:
+) -> Callable[[int, float, float | None, tuple[Point, ...], list[str]], GpuSample]:
     """A GpuSample builder for one header: the column positions are looked up once here,
     not for every sample (a day of 8 GPUs makes ~700 k of them)."""
     at = cols.at
@@ -326,7 +326,7 @@ def _compile(
     uuids: dict[int, str] = {}
 
     def build(
-        gpu: int, t: float, util: float | None, points: tuple[UtilPoint, ...], cells: list[str]
+        gpu: int, t: float, util: float | None, points: tuple[Point, ...], cells: list[str]
     ) -> GpuSample:
         uuid = uuids.get(gpu)
         if uuid is None:  # a GPU's identity does not change under one header
@@ -362,7 +362,7 @@ def make_sample(
     gpu: int,
     t: float,
     util: float | None,
-    points: tuple[UtilPoint, ...],
+    points: tuple[Point, ...],
     cols: Columns,
     cells: list[str],
 ) -> GpuSample:
@@ -519,7 +519,7 @@ def _snapshots(
         positional_n = len(header.gpus) or 1
 
     def build(
-        gpu: int, t: float, util: float | None, points: tuple[UtilPoint, ...], payload: object
+        gpu: int, t: float, util: float | None, points: tuple[Point, ...], payload: object
     ) -> GpuSample:
         row_cols, cells, no, line = payload  # type: ignore[misc]
         try:

@@ -20,7 +20,7 @@ from collections.abc import Iterable, Iterator
 from itertools import chain, pairwise
 
 from gpumon.errors import TraceFormatError
-from gpumon.model import GpuIdentity, GpuSample, Snapshot, TraceHeader, UtilPoint
+from gpumon.model import GpuIdentity, GpuSample, Point, Snapshot, TraceHeader
 from gpumon.traces._common import (
     Assembler,
     Positional,
@@ -67,7 +67,7 @@ def _date(m: re.Match[str]) -> float:
 
 
 def _sample(
-    gpu: int, t: float, util: float | None, points: tuple[UtilPoint, ...],
+    gpu: int, t: float, util: float | None, points: tuple[Point, ...],
     stats: re.Match[str], ident: re.Match[str] | None
 ) -> GpuSample:
     temp = num(stats.group("temp"))
@@ -159,7 +159,7 @@ def _snapshots(
     t0 = header.started_wall_s or 0.0
 
     def build(
-        gpu: int, t: float, util: float | None, points: tuple[UtilPoint, ...], payload: object
+        gpu: int, t: float, util: float | None, points: tuple[Point, ...], payload: object
     ) -> GpuSample:
         stats, ident, no, line = payload  # type: ignore[misc]
         try:

@@ -16,7 +16,7 @@ from itertools import chain
 from math import isfinite
 
 from gpumon.errors import TraceFormatError
-from gpumon.model import GpuIdentity, GpuSample, Snapshot, TraceHeader, UtilPoint
+from gpumon.model import GpuIdentity, GpuSample, Point, Snapshot, TraceHeader
 from gpumon.traces._common import (
     Assembler,
     bad_line,
@@ -277,7 +277,7 @@ def _snapshots(
     warns: list[str],
 ) -> Iterator[Snapshot]:
     def build(
-        gpu: int, t: float, util: float | None, points: tuple[UtilPoint, ...], payload: object
+        gpu: int, t: float, util: float | None, points: tuple[Point, ...], payload: object
     ) -> GpuSample:
         cells, no, line = payload  # type: ignore[misc]
         try:
