@@ -275,7 +275,9 @@ def analyze_snapshots(header: TraceHeader, snapshots: Iterable[Snapshot],
         time of the next bucket edge."""
         edge = math.inf
         for idx, tot in det.gpu_totals().items():
-            s = gpus[idx]
+            s = gpus.get(idx)
+            if s is None:  # seen by a tick the detector could not finish
+                s = gpus[idx] = GpuSummary(idx, tot.uuid)
             cov0, busy0 = flushed.get(idx, (0.0, 0.0))
             dcov = tot.covered_s - cov0
             if dcov > 0:
