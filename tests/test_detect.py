@@ -283,6 +283,23 @@ def test_starved_after_startup_on_coarse_driver_samples_is_found_in_time() -> No
     assert found is not None and found - onset <= allowed, (found, onset, allowed)
 
 
+def test_first_judgment_after_startup_is_not_healthy_on_one_burst() -> None:
+    """Work starts starved (1.4 s bursts, 1.3 s gaps, 0.25 s driver samples): a 2 s window
+    that happens to sit in a burst must not make the first judgment healthy (that cost a
+    healthy episode and 11.1 s before starved was said, for a 10 s target)."""
+    tr = generate("starved_io", 1011)
+    onset = next(lab.start_s for lab in tr.labels if lab.state is State.STARVED)
+    det = Detector(None, gpus=tr.header.gpus)
+    first = None
+    for snap in tr.snapshots:
+        for e in det.update(snap).opened:
+            if e.gpu == 0 and snap.t_s > onset and first is None:
+                first = (snap.t_s, e.state)
+    assert tr.period_s == 0.25
+    assert first is not None and first[1] is State.STARVED, first
+    assert first[0] - onset <= 10.0
+
+
 def test_short_dips_do_not_flip_a_healthy_run() -> None:
     # A 3 s checkpoint every 60 s, and one 5 s evaluation hand-over.
     def f(t: float) -> float:

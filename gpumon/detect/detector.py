@@ -311,7 +311,8 @@ class Detector:
             # ramp-up sample or an early work-start estimate does not read as starvation
             # (nor keep a GPU starved while its window still reaches back to that start).
             wy = tr.window(t, max(young, 2 * per))
-            if wy.duty is not None and wy.duty >= cfg.healthy_duty:
+            if wy.duty is not None and wy.duty >= cfg.healthy_duty and (
+                    wy.gaps == 0 or per >= cfg.coarse_period_s):
                 return _Candidate(State.HEALTHY, None, None, t, young)
         gap = tr.open_gap_s()
         long_gap = cfg.idle_gap_s if held is False else cfg.dip_max_s
