@@ -10,7 +10,10 @@ Each is analysed by ``gpumon analyze --json`` in-process, in a fresh child proce
 its peak RSS is its own.  Times are CPU seconds of that process (``time.process_time``),
 which is what "on one core" means and stays meaningful on a busy machine; wall seconds
 are shown too.  "read" is the share spent in the reader (inside ``next()``), the rest is
-the detector and the report.
+the detector and the report.  "x bare parse" divides the analysis CPU time by that of the
+same process reading and splitting every line of the file and building nothing
+(``json.loads`` per line of a trace, ``str.split`` per line of a log): a baseline from the
+same run, steadier than seconds on a shared machine.
 
 Target (issue 3): >= 200 k samples/s end to end for gpumon traces and nvidia-smi CSV,
 i.e. ~4 M samples in under 20 s.
@@ -28,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -172,8 +176,24 @@ def run_one(path: str) -> dict[str, object]:
                 pass
         cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
         rc, verdict, analysed = 0, None, False
+    maxrss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return {"rc": rc, "cpu_s": cpu, "wall_s": wall, "verdict": verdict, "analysed": analysed,
-            "maxrss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, **stats}
+            "maxrss_mib": maxrss, "bare_cpu_s": bare_parse_cpu(path), **stats}
+
+
+def bare_parse_cpu(path: str) -> float:
+    """CPU seconds of the least any Python reader of this file must do: every line read
+    and split (``json.loads`` for a trace, ``str.split`` for a log), nothing built.  The
+    baseline of the same run: analysis / bare parse is a ratio that machine load moves
+    far less than the seconds themselves."""
+    split: Callable[[str], object] = (
+        json.loads if path.endswith(".jsonl") else
+        (lambda line: line.split(",")) if path.endswith(".csv") else str.split)
+    t0 = time.process_time()
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            split(line)
+    return time.process_time() - t0
 
 
 def measure(path: Path) -> dict[str, object]:
@@ -252,6 +272,8 @@ def print_table(rows: list[dict]) -> None:
         print(f"{'  CPU s: read + detect/report':<{w}} {split:>16} "
               f"{'< 20 s' if big else '':>12}  "
               f"{('pass' if r['cpu_s'] < 20 else 'FAIL') if big and r['analysed'] else ''}")
+        print(f"{'  x bare parse (same run)':<{w}} "
+              f"{r['cpu_s'] / r['bare_cpu_s'] if r['bare_cpu_s'] else 0:>16.1f}")
         print(f"{'  reader alone, samples/s (CPU)':<{w}} "
               f"{r['samples'] / r['read_cpu_s'] if r['read_cpu_s'] else 0:>16,.0f}")
         print(f"{'  wall s':<{w}} {r['wall_s']:>16.1f}")
