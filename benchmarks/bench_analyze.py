@@ -135,6 +135,7 @@ def run_one(path: str) -> dict[str, object]:
         def __init__(self, trace):  # type: ignore[no-untyped-def]
             self._trace = trace
             self.header, self.path, self.warnings = trace.header, trace.path, trace.warnings
+            self.line_of_last = trace.line_of_last
 
         def __iter__(self):  # type: ignore[no-untyped-def]
             it = iter(self._trace)
