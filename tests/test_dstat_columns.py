@@ -364,3 +364,26 @@ def test_words_followed_through_updates_match_the_full_verdict(scenario: str) ->
             assert cell.word == word
             seen.add(word)
     assert len(seen) >= 2, seen  # the run went through more than one state
+
+
+@pytest.mark.parametrize("pattern, word", [("burst", "STARV"), ("steady", "ok")])
+def test_first_verdict_comes_from_the_drivers_backlog(fake_nvml, monkeypatch: pytest.MonkeyPatch,
+                                                      pattern: str, word: str) -> None:
+    """dstat starts on a GPU that has been working for a while: the driver's buffer holds
+    its last ~20 s, which the detector judges at once instead of after 10 s of ticks."""
+    from fakenvml import FakeGPU, Pattern, Process, Scenario
+
+    import gpumon.sample.nvml as nvml_module
+
+    fake_nvml.load()
+    monkeypatch.setattr(nvml_module, "_init_done", False)
+    pat = Pattern.burst(1.0, 0.3) if pattern == "burst" else Pattern.steady(97.0)
+    fake_nvml.set(Scenario(gpus=[FakeGPU(pattern=pat, processes=[Process(4242)])],
+                           epoch=time.monotonic() - 60.0))
+    cols = GpuColumns()  # the plugin's own monitor: the NVML sampler through pynvml
+    cols.start()
+    words = []
+    for _ in range(4):
+        time.sleep(0.5)
+        words.append(cols.tick()[0].word)
+    assert words[-1] == word, words  # 2 s after start, not 10

@@ -85,8 +85,9 @@ class GpuTrack:
 
     def ingest(self, g: GpuSample, out_bursts: list, out_gaps: list) -> None:
         """Fold one tick of one GPU in; completed bursts/gaps go to the two lists."""
-        if self.first_t is None:
-            self.first_t = g.t_s
+        if self.first_t is None:  # the stream's start: its first tick, or its backlog's
+            pts = g.util_samples
+            self.first_t = g.t_s if len(pts) < 2 else min(g.t_s, 2 * pts[0][0] - pts[1][0])
         pts = g.util_samples
         if pts:
             self.has_fine = True

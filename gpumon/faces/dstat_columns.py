@@ -194,8 +194,9 @@ class GpuColumns:
         if g.mem_used_bytes is not None and g.mem_total_bytes:
             mem = 100.0 * g.mem_used_bytes / g.mem_total_bytes
         if word == STARTUP:
-            # The detector calls every GPU idle until its first full window of work (about
-            # 10 s): a busy GPU then has no verdict yet; a quiet one is idle.
+            # The detector calls every GPU idle until its first full window of work (the
+            # driver's backlog gives it one on the second tick; without a backlog, ~10 s of
+            # ticks): a busy GPU then has no verdict yet; a quiet one is idle.
             word = "idle" if util is None or util < STARTUP_BUSY_PCT else "?"
         return GpuCell(g.gpu, util, mem, word)
 
