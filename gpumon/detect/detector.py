@@ -108,7 +108,7 @@ class Detector:
         for g in snapshot.gpus:
             tr = tracks.get(g.gpu)
             if tr is None:
-                tr = self._new_track(g.gpu, g.uuid, g.util_samples)
+                tr = self._new_track(g.gpu, g.uuid, snapshot.t_s, g.util_samples)
             cov0, busy0 = tr.cum_cov, tr.cum_busy
             tr.ingest(g, bursts, gaps)
             cov = tr.cum_cov - cov0
@@ -211,7 +211,7 @@ class Detector:
 
     # --- internals -----------------------------------------------------------------------
 
-    def _new_track(self, index: int, uuid: str, points: Sequence[Point]) -> GpuTrack:
+    def _new_track(self, index: int, uuid: str, t: float, points: Sequence[Point]) -> GpuTrack:
         ident = self._ident.get(index)
         tr = GpuTrack(index, uuid, self.cfg,
                       ident.power_limit_watts if ident else None,
@@ -222,7 +222,7 @@ class Detector:
             # The stream opens with a backlog of driver samples (dstat asks NVML for all it
             # kept, ~20 s): the totals are zero where it begins, so the first eval's window
             # reaches over that history instead of waiting for a window of live time.
-            tr.record(points[0][0] - (points[1][0] - points[0][0]))
+            tr.record(min(t, points[0][0] - (points[1][0] - points[0][0])))
         self._tracks[index] = tr
         return tr
 
