@@ -521,3 +521,20 @@ def test_home_made_csv_with_the_gpu_index_in_the_first_column() -> None:
     _, header, snaps = read_lines(rows, "csv")
     assert [g.index for g in header.gpus] == [0, 1, 2, 3]
     assert {g.gpu for s in snaps for g in s.gpus} == {0, 1, 2, 3}
+
+
+@pytest.mark.parametrize("fmt, rows, bad_line_no", [
+    ("nvidia-smi-csv", ["timestamp, index, utilization.gpu [%], memory.used [MiB]\n",
+                        "2024/05/01 12:00:00.000, 0, 95 %, 100 MiB\n",
+                        "2024/05/01 12:00:01.000, 0, 95 %, lots MiB\n"], 3),
+    ("dmon", ["# gpu   pwr    sm\n", "# Idx     W     %\n", "    0    60    10\n",
+              "    0    xx    10\n"], 4),
+    ("csv", ["time,util,power\n", "0,50,100\n", "1,50,100\n", "2,50,watts\n"], 4),
+])
+def test_a_malformed_cell_besides_the_utilisation_names_its_line(
+        fmt: str, rows: list[str], bad_line_no: int) -> None:
+    """Cells other than the utilisation are parsed only when a row becomes a sample (in the
+    assembler, after the row loop has moved on): the error still names that row's line."""
+    _, _, snaps = read_lines(rows, fmt, "log.txt")
+    with pytest.raises(TraceFormatError, match=rf"log\.txt:{bad_line_no}: malformed value"):
+        list(snaps)

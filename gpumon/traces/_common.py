@@ -162,9 +162,10 @@ class Positional:
 
 
 # build(gpu, t_s, util_pct, util_points, payload) -> GpuSample; payload is whatever the
-# reader kept of the row (its cells, its line number) so that fields other than the
-# utilisation are parsed only for the rows that become samples.
-Builder = Callable[[int, float, float | None, tuple[Point, ...], Any], GpuSample]
+# reader kept of the row, ending with its line number and text: fields other than the
+# utilisation are parsed only for the rows that become samples, and a ValueError or
+# IndexError doing so becomes the error naming that line.
+Builder = Callable[[int, float, float | None, tuple[Point, ...], tuple[Any, ...]], GpuSample]
 
 
 class Assembler:
@@ -173,10 +174,11 @@ class Assembler:
     ``add(t, gpu, util, payload)`` takes one row and returns the snapshot it closed, if
     any; ``flush()`` returns the last one.  Memory is bounded by one window, whatever the
     length of the log.  Both are closures over their state: called once per log row, they
-    are the hottest code of ``gpumon analyze`` on a CSV log.
+    are the hottest code of ``gpumon analyze`` on a CSV log.  A row that ``build`` cannot
+    read raises ``TraceFormatError`` naming its line in ``path``.
     """
 
-    def __init__(self, build: Builder, interval_s: float | None):
+    def __init__(self, build: Builder, interval_s: float | None, path: str):
         self.windowed = interval_s is not None and interval_s < SUB_SECOND_S
         split = 0.5 * interval_s if interval_s else 0.5
         # gpu -> [util points (windowed) or None, (t, util, payload) of its last row]
@@ -192,7 +194,11 @@ class Assembler:
             t_max = float("-inf")
             for gpu in sorted(done):
                 points, (t, util, payload) = done[gpu]
-                samples.append(build(gpu, t, util, tuple(points) if points else (), payload))
+                try:
+                    samples.append(build(gpu, t, util, tuple(points) if points else (), payload))
+                except (ValueError, IndexError) as exc:
+                    no, line = payload[-2:]
+                    raise bad_line(path, no, line, f"malformed value ({exc})") from None
                 if t > t_max:
                     t_max = t
             return Snapshot(t_s=t_max, gpus=tuple(samples))

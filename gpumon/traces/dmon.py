@@ -240,15 +240,12 @@ def _snapshots(
     warns: list[str],
 ) -> Iterator[Snapshot]:
     def build(
-        gpu: int, t: float, util: float | None, points: tuple[Point, ...], payload: object
+        gpu: int, t: float, util: float | None, points: tuple[Point, ...], payload: tuple
     ) -> GpuSample:
-        row_cols, cells, no, line = payload  # type: ignore[misc]
-        try:
-            return row_cols.build(gpu, t, util, points, cells)
-        except (ValueError, IndexError) as exc:
-            raise bad_line(path, no, line, f"malformed value ({exc})") from None
+        row_cols, cells = payload[:2]
+        return row_cols.build(gpu, t, util, points, cells)
 
-    asm = Assembler(build, interval)
+    asm = Assembler(build, interval, path)
     clock = _Clock()
     t0 = started or 0.0
     tick = -1

@@ -519,15 +519,12 @@ def _snapshots(
         positional_n = len(header.gpus) or 1
 
     def build(
-        gpu: int, t: float, util: float | None, points: tuple[Point, ...], payload: object
+        gpu: int, t: float, util: float | None, points: tuple[Point, ...], payload: tuple
     ) -> GpuSample:
-        row_cols, cells, no, line = payload  # type: ignore[misc]
-        try:
-            return make_sample(gpu, t, util, points, row_cols, cells)
-        except (ValueError, IndexError) as exc:
-            raise bad_line(path, no, line, f"malformed value ({exc})") from None
+        row_cols, cells = payload[:2]
+        return make_sample(gpu, t, util, points, row_cols, cells)
 
-    asm = Assembler(build, interval)
+    asm = Assembler(build, interval, path)
     add = asm.add
     split = 0.5 * interval
     tick = -1

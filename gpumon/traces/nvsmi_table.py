@@ -17,7 +17,7 @@ from __future__ import annotations
 import calendar
 import re
 from collections.abc import Iterable, Iterator
-from itertools import chain, pairwise
+from itertools import chain
 
 from gpumon.errors import TraceFormatError
 from gpumon.model import GpuIdentity, GpuSample, Point, Snapshot, TraceHeader
@@ -25,6 +25,7 @@ from gpumon.traces._common import (
     Assembler,
     Positional,
     bad_line,
+    median_interval,
     mib_bytes,
     num,
     repeat_period,
@@ -126,8 +127,7 @@ def read(
         )
         identities = {g: GpuIdentity(index=g, uuid=f"gpu{g}") for g in range(n)}
     if len(dates) >= 2:
-        deltas = sorted(b - a for a, b in pairwise(dates) if b > a)
-        interval = deltas[len(deltas) // 2] if deltas else 1.0
+        interval = median_interval(dates) or 1.0
         extra["timestamps"] = "local time of the logging machine, read as UTC"
     else:
         interval = 1.0
@@ -159,15 +159,12 @@ def _snapshots(
     t0 = header.started_wall_s or 0.0
 
     def build(
-        gpu: int, t: float, util: float | None, points: tuple[Point, ...], payload: object
+        gpu: int, t: float, util: float | None, points: tuple[Point, ...], payload: tuple
     ) -> GpuSample:
-        stats, ident, no, line = payload  # type: ignore[misc]
-        try:
-            return _sample(gpu, t, util, points, stats, ident)
-        except ValueError as exc:
-            raise bad_line(path, no, line, f"malformed value ({exc})") from None
+        stats, ident = payload[:2]
+        return _sample(gpu, t, util, points, stats, ident)
 
-    asm = Assembler(build, interval)
+    asm = Assembler(build, interval, path)
     positional = Positional(n, None)
     tick = -1
     t_table: float | None = None

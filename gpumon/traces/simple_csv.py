@@ -277,14 +277,11 @@ def _snapshots(
     warns: list[str],
 ) -> Iterator[Snapshot]:
     def build(
-        gpu: int, t: float, util: float | None, points: tuple[Point, ...], payload: object
+        gpu: int, t: float, util: float | None, points: tuple[Point, ...], payload: tuple
     ) -> GpuSample:
-        cells, no, line = payload  # type: ignore[misc]
-        try:
-            mem = num(cells[cols.mem_at]) if cols.mem_at is not None else None
-            power = num(cells[cols.power_at]) if cols.power_at is not None else None
-        except ValueError as exc:
-            raise bad_line(path, no, line, f"malformed value ({exc})") from None
+        cells = payload[0]
+        mem = num(cells[cols.mem_at]) if cols.mem_at is not None else None
+        power = num(cells[cols.power_at]) if cols.power_at is not None else None
         return GpuSample(
             t_s=t,
             gpu=gpu,
@@ -295,7 +292,7 @@ def _snapshots(
             power_watts=power,
         )
 
-    asm = Assembler(build, interval)
+    asm = Assembler(build, interval, path)
     t_at, u_at, i_at = cols.time_at, cols.util_at, cols.index_at
     assert t_at is not None and u_at is not None
     num_scale = scale if isinstance(scale, float) else 1.0
