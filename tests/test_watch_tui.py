@@ -71,31 +71,22 @@ def _timeline_row(screen: str) -> str | None:
     return None
 
 
+def watch_command(fake_nvml, *args: str) -> str:
+    """The shell line that runs ``gpumon watch ARGS`` against the fake NVML inside tmux.
+
+    COLUMNS/LINES are unset: set by some test runners, they would pin rich to 80x24.
+    """
+    env = [f"{k}={fake_nvml.env[k]}" for k in ("LD_LIBRARY_PATH", "FAKE_NVML_SCENARIO")]
+    return shlex.join(["env", "-u", "COLUMNS", "-u", "LINES", *env,
+                       sys.executable, "-m", "gpumon", "watch", *args])
+
+
 def test_live_view_shows_timeline_and_state_and_q_leaves_the_process(fake_nvml, tmux) -> None:
     tree = start_tree(2, 0, 40)
     try:
         fake_nvml.set(Scenario(gpus=[gpu_with(tree.workers[0], Pattern.burst(1.0, 0.3))]))
-        env = [f"{k}={fake_nvml.env[k]}" for k in ("LD_LIBRARY_PATH", "FAKE_NVML_SCENARIO")]
-        watch = shlex.join(
-            [
-                "env",
-                "-u",
-                "COLUMNS",  # set by some test runners: it would pin rich to 80 columns
-                "-u",
-                "LINES",
-                *env,
-                sys.executable,
-                "-m",
-                "gpumon",
-                "watch",
-                "--pid",
-                str(tree.pid),
-                "--interval",
-                "0.25",
-                "--window",
-                "3",
-            ]
-        )
+        watch = watch_command(fake_nvml, "--pid", str(tree.pid), "--interval", "0.25",
+                              "--window", "3")
         tmux.run(
             "new-session",
             "-d",
@@ -154,28 +145,7 @@ def test_command_mode_view_and_its_output_after_q(fake_nvml, tmux) -> None:
     script = (
         "import time\nfor i in range(30):\n    print('step', i, flush=True)\n    time.sleep(0.1)\n"
     )
-    env = [f"{k}={fake_nvml.env[k]}" for k in ("LD_LIBRARY_PATH", "FAKE_NVML_SCENARIO")]
-    # (COLUMNS/LINES, set by some test runners, would pin rich to 80x24 inside tmux.)
-    watch = shlex.join(
-        [
-            "env",
-            "-u",
-            "COLUMNS",
-            "-u",
-            "LINES",
-            *env,
-            sys.executable,
-            "-m",
-            "gpumon",
-            "watch",
-            "--interval",
-            "0.25",
-            "--",
-            sys.executable,
-            "-c",
-            script,
-        ]
-    )
+    watch = watch_command(fake_nvml, "--interval", "0.25", "--", sys.executable, "-c", script)
     tmux.run(
         "new-session",
         "-d",
@@ -215,28 +185,8 @@ time.sleep(60)
 
 def test_ctrl_c_stops_the_command_as_without_gpumon(fake_nvml, tmux) -> None:
     fake_nvml.set(Scenario(gpus=[]))
-    env = [f"{k}={fake_nvml.env[k]}" for k in ("LD_LIBRARY_PATH", "FAKE_NVML_SCENARIO")]
-    watch = shlex.join(
-        [
-            "env",
-            "-u",
-            "COLUMNS",
-            "-u",
-            "LINES",
-            *env,
-            sys.executable,
-            "-m",
-            "gpumon",
-            "watch",
-            "--plain",
-            "--interval",
-            "0.25",
-            "--",
-            sys.executable,
-            "-c",
-            CTRL_C_CHILD,
-        ]
-    )
+    watch = watch_command(fake_nvml, "--plain", "--interval", "0.25", "--", sys.executable, "-c",
+                          CTRL_C_CHILD)
     tmux.run(
         "new-session",
         "-d",
