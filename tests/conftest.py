@@ -9,27 +9,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-
-try:
-    from fakenvml import (
-        Scenario,
-        build_library,
-        fake_env,
-        load_in_process,
-        missing_library_env,
-        unload_in_process,
-        write_scenario,
-    )
-except ImportError:  # tests/ became a package
-    from tests.fakenvml import (  # type: ignore[no-redef]
-        Scenario,
-        build_library,
-        fake_env,
-        load_in_process,
-        missing_library_env,
-        unload_in_process,
-        write_scenario,
-    )
+from fakenvml import (
+    Scenario,
+    build_library,
+    fake_env,
+    load_in_process,
+    missing_library_env,
+    unload_in_process,
+    write_scenario,
+)
 
 
 # --------------------------------------------------------------------------- fake NVML

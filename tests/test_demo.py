@@ -14,16 +14,12 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from fakenvml import missing_library_env
 
 from gpumon import synth
 from gpumon.faces import demo
 from gpumon.model import State
 from gpumon.traces.jsonl import TraceReader, TraceWriter
-
-try:
-    from fakenvml import missing_library_env
-except ImportError:  # tests/ became a package
-    from tests.fakenvml import missing_library_env  # type: ignore[no-redef]
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -24,20 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-
-try:
-    from fakenvml import FakeGPU, Pattern, Process, Scenario, fake_env, missing_library_env
-    from fakenvml import write_scenario as write
-except ImportError:  # tests/ became a package
-    from tests.fakenvml import (  # type: ignore[no-redef]
-        FakeGPU,
-        Pattern,
-        Process,
-        Scenario,
-        fake_env,
-        missing_library_env,
-    )
-    from tests.fakenvml import write_scenario as write  # type: ignore[no-redef]
+from fakenvml import FakeGPU, Pattern, Process, Scenario, fake_env, missing_library_env
+from fakenvml import write_scenario as write
 
 pytestmark = pytest.mark.slow
 

@@ -13,18 +13,7 @@ import time
 
 import pynvml
 import pytest
-
-try:
-    from fakenvml import CALL_NAMES, FakeGPU, GiB, Pattern, Process, Scenario
-except ImportError:  # tests/ became a package
-    from tests.fakenvml import (  # type: ignore[no-redef]
-        CALL_NAMES,
-        FakeGPU,
-        GiB,
-        Pattern,
-        Process,
-        Scenario,
-    )
+from fakenvml import CALL_NAMES, FakeGPU, GiB, Pattern, Process, Scenario
 
 NVML_SUCCESS = 0
 NVML_ERROR_INSUFFICIENT_SIZE = 7

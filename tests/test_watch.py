@@ -20,11 +20,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-
-try:
-    from fakenvml import FakeGPU, Pattern, Process, Scenario
-except ImportError:  # tests/ became a package
-    from tests.fakenvml import FakeGPU, Pattern, Process, Scenario  # type: ignore[no-redef]
+from fakenvml import FakeGPU, Pattern, Process, Scenario
 
 pytestmark = pytest.mark.slow
 

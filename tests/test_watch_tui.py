@@ -11,12 +11,7 @@ import time
 from collections.abc import Callable, Iterator
 
 import pytest
-
-try:
-    from fakenvml import Pattern, Scenario
-except ImportError:  # tests/ became a package
-    from tests.fakenvml import Pattern, Scenario  # type: ignore[no-redef]
-
+from fakenvml import Pattern, Scenario
 from test_watch import ROOT, gpu_with, start_tree
 
 pytestmark = [
