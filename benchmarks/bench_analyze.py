@@ -126,8 +126,8 @@ def run_one(path: str) -> dict[str, object]:
     """`gpumon analyze PATH --json` in this process, timing the reader inside it."""
     sys.path.insert(0, str(ROOT))
     from gpumon import cli
-    from gpumon.faces import analyze as face
-    from gpumon.traces.detect import open_trace
+    from gpumon.faces.analyze import command as face
+    from gpumon.traces.sniff import open_trace
 
     stats = {"read_cpu_s": 0.0, "samples": 0, "ticks": 0}
 
@@ -160,7 +160,7 @@ def run_one(path: str) -> dict[str, object]:
             self._trace.close()
 
     try:
-        import gpumon.report  # noqa: F401
+        import gpumon.faces.analyze.report  # noqa: F401
 
         face.open_trace = lambda p, fmt="auto": Timed(open_trace(p, fmt))  # type: ignore[assignment]
         argv = ["analyze", path, "--json"]
@@ -265,7 +265,7 @@ def print_table(rows: list[dict]) -> None:
         ok = _ok(r)
         verdict = "pass" if ok else ("FAIL" if ok is False else "-")
         big = r["targeted"] and r["samples"] > 3e6
-        print(f"[{r['name']}]{'' if r['analysed'] else '  (read only: no gpumon.report)'}")
+        print(f"[{r['name']}]{'' if r['analysed'] else '  (read only: no report module)'}")
         print(f"{'  samples':<{w}} {r['samples']:>16,}")
         print(f"{'  samples/s, CPU, end to end':<{w}} {_rate(r):>16,.0f} "
               f"{'>= 200,000' if r['targeted'] else '':>12}  {verdict}")

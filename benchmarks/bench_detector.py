@@ -30,8 +30,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gpumon.detect import Detector, DetectorConfig
+from gpumon.lab.synth import SCENARIOS, Label, Phase, SynthTrace, generate
 from gpumon.model import Cause, Episode, State
-from gpumon.synth import SCENARIOS, Label, Phase, SynthTrace, generate
 
 TARGET = 0.95
 SCORED = (State.STARVED, State.HEALTHY, State.SYNC_STALL, State.IDLE)
@@ -157,7 +157,7 @@ def pct(vals: list[float], q: float) -> float:
 
 def speed_line(minutes: float = 20.0) -> None:
     """Throughput at analyze's design load: 8 GPUs x 6 driver samples/s, CPU time."""
-    from gpumon.report import OFFLINE_CONFIG, analyze_snapshots
+    from gpumon.faces.analyze.report import OFFLINE_CONFIG, analyze_snapshots
 
     tr = generate("healthy_then_starved", 99, gpus=8, period_s=1 / 6,
                   duration_s=minutes * 60)

@@ -13,7 +13,7 @@ import pytest
 from gpumon.model import Cause, State
 from gpumon.traces.jsonl import TraceWriter
 
-pytest.importorskip("gpumon.report", reason="the report module has not landed yet")
+pytest.importorskip("gpumon.faces.analyze.report", reason="the report module has not landed yet")
 
 pytestmark = pytest.mark.slow
 
@@ -136,7 +136,7 @@ def test_wrong_forced_format() -> None:
 
 
 def test_gpumon_trace(tmp_path: Path) -> None:
-    from gpumon.synth import generate
+    from gpumon.lab.synth import generate
 
     synth = generate("starved_cpu", seed=1, gpus=2, duration_s=180.0)
     path = tmp_path / "run.jsonl"
@@ -158,7 +158,7 @@ def test_a_string_where_a_number_belongs_names_the_line(tmp_path: Path, part: st
                                                          value: str) -> None:
     """JSON can hold any type anywhere: a wrong one mid-trace gets the report of the ticks
     before it and an error naming its line, not a traceback from inside the detector."""
-    from gpumon.synth import generate
+    from gpumon.lab.synth import generate
 
     synth = generate("healthy", seed=2, gpus=1, duration_s=120.0)
     path = tmp_path / "run.jsonl"

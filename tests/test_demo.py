@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from fakenvml import missing_library_env
 
-from gpumon import synth
-from gpumon.faces import demo
+from gpumon.faces.demo import command as demo
+from gpumon.lab import synth
 from gpumon.model import State
 from gpumon.traces.jsonl import TraceReader, TraceWriter
 

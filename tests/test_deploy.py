@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from gpumon.serve.collector import METRIC_NAMES
-from gpumon.serve.config import DEFAULT_PORT, ServeConfig, parse
+from gpumon.faces.serve.collector import METRIC_NAMES
+from gpumon.faces.serve.config import DEFAULT_PORT, ServeConfig, parse
 
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
 UNIT = DEPLOY / "systemd" / "gpumon.service"

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from gpumon.detect import Detector, DetectorConfig, DetectorUpdate
+from gpumon.lab.synth import generate
 from gpumon.model import (
     Cause,
     Episode,
@@ -25,7 +26,6 @@ from gpumon.model import (
     State,
     UtilPoint,
 )
-from gpumon.synth import generate
 
 GIB = 1024**3
 LIMIT = 400.0

@@ -13,8 +13,8 @@ import pytest
 
 from gpumon.detect import DetectorUpdate
 from gpumon.errors import NoDriverError
-from gpumon.faces import dstat_columns as dc
-from gpumon.faces.dstat_columns import GpuCell, GpuColumns, PluginLoadError, aggregate
+from gpumon.faces.dstat import columns as dc
+from gpumon.faces.dstat.columns import GpuCell, GpuColumns, PluginLoadError, aggregate
 from gpumon.model import Episode, GpuIdentity, GpuSample, State, UtilPoint, Verdict
 from gpumon.monitor import Monitor
 
@@ -308,13 +308,15 @@ def test_dool_host_is_not_given_types() -> None:
 
 @pytest.mark.parametrize("name", ["dstat_gpu.py", "dool_gpu.py"])
 def test_packaged_plugin_files_are_the_sources(name: str) -> None:
-    # dstat_plugins/ (the layout's place for them) links to the copy the wheel ships.
+    # dstat_plugins/ holds the one copy; the installer reads it as the package data of
+    # gpumon.faces.dstat.plugins (pyproject maps that package onto the folder).
+    from gpumon.faces.dstat.install import PLUGIN_DIR
+
     source = (REPO / "dstat_plugins" / name).read_text()
-    assert (REPO / "gpumon" / "plugins" / name).read_text() == source, (
-        f"dstat_plugins/{name} must stay a link to gpumon/plugins/{name}"
-    )
+    assert not (REPO / "dstat_plugins" / name).is_symlink()
+    assert (PLUGIN_DIR / name).read_text() == source
     assert "GPUMON_SITE_DIRS = []" in source
-    assert "gpumon.faces.dstat_columns" in source
+    assert "gpumon.faces.dstat.columns" in source
 
 
 @pytest.mark.parametrize(("name", "kind"), [("dstat_gpu.py", "dstat"), ("dool_gpu.py", "dool")])
@@ -333,8 +335,8 @@ def test_words_followed_through_updates_match_the_full_verdict(scenario: str) ->
     """The columns follow the detector's opened/closed episodes instead of building a
     verdict every tick: tick by tick, the words are those the verdict would give."""
     from gpumon.detect import Detector
+    from gpumon.lab.synth import generate
     from gpumon.monitor import Tick
-    from gpumon.synth import generate
 
     trace = generate(scenario, seed=1, duration_s=200.0)
     det = Detector(gpus=trace.header.gpus)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from gpumon.cli import main
-from gpumon.faces import dstat as inst
+from gpumon.faces.dstat import install as inst
 
 REPO = Path(__file__).resolve().parent.parent
 PYENV = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv")) / "versions"

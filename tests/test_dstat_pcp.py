@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from gpumon.serve.collector import METRIC_NAMES
+from gpumon.faces.serve.collector import METRIC_NAMES
 
 PCP = Path(__file__).resolve().parent.parent / "deploy" / "pcp"
 SCRIPT = PCP / "gpumon_node.py"

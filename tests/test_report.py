@@ -7,9 +7,15 @@ import math
 
 import pytest
 
+from gpumon.faces.analyze.report import (
+    LogHistogram,
+    Timeline,
+    analyze_snapshots,
+    render_text,
+    to_json,
+)
+from gpumon.lab.synth import generate
 from gpumon.model import GpuSample, Snapshot, State, TraceHeader, UtilPoint
-from gpumon.report import LogHistogram, Timeline, analyze_snapshots, render_text, to_json
-from gpumon.synth import generate
 
 
 @pytest.fixture(scope="module")

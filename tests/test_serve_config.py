@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from gpumon.errors import ConfigError
-from gpumon.serve import config as c
+from gpumon.faces.serve import config as c
 
 
 def err(text: str) -> str:

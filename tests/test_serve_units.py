@@ -15,13 +15,13 @@ from pathlib import Path
 import pytest
 from prometheus_client import generate_latest
 
+from gpumon.faces.serve.collector import METRIC_NAMES, make_registry
+from gpumon.faces.serve.config import ServeConfig
+from gpumon.faces.serve.daemon import Histogram, ServeState
+from gpumon.faces.serve.log import EventLog
 from gpumon.model import GpuIdentity, GpuProcess, GpuSample, HostSample, Snapshot, State
 from gpumon.monitor import Monitor, Tick
-from gpumon.serve.collector import METRIC_NAMES, make_registry
-from gpumon.serve.config import ServeConfig
-from gpumon.serve.daemon import Histogram, ServeState
-from gpumon.serve.joblabels import JobLabels, JobResolver, parse_cgroup, parse_environ
-from gpumon.serve.logfile import EventLog
+from gpumon.sample.joblabels import JobLabels, JobResolver, parse_cgroup, parse_environ
 
 PERIOD = 1.0 / 6.0
 POD_UID = "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0"
@@ -456,7 +456,7 @@ def test_a_server_never_started_closes_at_once(tmp_path: Path) -> None:
     """Closing after a failed start-up (the server built, never started) must not hang."""
     import threading
 
-    from gpumon.serve.http import MetricsServer
+    from gpumon.faces.serve.http import MetricsServer
 
     state, _ = make_state(tmp_path)
     server = MetricsServer(ServeConfig(address="127.0.0.1", port=0), make_registry(state))

@@ -6,8 +6,8 @@ import itertools
 
 import pytest
 
+from gpumon.lab.synth import PERIODS, SCENARIOS, corpus, generate
 from gpumon.model import Cause, Snapshot, State
-from gpumon.synth import PERIODS, SCENARIOS, corpus, generate
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
@@ -111,7 +111,7 @@ def test_corpus_covers_every_scenario() -> None:
 
 
 def test_a_story_of_chosen_phases() -> None:
-    from gpumon.synth import Phase
+    from gpumon.lab.synth import Phase
 
     story = [Phase("startup", 10.0), Phase("healthy", 30.0),
              Phase("starved", 30.0, Cause.IO, params={"burst_s": 0.5, "duty": 0.4})]

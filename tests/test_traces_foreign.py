@@ -14,8 +14,8 @@ from gpumon.errors import TraceFormatError
 from gpumon.model import GpuIdentity, GpuSample, Snapshot, TraceHeader
 from gpumon.traces import dmon, nvsmi_csv, nvsmi_table, simple_csv
 from gpumon.traces._common import num, nvsmi_time
-from gpumon.traces.detect import open_trace, read_lines
 from gpumon.traces.jsonl import TraceWriter
+from gpumon.traces.sniff import open_trace, read_lines
 
 LOGS = Path(__file__).parent / "data" / "logs"
 MIB = 1 << 20
@@ -493,7 +493,7 @@ def test_sub_second_without_index_keeps_each_gpu_apart() -> None:
 
 
 def test_a_nan_cell_is_no_reading_and_does_not_turn_a_healthy_log_idle() -> None:
-    from gpumon.report import analyze_snapshots, to_json
+    from gpumon.faces.analyze.report import analyze_snapshots, to_json
 
     rows = ["timestamp, index, utilization.gpu [%]\n"]
     for k in range(300):

@@ -526,7 +526,7 @@ def test_output_pump_keeps_draining_after_a_failed_write(monkeypatch) -> None:
     import threading
     import types
 
-    from gpumon.faces.watch_child import OutputPump
+    from gpumon.faces.watch.child import OutputPump
 
     class Broken:
         def write(self, _data: bytes) -> int:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from gpumon.faces.watch_summary import (
+from gpumon.faces.watch.summary import (
     EXIT_FAIL_ON,
     EpisodeLog,
     GpuUse,
@@ -20,7 +20,7 @@ from gpumon.faces.watch_summary import (
     dominant_cause,
     parse_states,
 )
-from gpumon.faces.watch_view import (
+from gpumon.faces.watch.view import (
     HOLE,
     LiveView,
     WatchState,
@@ -253,7 +253,7 @@ def test_episode_log_memory_is_flat_and_its_answers_are_a_full_scan() -> None:
     """A long run: only recent episodes are kept, the totals match scanning them all."""
     import random
 
-    from gpumon.faces.watch_summary import RECENT_EPISODES
+    from gpumon.faces.watch.summary import RECENT_EPISODES
 
     rng = random.Random(7)
     states = [State.STARVED, State.HEALTHY, State.IDLE, State.SYNC_STALL]

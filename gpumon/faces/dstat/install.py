@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib.metadata
+import importlib.resources
 import importlib.util
 import json
 import os
@@ -34,8 +35,8 @@ from pathlib import Path
 import gpumon
 from gpumon.errors import GpumonError
 
-PLUGIN_DIR = Path(gpumon.__file__).resolve().parent / "plugins"
-MARKER = "gpumon.faces.dstat_columns"  # every plugin file gpumon writes contains it
+PLUGIN_DIR = Path(str(importlib.resources.files("gpumon.faces.dstat.plugins")))
+MARKER = "gpumon.faces.dstat.columns"  # every plugin file gpumon writes contains it
 SITE_DIRS_LINE = re.compile(r"^GPUMON_SITE_DIRS = .*$", re.MULTILINE)
 MIN_PYTHON = (3, 11)
 

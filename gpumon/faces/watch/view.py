@@ -26,7 +26,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from gpumon.faces.watch_summary import fmt_duration, short_command
+from gpumon.faces.watch.summary import fmt_duration, short_command
 from gpumon.model import (
     GpuIdentity,
     GpuSample,

@@ -24,6 +24,8 @@ from typing import Any
 from gpumon import __version__
 from gpumon.detect import Detector, DetectorConfig, DetectorUpdate
 from gpumon.errors import GpumonError
+from gpumon.faces.serve.config import ServeConfig
+from gpumon.faces.serve.log import EventLog
 from gpumon.model import (
     Episode,
     GpuIdentity,
@@ -34,9 +36,7 @@ from gpumon.model import (
 )
 from gpumon.monitor import Monitor, Tick
 from gpumon.sample.host import ProcessTreeSampler
-from gpumon.serve.config import ServeConfig
-from gpumon.serve.joblabels import JobLabels, JobResolver
-from gpumon.serve.logfile import EventLog
+from gpumon.sample.joblabels import JobLabels, JobResolver
 
 # Gaps: a DataLoader hiccup is 50-500 ms, a starved step 0.2-2 s, a checkpoint or an
 # evaluation tens of seconds to minutes.  Bursts: one step's kernels, 50 ms to seconds.

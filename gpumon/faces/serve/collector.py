@@ -27,8 +27,8 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector, CollectorRegistry
 
+from gpumon.faces.serve.daemon import ServeState
 from gpumon.model import Cause, Episode, State
-from gpumon.serve.daemon import ServeState
 
 GPU = ["gpu", "uuid"]
 JOB = ["hpc_job", "pod", "namespace", "container"]

@@ -16,11 +16,11 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from gpumon.faces.common import positive_float
+from gpumon.faces.serve import config as serve_config
 from gpumon.monitor import StopFlag, paced
-from gpumon.serve import config as serve_config
 
 if TYPE_CHECKING:
-    from gpumon.serve.logfile import EventLog
+    from gpumon.faces.serve.log import EventLog
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -57,10 +57,10 @@ def run(args: argparse.Namespace) -> int:
     from prometheus_client import disable_created_metrics
 
     from gpumon.faces.common import build_monitor
-    from gpumon.serve.collector import make_registry
-    from gpumon.serve.daemon import ServeState
-    from gpumon.serve.http import MetricsServer
-    from gpumon.serve.logfile import EventLog
+    from gpumon.faces.serve.collector import make_registry
+    from gpumon.faces.serve.daemon import ServeState
+    from gpumon.faces.serve.http import MetricsServer
+    from gpumon.faces.serve.log import EventLog
 
     cfg = serve_config.with_overrides(
         serve_config.load(args.config),

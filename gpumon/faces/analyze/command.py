@@ -20,7 +20,7 @@ from collections.abc import Iterator
 
 from gpumon.errors import GpumonError, TraceFormatError
 from gpumon.model import Snapshot
-from gpumon.traces.detect import FORMATS, open_trace
+from gpumon.traces.sniff import FORMATS, open_trace
 
 # Assumptions a reader had to make (header ``extra``) that change how to read the report.
 _NOTES = {"interval_assumed": "", "gpus_inferred": "GPUs: ", "util_scale": "", "date": ""}
@@ -78,7 +78,7 @@ def _finite(obj: object) -> object:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gpumon.report import analyze_snapshots, render_text, to_json
+    from gpumon.faces.analyze.report import analyze_snapshots, render_text, to_json
 
     with open_trace(args.file, args.format) as trace:
         guarded = _UntilError(iter(trace), trace.path)

@@ -21,7 +21,7 @@ from prometheus_client import make_wsgi_app
 from prometheus_client.registry import CollectorRegistry
 
 from gpumon.errors import ConfigError, GpumonError
-from gpumon.serve.config import ServeConfig
+from gpumon.faces.serve.config import ServeConfig
 
 REQUEST_TIMEOUT_S = 10.0
 

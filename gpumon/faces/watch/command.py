@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING, Any
 
 from gpumon.errors import GpumonError
 from gpumon.faces.common import build_monitor, positive_float, write_tick
-from gpumon.faces.watch_child import Child
-from gpumon.faces.watch_summary import (
+from gpumon.faces.watch.child import Child
+from gpumon.faces.watch.summary import (
     EXIT_FAIL_ON,
     EpisodeLog,
     GpuUse,
@@ -38,7 +38,7 @@ from gpumon.faces.watch_summary import (
     dominant_cause,
     parse_states,
 )
-from gpumon.faces.watch_view import KeyReader, LiveView, WatchState, plain_line
+from gpumon.faces.watch.view import KeyReader, LiveView, WatchState, plain_line
 from gpumon.model import State, Verdict
 from gpumon.monitor import StopFlag, paced
 

@@ -31,10 +31,10 @@ from gpumon.monitor import Monitor, Tick, paced
 from gpumon.sample.replay import Replay
 from gpumon.traces.jsonl import TraceReader
 
-DATA = Path(__file__).resolve().parent.parent / "data"
+DATA = Path(__file__).resolve().parents[2] / "data"
 SYNTHETIC = DATA / "demo-synthetic.jsonl.gz"
 # Where real recordings of the starvation lab live in a source checkout.
-CHECKOUT = Path(__file__).resolve().parents[2]
+CHECKOUT = Path(__file__).resolve().parents[3]
 REAL_DIRS = (DATA, CHECKOUT / "tests" / "data" / "real")
 # By default the replay lasts about this long, whatever the trace's length.
 TARGET_WALL_S = 40.0
@@ -170,12 +170,12 @@ class DemoServer:
     def __init__(self, trace: LoadedTrace, speed: float, live_start_s: float, log_dir: str) -> None:
         from prometheus_client import disable_created_metrics
 
-        from gpumon.serve.collector import make_registry
-        from gpumon.serve.config import ServeConfig
-        from gpumon.serve.daemon import ServeState
-        from gpumon.serve.http import MetricsServer
-        from gpumon.serve.joblabels import JobResolver
-        from gpumon.serve.logfile import EventLog
+        from gpumon.faces.serve.collector import make_registry
+        from gpumon.faces.serve.config import ServeConfig
+        from gpumon.faces.serve.daemon import ServeState
+        from gpumon.faces.serve.http import MetricsServer
+        from gpumon.faces.serve.log import EventLog
+        from gpumon.sample.joblabels import JobResolver
 
         self.replay = Replay(
             trace.snapshots, header=trace.header, speed=speed, live_start_s=live_start_s
@@ -311,7 +311,7 @@ def run(args: argparse.Namespace) -> int:
     )
     if trace.synthetic:
         print(
-            "gpumon demo: this is a synthetic trace, made by gpumon.synth to show what "
+            "gpumon demo: this is a synthetic trace, made by gpumon.lab.synth to show what "
             "gpumon reports; no GPU was measured.",
             file=out,
         )

@@ -1,0 +1,1 @@
+"""Test data made by gpumon itself: the labelled synthetic corpus and the demo trace."""
