@@ -53,12 +53,24 @@ def _util(rng: random.Random, t: float, gpu: int) -> int:
 def write_gpumon_trace(path: Path, hours: float, gpus: int = 8, rate: int = 6) -> int:
     rng = random.Random(1)
     header = {
-        "format": "gpumon-trace", "version": 1,
-        "header": {"source": "gpumon", "interval_s": 1.0, "started_wall_s": START,
-                   "started_mono_s": 0.0,
-                   "gpus": [{"index": g, "uuid": f"GPU-{g:08d}", "name": "NVIDIA H100",
-                             "mem_total_bytes": 85899345920, "power_limit_watts": 700.0}
-                            for g in range(gpus)]},
+        "format": "gpumon-trace",
+        "version": 1,
+        "header": {
+            "source": "gpumon",
+            "interval_s": 1.0,
+            "started_wall_s": START,
+            "started_mono_s": 0.0,
+            "gpus": [
+                {
+                    "index": g,
+                    "uuid": f"GPU-{g:08d}",
+                    "name": "NVIDIA H100",
+                    "mem_total_bytes": 85899345920,
+                    "power_limit_watts": 700.0,
+                }
+                for g in range(gpus)
+            ],
+        },
     }
     samples = 0
     with open(path, "w", encoding="utf-8") as f:
@@ -92,8 +104,10 @@ def _stamp(t: float) -> str:
 def write_nvsmi_csv(path: Path, rows: int, gpus: int = 8, interval: float = 1 / 6) -> int:
     rng = random.Random(2)
     with open(path, "w", encoding="utf-8") as f:
-        f.write("timestamp, index, utilization.gpu [%], utilization.memory [%], "
-                "memory.used [MiB], power.draw [W]\n")
+        f.write(
+            "timestamp, index, utilization.gpu [%], utilization.memory [%], "
+            "memory.used [MiB], power.draw [W]\n"
+        )
         for k in range(rows // gpus):
             t = k * interval
             stamp = _stamp(START + t)
@@ -110,12 +124,16 @@ def write_dmon(path: Path, hours: float, gpus: int = 8) -> int:
     with open(path, "w", encoding="utf-8") as f:
         for k in range(int(hours * 3600)):
             if k % 10 == 0:
-                f.write("# gpu   pwr gtemp mtemp    sm   mem   enc   dec  mclk  pclk\n"
-                        "# Idx     W     C     C     %     %     %     %   MHz   MHz\n")
+                f.write(
+                    "# gpu   pwr gtemp mtemp    sm   mem   enc   dec  mclk  pclk\n"
+                    "# Idx     W     C     C     %     %     %     %   MHz   MHz\n"
+                )
             for g in range(gpus):
                 u = _util(rng, k, g)
-                f.write(f"{g:>5} {150 + 5 * u:>5} {40:>5} {'-':>5} {u:>5} {u // 3:>5}"
-                        f" {0:>5} {0:>5} {2619:>5} {1980:>5}\n")
+                f.write(
+                    f"{g:>5} {150 + 5 * u:>5} {40:>5} {'-':>5} {u:>5} {u // 3:>5}"
+                    f" {0:>5} {0:>5} {2619:>5} {1980:>5}\n"
+                )
     return int(hours * 3600) * gpus
 
 
@@ -178,8 +196,16 @@ def run_one(path: str) -> dict[str, object]:
         cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
         rc, verdict, analysed = 0, None, False
     maxrss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    return {"rc": rc, "cpu_s": cpu, "wall_s": wall, "verdict": verdict, "analysed": analysed,
-            "maxrss_mib": maxrss, "bare_cpu_s": bare_parse_cpu(path), **stats}
+    return {
+        "rc": rc,
+        "cpu_s": cpu,
+        "wall_s": wall,
+        "verdict": verdict,
+        "analysed": analysed,
+        "maxrss_mib": maxrss,
+        "bare_cpu_s": bare_parse_cpu(path),
+        **stats,
+    }
 
 
 def bare_parse_cpu(path: str) -> float:
@@ -188,8 +214,12 @@ def bare_parse_cpu(path: str) -> float:
     baseline of the same run: analysis / bare parse is a ratio that machine load moves
     far less than the seconds themselves."""
     split: Callable[[str], object] = (
-        json.loads if path.endswith(".jsonl") else
-        (lambda line: line.split(",")) if path.endswith(".csv") else str.split)
+        json.loads
+        if path.endswith(".jsonl")
+        else (lambda line: line.split(","))
+        if path.endswith(".csv")
+        else str.split
+    )
     t0 = time.process_time()
     with open(path, encoding="utf-8") as f:
         for line in f:
@@ -198,8 +228,9 @@ def bare_parse_cpu(path: str) -> float:
 
 
 def measure(path: Path) -> dict[str, object]:
-    proc = subprocess.run([sys.executable, __file__, "--one", str(path)],
-                          capture_output=True, text=True, check=False)
+    proc = subprocess.run(
+        [sys.executable, __file__, "--one", str(path)], capture_output=True, text=True, check=False
+    )
     if proc.returncode != 0:
         raise SystemExit(f"benchmark child failed on {path.name}:\n{proc.stderr}")
     return json.loads(proc.stdout)
@@ -222,12 +253,24 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="gpumon-bench-") as tmp:
         d = Path(tmp)
         cases = [
-            ("gpumon trace 24h 8 GPU 6/s", d / "day.jsonl",
-             lambda p: write_gpumon_trace(p, hours), True),
-            ("nvidia-smi CSV 1M rows", d / "1m.csv",
-             lambda p: write_nvsmi_csv(p, int(1_000_000 * scale)), True),
-            ("nvidia-smi CSV 4M rows", d / "4m.csv",
-             lambda p: write_nvsmi_csv(p, int(4_147_200 * scale)), True),
+            (
+                "gpumon trace 24h 8 GPU 6/s",
+                d / "day.jsonl",
+                lambda p: write_gpumon_trace(p, hours),
+                True,
+            ),
+            (
+                "nvidia-smi CSV 1M rows",
+                d / "1m.csv",
+                lambda p: write_nvsmi_csv(p, int(1_000_000 * scale)),
+                True,
+            ),
+            (
+                "nvidia-smi CSV 4M rows",
+                d / "4m.csv",
+                lambda p: write_nvsmi_csv(p, int(4_147_200 * scale)),
+                True,
+            ),
             ("dmon 24h 8 GPU 1 s", d / "dmon.txt", lambda p: write_dmon(p, hours), False),
         ]
         for name, path, make, targeted in cases:
@@ -235,8 +278,11 @@ def main() -> int:
             make(path)
             gen = time.perf_counter() - t0
             size = path.stat().st_size / (1 << 20)
-            print(f"# {name}: generated {size:.0f} MiB in {gen:.0f} s; analysing...",
-                  file=sys.stderr, flush=True)
+            print(
+                f"# {name}: generated {size:.0f} MiB in {gen:.0f} s; analysing...",
+                file=sys.stderr,
+                flush=True,
+            )
             r = measure(path)
             r.update(name=name, targeted=targeted, size_mib=size)
             rows.append(r)
@@ -267,16 +313,24 @@ def print_table(rows: list[dict]) -> None:
         big = r["targeted"] and r["samples"] > 3e6
         print(f"[{r['name']}]{'' if r['analysed'] else '  (read only: no report module)'}")
         print(f"{'  samples':<{w}} {r['samples']:>16,}")
-        print(f"{'  samples/s, CPU, end to end':<{w}} {_rate(r):>16,.0f} "
-              f"{'>= 200,000' if r['targeted'] else '':>12}  {verdict}")
+        print(
+            f"{'  samples/s, CPU, end to end':<{w}} {_rate(r):>16,.0f} "
+            f"{'>= 200,000' if r['targeted'] else '':>12}  {verdict}"
+        )
         split = f"{r['read_cpu_s']:.1f} + {r['cpu_s'] - r['read_cpu_s']:.1f}"
-        print(f"{'  CPU s: read + detect/report':<{w}} {split:>16} "
-              f"{'< 20 s' if big else '':>12}  "
-              f"{('pass' if r['cpu_s'] < 20 else 'FAIL') if big and r['analysed'] else ''}")
-        print(f"{'  x bare parse (same run)':<{w}} "
-              f"{r['cpu_s'] / r['bare_cpu_s'] if r['bare_cpu_s'] else 0:>16.1f}")
-        print(f"{'  reader alone, samples/s (CPU)':<{w}} "
-              f"{r['samples'] / r['read_cpu_s'] if r['read_cpu_s'] else 0:>16,.0f}")
+        print(
+            f"{'  CPU s: read + detect/report':<{w}} {split:>16} "
+            f"{'< 20 s' if big else '':>12}  "
+            f"{('pass' if r['cpu_s'] < 20 else 'FAIL') if big and r['analysed'] else ''}"
+        )
+        print(
+            f"{'  x bare parse (same run)':<{w}} "
+            f"{r['cpu_s'] / r['bare_cpu_s'] if r['bare_cpu_s'] else 0:>16.1f}"
+        )
+        print(
+            f"{'  reader alone, samples/s (CPU)':<{w}} "
+            f"{r['samples'] / r['read_cpu_s'] if r['read_cpu_s'] else 0:>16,.0f}"
+        )
         print(f"{'  wall s':<{w}} {r['wall_s']:>16.1f}")
         print(f"{'  peak RSS MiB':<{w}} {r['maxrss_mib']:>16.0f}")
         if r["verdict"] is not None:

@@ -60,8 +60,9 @@ def _phase_of(trace: SynthTrace, lab: Label) -> Phase:
     return trace.phases[-1]
 
 
-def run_trace(trace: SynthTrace, config: DetectorConfig | None = None
-              ) -> tuple[list[Episode], list[tuple[float, Episode]], float, int]:
+def run_trace(
+    trace: SynthTrace, config: DetectorConfig | None = None
+) -> tuple[list[Episode], list[tuple[float, Episode]], float, int]:
     det = Detector(config, gpus=trace.header.gpus)
     opened: list[tuple[float, Episode]] = []
     points = 0
@@ -97,8 +98,14 @@ def _final_episodes(opened: list[tuple[float, Episode]], last: list[Episode]) ->
     return out
 
 
-def score(trace: SynthTrace, eps: list[Episode], opened: list[tuple[float, Episode]],
-          conf: dict, causes: list[int], lat: list[tuple[float, float, str]]) -> None:
+def score(
+    trace: SynthTrace,
+    eps: list[Episode],
+    opened: list[tuple[float, Episode]],
+    conf: dict,
+    causes: list[int],
+    lat: list[tuple[float, float, str]],
+) -> None:
     by_gpu: dict[int, list[Episode]] = defaultdict(list)
     for ep in eps:
         by_gpu[ep.gpu].append(ep)  # type: ignore[index]
@@ -116,18 +123,29 @@ def score(trace: SynthTrace, eps: list[Episode], opened: list[tuple[float, Episo
                 ph = _phase_of(trace, lab)
                 graces.append((lab.start_s, lab.start_s + allowance(ph)))
                 if prev is not None:
-                    hit = next((t for t, ep in opened if ep.gpu == gpu and
-                                ep.state is lab.state and t >= lab.start_s - 1e-9 and
-                                t < lab.end_s + allowance(ph)), None)
+                    hit = next(
+                        (
+                            t
+                            for t, ep in opened
+                            if ep.gpu == gpu
+                            and ep.state is lab.state
+                            and t >= lab.start_s - 1e-9
+                            and t < lab.end_s + allowance(ph)
+                        ),
+                        None,
+                    )
                     # An episode of that state already open at onset counts as detected.
-                    cur = next((e for e in geps if e.start_s <= lab.start_s < (e.end_s or 0)),
-                               None)
+                    cur = next((e for e in geps if e.start_s <= lab.start_s < (e.end_s or 0)), None)
                     if cur is not None and cur.state is lab.state:
                         hit = lab.start_s
                     per = "csv-1s" if trace.period_s is None else f"{trace.period_s:.2f}s"
-                    lat.append((math.inf if hit is None else hit - lab.start_s,
-                                allowance(ph),
-                                f"{trace.name} gpu{gpu} ->{lab.state} (samples {per})"))
+                    lat.append(
+                        (
+                            math.inf if hit is None else hit - lab.start_s,
+                            allowance(ph),
+                            f"{trace.name} gpu{gpu} ->{lab.state} (samples {per})",
+                        )
+                    )
             prev = lab
         end = int(labs[-1].end_s)
         j = 0
@@ -159,8 +177,7 @@ def speed_line(minutes: float = 20.0) -> None:
     """Throughput at analyze's design load: 8 GPUs x 6 driver samples/s, CPU time."""
     from gpumon.faces.analyze.report import OFFLINE_CONFIG, analyze_snapshots
 
-    tr = generate("healthy_then_starved", 99, gpus=8, period_s=1 / 6,
-                  duration_s=minutes * 60)
+    tr = generate("healthy_then_starved", 99, gpus=8, period_s=1 / 6, duration_s=minutes * 60)
     n = sum(len(g.util_samples) for s in tr.snapshots for g in s.gpus)
     out = []
     for name, cfg in (("live", None), ("offline", OFFLINE_CONFIG)):
@@ -172,24 +189,39 @@ def speed_line(minutes: float = 20.0) -> None:
     t0 = time.process_time()
     analyze_snapshots(tr.header, tr.snapshots)
     rate = n / (time.process_time() - t0)
-    print(f"speed (8 GPUs x 6 samples/s, {n:,} points): detector live {out[0][1]:,.0f} "
-          f"points/s, offline {out[1][1]:,.0f} points/s; analyze_snapshots {rate:,.0f} "
-          f"points/s -> 4 M points in {4e6 / rate:.1f} s (parsing not included)")
+    print(
+        f"speed (8 GPUs x 6 samples/s, {n:,} points): detector live {out[0][1]:,.0f} "
+        f"points/s, offline {out[1][1]:,.0f} points/s; analyze_snapshots {rate:,.0f} "
+        f"points/s -> 4 M points in {4e6 / rate:.1f} s (parsing not included)"
+    )
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--seeds", type=int, default=10)
     ap.add_argument("--quick", action="store_true", help="3 seeds")
-    ap.add_argument("--first-seed", type=int, default=0,
-                    help="start of the seed range (other seeds: a held-out corpus)")
+    ap.add_argument(
+        "--first-seed",
+        type=int,
+        default=0,
+        help="start of the seed range (other seeds: a held-out corpus)",
+    )
     ap.add_argument("--verbose", action="store_true", help="list missed/late transitions")
     ap.add_argument("--scenario", action="append", help="only these scenarios")
-    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                    help="override a DetectorConfig field (for tuning)")
+    ap.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a DetectorConfig field (for tuning)",
+    )
     args = ap.parse_args()
-    config = DetectorConfig(**{k: type(getattr(DetectorConfig(), k))(v) for k, v in
-                               (kv.split("=", 1) for kv in args.set)})
+    config = DetectorConfig(
+        **{
+            k: type(getattr(DetectorConfig(), k))(v)
+            for k, v in (kv.split("=", 1) for kv in args.set)
+        }
+    )
     seeds = range(args.first_seed, args.first_seed + (3 if args.quick else args.seeds))
     scenarios = args.scenario or SCENARIOS
     conf: dict = defaultdict(int)
@@ -208,20 +240,27 @@ def main() -> int:
             det_s += dt
             points += npts
             ntr += 1
-            flaps[0] += sum(1 for e in eps if (e.end_s or e.start_s) - e.start_s < 10.0
-                            and e.end_s != tr.snapshots[-1].t_s)
+            flaps[0] += sum(
+                1
+                for e in eps
+                if (e.end_s or e.start_s) - e.start_s < 10.0 and e.end_s != tr.snapshots[-1].t_s
+            )
             flaps[1] += len(eps)
             before = dict(conf)
             score(tr, eps, opened, conf, causes, lat)
-            good = sum(v - before.get(k, 0) for k, v in conf.items()
-                       if len(k) == 2 and k[0] == k[1])
+            good = sum(
+                v - before.get(k, 0) for k, v in conf.items() if len(k) == 2 and k[0] == k[1]
+            )
             allv = sum(v - before.get(k, 0) for k, v in conf.items() if len(k) == 2)
-            per_trace.append((f"{tr.name} p={tr.period_s} n={len(tr.header.gpus)}",
-                              good / allv if allv else 1.0))
+            per_trace.append(
+                (f"{tr.name} p={tr.period_s} n={len(tr.header.gpus)}", good / allv if allv else 1.0)
+            )
     wall = time.perf_counter() - wall
     ok = True
-    print(f"corpus: {ntr} traces ({len(scenarios)} scenarios x {len(seeds)} seeds), "
-          f"{points:,} util points")
+    print(
+        f"corpus: {ntr} traces ({len(scenarios)} scenarios x {len(seeds)} seeds), "
+        f"{points:,} util points"
+    )
     print(f"{'state':<11} {'precision':>9} {'recall':>7} {'seconds':>8}  target>={TARGET}")
     for st in SCORED:
         tp = conf[(st, st)]
@@ -241,26 +280,35 @@ def main() -> int:
     for c in Cause:
         row = {k[2]: v for k, v in conf.items() if len(k) == 3 and k[1] == c}
         if row:
-            print(f"  truth {c.value:<7} -> " + ", ".join(
-                f"{(p.value if p else None)}:{v}" for p, v in sorted(
-                    row.items(), key=lambda kv: -kv[1])))
+            print(
+                f"  truth {c.value:<7} -> "
+                + ", ".join(
+                    f"{(p.value if p else None)}:{v}"
+                    for p, v in sorted(row.items(), key=lambda kv: -kv[1])
+                )
+            )
     finite = [x for x, _, _ in lat if x != math.inf]
     within = sum(1 for x, a, _ in lat if x <= a)
     missed = sum(1 for x, _, _ in lat if x == math.inf)
     lat_ok = within == len(lat)
     ok &= lat_ok
-    print(f"latency: {len(lat)} transitions, p50 {pct(finite, 0.5):.1f} s, "
-          f"p90 {pct(finite, 0.9):.1f} s, max {max(finite, default=math.nan):.1f} s; "
-          f"{within}/{len(lat)} within max(3 periods, 10 s), {missed} missed  "
-          f"{'PASS' if lat_ok else 'FAIL'}")
+    print(
+        f"latency: {len(lat)} transitions, p50 {pct(finite, 0.5):.1f} s, "
+        f"p90 {pct(finite, 0.9):.1f} s, max {max(finite, default=math.nan):.1f} s; "
+        f"{within}/{len(lat)} within max(3 periods, 10 s), {missed} missed  "
+        f"{'PASS' if lat_ok else 'FAIL'}"
+    )
     by_period: dict[str, list[bool]] = defaultdict(list)
     for x, a, name in lat:
         by_period[name.rsplit("(samples ", 1)[1].rstrip(")")].append(x <= a)
-    print("  within target by sample period: " + ", ".join(
-        f"{k} {sum(v)}/{len(v)}" for k, v in sorted(by_period.items())))
+    print(
+        "  within target by sample period: "
+        + ", ".join(f"{k} {sum(v)}/{len(v)}" for k, v in sorted(by_period.items()))
+    )
     rate = points / det_s if det_s else math.nan
-    print(f"throughput: {rate:,.0f} points/s in the detector ({det_s:.1f} s); "
-          f"bench wall {wall:.1f} s")
+    print(
+        f"throughput: {rate:,.0f} points/s in the detector ({det_s:.1f} s); bench wall {wall:.1f} s"
+    )
     speed_line()
     if args.verbose:
         for x, a, name in sorted(lat, key=lambda v: -(v[0] - v[1])):

@@ -54,19 +54,43 @@ def free_port() -> int:
 
 
 def run_one(interval: float, seconds: float, n_gpus: int, tmp: Path) -> dict[str, float]:
-    holders = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(100000)"],
-                                env=dict(os.environ, SLURM_JOB_ID=str(5000 + i // 4)))
-               for i in range(n_gpus)]
-    scn = Scenario(gpus=[FakeGPU(pattern=Pattern.burst(period_s=0.7, duty=0.6, phase_s=i * 0.05),
-                                 processes=[Process(pid=holders[i].pid)])
-                         for i in range(n_gpus)])
+    holders = [
+        subprocess.Popen(
+            [sys.executable, "-c", "import time; time.sleep(100000)"],
+            env=dict(os.environ, SLURM_JOB_ID=str(5000 + i // 4)),
+        )
+        for i in range(n_gpus)
+    ]
+    scn = Scenario(
+        gpus=[
+            FakeGPU(
+                pattern=Pattern.burst(period_s=0.7, duty=0.6, phase_s=i * 0.05),
+                processes=[Process(pid=holders[i].pid)],
+            )
+            for i in range(n_gpus)
+        ]
+    )
     path = write_scenario(tmp / f"scenario-{interval}.txt", scn)
     port = free_port()
     log = tmp / f"gpumon-{interval}.jsonl"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gpumon", "serve", "--config", os.devnull, "--listen",
-         f"127.0.0.1:{port}", "--interval", str(interval), "--log", str(log)],
-        env=fake_env(path), stderr=subprocess.DEVNULL)
+        [
+            sys.executable,
+            "-m",
+            "gpumon",
+            "serve",
+            "--config",
+            os.devnull,
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--interval",
+            str(interval),
+            "--log",
+            str(log),
+        ],
+        env=fake_env(path),
+        stderr=subprocess.DEVNULL,
+    )
     url = f"http://127.0.0.1:{port}/metrics"
     try:
         time.sleep(15)  # warm-up: imports, first windows, detector start-up
@@ -120,17 +144,23 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as d:
         for interval in args.intervals:
             rows.append(run_one(interval, args.seconds, args.gpus, Path(d)))
-    print(f"gpumon serve, {args.gpus} fake GPUs, {args.seconds:.0f} s measured per row, "
-          f"{os.cpu_count()} CPUs")
-    print("| interval | CPU (% of a core) | target | RSS start -> end (max) MB | target | "
-          "scrape p50 / max ms | target | /metrics size |")
+    print(
+        f"gpumon serve, {args.gpus} fake GPUs, {args.seconds:.0f} s measured per row, "
+        f"{os.cpu_count()} CPUs"
+    )
+    print(
+        "| interval | CPU (% of a core) | target | RSS start -> end (max) MB | target | "
+        "scrape p50 / max ms | target | /metrics size |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         cpu_target = "< 1 %" if r["interval_s"] >= 1.0 else "-"
-        print(f"| {r['interval_s']:g} s | {r['cpu_pct']:.2f} | {cpu_target} | "
-              f"{r['rss_start_mb']:.1f} -> {r['rss_end_mb']:.1f} ({r['rss_max_mb']:.1f}) | "
-              f"< 80, flat | {r['scrape_p50_ms']:.1f} / {r['scrape_max_ms']:.1f} | < 20 | "
-              f"{r['body_kb']:.0f} KiB |")
+        print(
+            f"| {r['interval_s']:g} s | {r['cpu_pct']:.2f} | {cpu_target} | "
+            f"{r['rss_start_mb']:.1f} -> {r['rss_end_mb']:.1f} ({r['rss_max_mb']:.1f}) | "
+            f"< 80, flat | {r['scrape_p50_ms']:.1f} / {r['scrape_max_ms']:.1f} | < 20 | "
+            f"{r['body_kb']:.0f} KiB |"
+        )
     for r in rows:
         trace = " ".join(f"{x:.1f}" for x in r["rss_trace"])
         print(f"RSS per minute at {r['interval_s']:g} s (MB): {trace}")

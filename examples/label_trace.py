@@ -35,8 +35,9 @@ def read_phases(path: str) -> list[dict[str, Any]]:
             if obj.get("event") == "phase_start":
                 starts[obj["phase"]] = obj["mono_s"]
             elif obj.get("event") == "phase_end" and obj["phase"] in starts:
-                phases.append({"phase": obj["phase"], "start": starts.pop(obj["phase"]),
-                               "end": obj["mono_s"]})
+                phases.append(
+                    {"phase": obj["phase"], "start": starts.pop(obj["phase"]), "end": obj["mono_s"]}
+                )
     return sorted(phases, key=lambda p: p["start"])
 
 
@@ -57,8 +58,11 @@ def label(trace_in: str, phases_in: str, trace_out: str) -> int:
             writer.write(snap)
             last = snap.t_s
         for p in phases:  # phases that started after the last tick: outside the recording
-            print(f"label_trace: phase {p['phase']} starts after the recording's last tick "
-                  f"({p['start']:.1f} > {last}); skipped", file=sys.stderr)
+            print(
+                f"label_trace: phase {p['phase']} starts after the recording's last tick "
+                f"({p['start']:.1f} > {last}); skipped",
+                file=sys.stderr,
+            )
     return placed
 
 

@@ -61,8 +61,14 @@ PHASE_LOG: list[Any] = []  # extra files the JSON lines also go to (--phase-log)
 
 def emit(event: str, **data: Any) -> None:
     """One JSON line on stdout, flushed at once (a recorder may be reading it live)."""
-    line = json.dumps({"event": event, "wall_s": round(time.time(), 3),
-                       "mono_s": round(time.monotonic(), 3), **data})
+    line = json.dumps(
+        {
+            "event": event,
+            "wall_s": round(time.time(), 3),
+            "mono_s": round(time.monotonic(), 3),
+            **data,
+        }
+    )
     print(line, flush=True)
     for f in PHASE_LOG:
         f.write(line + "\n")
@@ -81,7 +87,8 @@ def _phases(text: str) -> tuple[str, ...]:
     bad = [p for p in names if p not in PHASES]
     if bad or not names:
         raise argparse.ArgumentTypeError(
-            f"unknown phase {', '.join(bad) or '(none)'}; choose from {', '.join(PHASES)}")
+            f"unknown phase {', '.join(bad) or '(none)'}; choose from {', '.join(PHASES)}"
+        )
     return names
 
 
@@ -94,6 +101,7 @@ def _positive(kind: type) -> Any:
         if not value > 0:
             raise argparse.ArgumentTypeError(f"must be greater than 0: {text!r}")
         return value
+
     return check
 
 
@@ -106,34 +114,79 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "PyTorch and a CUDA GPU.",
         epilog="phases: " + "; ".join(f"{k}: {v}" for k, v in PHASE_HELP.items()),
     )
-    p.add_argument("--phases", type=_phases, default=PHASES, metavar="LIST",
-                   help=f"comma-separated phases to run in order (default: {','.join(PHASES)})")
-    p.add_argument("--phase-seconds", type=_positive(float), default=30.0, metavar="N",
-                   help="seconds per phase (default 30)")
-    p.add_argument("--device", default="cuda",
-                   help="torch device (default cuda, i.e. the current CUDA GPU)")
+    p.add_argument(
+        "--phases",
+        type=_phases,
+        default=PHASES,
+        metavar="LIST",
+        help=f"comma-separated phases to run in order (default: {','.join(PHASES)})",
+    )
+    p.add_argument(
+        "--phase-seconds",
+        type=_positive(float),
+        default=30.0,
+        metavar="N",
+        help="seconds per phase (default 30)",
+    )
+    p.add_argument(
+        "--device", default="cuda", help="torch device (default cuda, i.e. the current CUDA GPU)"
+    )
     p.add_argument("--batch-size", type=_positive(int), default=64)
-    p.add_argument("--image-size", type=_positive(int), default=128,
-                   help="synthetic images are 3 x N x N (default 128)")
-    p.add_argument("--width", type=_positive(int), default=128,
-                   help="channels of the conv net's first stage (default 128)")
-    p.add_argument("--burst-ms", type=_positive(float), default=300.0,
-                   help="GPU time per loaded batch in the starved phases (default 300 ms: "
-                   "longer than the driver's 1/6 s sample period, so bursts show)")
-    p.add_argument("--duty", type=_positive(float), default=0.35,
-                   help="target share of time the GPU is busy when starved (default 0.35)")
-    p.add_argument("--cpu-workers", type=_positive(int), default=3,
-                   help="DataLoader workers in starved-cpu (default 3: too few)")
-    p.add_argument("--io-workers", type=_positive(int), default=2,
-                   help="DataLoader workers in starved-io (default 2)")
-    p.add_argument("--io-chunk-kb", type=_positive(int), default=4,
-                   help="read size in starved-io; small reads make the latency show (default 4)")
-    p.add_argument("--phase-log", metavar="FILE",
-                   help="also write the JSON lines to FILE (handy when stdout is shown by "
-                   "`gpumon watch -- ...`)")
-    p.add_argument("--data-dir", default=None,
-                   help="where starved-io writes its sample files (default: a temporary "
-                   "directory under the current one, since /tmp is often in memory)")
+    p.add_argument(
+        "--image-size",
+        type=_positive(int),
+        default=128,
+        help="synthetic images are 3 x N x N (default 128)",
+    )
+    p.add_argument(
+        "--width",
+        type=_positive(int),
+        default=128,
+        help="channels of the conv net's first stage (default 128)",
+    )
+    p.add_argument(
+        "--burst-ms",
+        type=_positive(float),
+        default=300.0,
+        help="GPU time per loaded batch in the starved phases (default 300 ms: "
+        "longer than the driver's 1/6 s sample period, so bursts show)",
+    )
+    p.add_argument(
+        "--duty",
+        type=_positive(float),
+        default=0.35,
+        help="target share of time the GPU is busy when starved (default 0.35)",
+    )
+    p.add_argument(
+        "--cpu-workers",
+        type=_positive(int),
+        default=3,
+        help="DataLoader workers in starved-cpu (default 3: too few)",
+    )
+    p.add_argument(
+        "--io-workers",
+        type=_positive(int),
+        default=2,
+        help="DataLoader workers in starved-io (default 2)",
+    )
+    p.add_argument(
+        "--io-chunk-kb",
+        type=_positive(int),
+        default=4,
+        help="read size in starved-io; small reads make the latency show (default 4)",
+    )
+    p.add_argument(
+        "--phase-log",
+        metavar="FILE",
+        help="also write the JSON lines to FILE (handy when stdout is shown by "
+        "`gpumon watch -- ...`)",
+    )
+    p.add_argument(
+        "--data-dir",
+        default=None,
+        help="where starved-io writes its sample files (default: a temporary "
+        "directory under the current one, since /tmp is often in memory)",
+    )
     return p.parse_args(argv)
 
 
@@ -217,8 +270,15 @@ def read_file(path: str, chunk: int, mode: str, delay_s: float = 0.0) -> bytes:
 class FileImages:
     """Samples stored one per file; each read goes past the page cache (see read_file)."""
 
-    def __init__(self, paths: Sequence[str], size: int, chunk: int, mode: str,
-                 delay_s: float, length: int = 1 << 30) -> None:
+    def __init__(
+        self,
+        paths: Sequence[str],
+        size: int,
+        chunk: int,
+        mode: str,
+        delay_s: float,
+        length: int = 1 << 30,
+    ) -> None:
         self.paths = list(paths)
         self.size = size
         self.chunk = chunk
@@ -238,8 +298,9 @@ class FileImages:
         return img.view(3, self.size, self.size), index % 10
 
 
-def write_sample_files(directory: str, count: int, size_bytes: int,
-                       prefix: str = "sample") -> list[str]:
+def write_sample_files(
+    directory: str, count: int, size_bytes: int, prefix: str = "sample"
+) -> list[str]:
     """``count`` files of random bytes, synced to disk and dropped from the page cache."""
     paths = []
     block = os.urandom(min(size_bytes, 1 << 20))
@@ -283,14 +344,23 @@ def build_model(torch: Any, width: int) -> Any:
     nn = torch.nn
 
     def block(cin: int, cout: int, stride: int) -> Any:
-        return nn.Sequential(nn.Conv2d(cin, cout, 3, stride, 1, bias=False),
-                             nn.BatchNorm2d(cout), nn.ReLU(inplace=True))
+        return nn.Sequential(
+            nn.Conv2d(cin, cout, 3, stride, 1, bias=False),
+            nn.BatchNorm2d(cout),
+            nn.ReLU(inplace=True),
+        )
 
     w = width
     return nn.Sequential(
-        block(3, w, 2), block(w, w, 1), block(w, 2 * w, 2), block(2 * w, 2 * w, 1),
-        block(2 * w, 4 * w, 2), block(4 * w, 4 * w, 1),
-        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4 * w, 10),
+        block(3, w, 2),
+        block(w, w, 1),
+        block(w, 2 * w, 2),
+        block(2 * w, 2 * w, 1),
+        block(2 * w, 4 * w, 2),
+        block(4 * w, 4 * w, 1),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(4 * w, 10),
     )
 
 
@@ -392,8 +462,11 @@ def calibrate(args: argparse.Namespace, torch: Any, trainer: Trainer) -> dict[st
         return max(1, math.ceil((per_sample_s - base_s) / pass_s))
 
     plan: dict[str, Any] = {
-        "step_s": round(step_s, 5), "steps_per_batch": repeats, "burst_s": round(burst_s, 4),
-        "batch_period_s": round(batch_period_s, 4), "augment_base_s": round(base_s, 6),
+        "step_s": round(step_s, 5),
+        "steps_per_batch": repeats,
+        "burst_s": round(burst_s, 4),
+        "batch_period_s": round(batch_period_s, 4),
+        "augment_base_s": round(base_s, 6),
         "augment_pass_s": round(pass_s, 6),
         "cpu_passes": passes_for(batch_period_s * args.cpu_workers / b),
         "gil_passes": passes_for(batch_period_s / b),
@@ -410,16 +483,24 @@ def plan_io(args: argparse.Namespace, plan: dict[str, Any], directory: str) -> d
     min_reads = math.ceil(image / chunk)
     delay = 0.0
     if mode == "throttled":
-        note(f"no disk reachable under {directory} (O_DIRECT refused and reads come from "
-             "memory): starved-io will throttle reads with sleeps, which gpumon cannot tell "
-             "from other waiting")
+        note(
+            f"no disk reachable under {directory} (O_DIRECT refused and reads come from "
+            "memory): starved-io will throttle reads with sleeps, which gpumon cannot tell "
+            "from other waiting"
+        )
         reads = min_reads
         delay = per_sample_s / reads
     else:
         reads = max(min_reads, math.ceil(per_sample_s / per_read))
     reads = min(reads, (8 << 20) // chunk)  # at most 8 MiB per sample file
-    return {"io_mode": mode, "io_read_s": round(per_read, 7), "io_reads_per_sample": reads,
-            "io_file_bytes": reads * chunk, "io_delay_s": delay, "io_files": 48}
+    return {
+        "io_mode": mode,
+        "io_read_s": round(per_read, 7),
+        "io_reads_per_sample": reads,
+        "io_file_bytes": reads * chunk,
+        "io_delay_s": delay,
+        "io_files": 48,
+    }
 
 
 # --- phases --------------------------------------------------------------------------------
@@ -430,8 +511,9 @@ def batches(loader: Any) -> Iterator[Any]:
         yield from loader
 
 
-def run_loader_phase(torch: Any, trainer: Trainer, loader: Any, repeats: int,
-                     until: float) -> dict[str, Any]:
+def run_loader_phase(
+    torch: Any, trainer: Trainer, loader: Any, repeats: int, until: float
+) -> dict[str, Any]:
     n = 0
     for images, labels in batches(loader):
         x, y = trainer.to_input(images, labels)
@@ -442,8 +524,9 @@ def run_loader_phase(torch: Any, trainer: Trainer, loader: Any, repeats: int,
     return {"batches": n}
 
 
-def phase_healthy(torch: Any, trainer: Trainer, args: argparse.Namespace,
-                  plan: dict[str, Any], until: float) -> dict[str, Any]:
+def phase_healthy(
+    torch: Any, trainer: Trainer, args: argparse.Namespace, plan: dict[str, Any], until: float
+) -> dict[str, Any]:
     b, s = args.batch_size, args.image_size
     x = torch.randint(0, 256, (b, 3, s, s), dtype=torch.uint8)
     xg, yg = trainer.to_input(x, torch.randint(0, 10, (b,)))
@@ -457,25 +540,33 @@ def phase_healthy(torch: Any, trainer: Trainer, args: argparse.Namespace,
 def _loader(torch: Any, dataset: Any, args: argparse.Namespace, workers: int) -> Any:
     from torch.utils.data import DataLoader
 
-    return DataLoader(dataset, batch_size=args.batch_size, shuffle=False,
-                      num_workers=workers, pin_memory=trainer_is_cuda(args),
-                      prefetch_factor=2 if workers else None, persistent_workers=False)
+    return DataLoader(
+        dataset,
+        batch_size=args.batch_size,
+        shuffle=False,
+        num_workers=workers,
+        pin_memory=trainer_is_cuda(args),
+        prefetch_factor=2 if workers else None,
+        persistent_workers=False,
+    )
 
 
 def trainer_is_cuda(args: argparse.Namespace) -> bool:
     return str(args.device).startswith("cuda")
 
 
-def phase_starved_cpu(torch: Any, trainer: Trainer, args: argparse.Namespace,
-                      plan: dict[str, Any], until: float) -> dict[str, Any]:
+def phase_starved_cpu(
+    torch: Any, trainer: Trainer, args: argparse.Namespace, plan: dict[str, Any], until: float
+) -> dict[str, Any]:
     data = AugmentedImages(args.image_size, plan["cpu_passes"])
     loader = _loader(torch, data, args, args.cpu_workers)
     out = run_loader_phase(torch, trainer, loader, plan["steps_per_batch"], until)
     return {**out, "workers": args.cpu_workers, "passes": plan["cpu_passes"]}
 
 
-def phase_starved_gil(torch: Any, trainer: Trainer, args: argparse.Namespace,
-                      plan: dict[str, Any], until: float) -> dict[str, Any]:
+def phase_starved_gil(
+    torch: Any, trainer: Trainer, args: argparse.Namespace, plan: dict[str, Any], until: float
+) -> dict[str, Any]:
     data = AugmentedImages(args.image_size, plan["gil_passes"])
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # one core, as Python-side preprocessing would be
@@ -487,17 +578,24 @@ def phase_starved_gil(torch: Any, trainer: Trainer, args: argparse.Namespace,
     return {**out, "workers": 0, "passes": plan["gil_passes"]}
 
 
-def phase_starved_io(torch: Any, trainer: Trainer, args: argparse.Namespace,
-                     plan: dict[str, Any], until: float) -> dict[str, Any]:
-    data = FileImages(plan["io_paths"], args.image_size, args.io_chunk_kb * 1024,
-                      plan["io_mode"], plan["io_delay_s"])
+def phase_starved_io(
+    torch: Any, trainer: Trainer, args: argparse.Namespace, plan: dict[str, Any], until: float
+) -> dict[str, Any]:
+    data = FileImages(
+        plan["io_paths"],
+        args.image_size,
+        args.io_chunk_kb * 1024,
+        plan["io_mode"],
+        plan["io_delay_s"],
+    )
     loader = _loader(torch, data, args, args.io_workers)
     out = run_loader_phase(torch, trainer, loader, plan["steps_per_batch"], until)
     return {**out, "workers": args.io_workers, "io_mode": plan["io_mode"]}
 
 
-def phase_busy_wait(torch: Any, trainer: Trainer, args: argparse.Namespace,
-                    plan: dict[str, Any], until: float) -> dict[str, Any]:
+def phase_busy_wait(
+    torch: Any, trainer: Trainer, args: argparse.Namespace, plan: dict[str, Any], until: float
+) -> dict[str, Any]:
     if not trainer.cuda or not hasattr(torch.cuda, "_sleep"):
         time.sleep(max(0.0, until - time.monotonic()))
         return {"spins": 0, "note": "no GPU (or no torch.cuda._sleep): nothing spun"}
@@ -538,12 +636,16 @@ def load_torch(device: str) -> Any:
     try:
         import torch
     except ImportError:
-        note("PyTorch is not installed, and this lab needs PyTorch with a CUDA GPU "
-             "(pip install torch).")
+        note(
+            "PyTorch is not installed, and this lab needs PyTorch with a CUDA GPU "
+            "(pip install torch)."
+        )
         return None
     if device.startswith("cuda") and not torch.cuda.is_available():
-        note("no CUDA GPU is available to PyTorch (torch.cuda.is_available() is False), and "
-             "this lab needs one to starve.")
+        note(
+            "no CUDA GPU is available to PyTorch (torch.cuda.is_available() is False), and "
+            "this lab needs one to starve."
+        )
         return None
     return torch
 
@@ -576,10 +678,16 @@ def run(args: argparse.Namespace, torch: Any) -> int:
     else:
         note(f"running on {device}: the lab's plumbing only; there is no GPU to starve")
     trainer = Trainer(torch, device, args.width)
-    emit("lab_start", pid=os.getpid(), phases=list(args.phases),
-         phase_seconds=args.phase_seconds, device=str(device),
-         gpu=torch.cuda.get_device_name(device) if trainer.cuda else None,
-         torch=torch.__version__, argv=sys.argv[1:])
+    emit(
+        "lab_start",
+        pid=os.getpid(),
+        phases=list(args.phases),
+        phase_seconds=args.phase_seconds,
+        device=str(device),
+        gpu=torch.cuda.get_device_name(device) if trainer.cuda else None,
+        torch=torch.__version__,
+        argv=sys.argv[1:],
+    )
     plan = calibrate(args, torch, trainer)
     if trainer.cuda and "busy-wait" in args.phases and hasattr(torch.cuda, "_sleep"):
         plan["spin_cycles"] = spin_cycles(torch)
@@ -588,8 +696,7 @@ def run(args: argparse.Namespace, torch: Any) -> int:
         if "starved-io" in args.phases:
             io_dir = tempfile.mkdtemp(prefix="starvation-lab-", dir=args.data_dir or ".")
             plan.update(plan_io(args, plan, io_dir))
-            plan["io_paths"] = write_sample_files(io_dir, plan["io_files"],
-                                                  plan["io_file_bytes"])
+            plan["io_paths"] = write_sample_files(io_dir, plan["io_files"], plan["io_file_bytes"])
         emit("calibration", **{k: v for k, v in plan.items() if k != "io_paths"})
         trainer.drain()
         for name in args.phases:
@@ -601,9 +708,14 @@ def run(args: argparse.Namespace, torch: Any) -> int:
             trainer.drain()  # this phase's GPU work must not spill into the next
             elapsed = time.monotonic() - start
             steps = trainer.steps - steps0
-            emit("phase_end", phase=name, seconds=round(elapsed, 3), steps=steps,
-                 images_per_s=round(stats.get("batches", 0) * args.batch_size / elapsed, 1),
-                 **stats)
+            emit(
+                "phase_end",
+                phase=name,
+                seconds=round(elapsed, 3),
+                steps=steps,
+                images_per_s=round(stats.get("batches", 0) * args.batch_size / elapsed, 1),
+                **stats,
+            )
     except KeyboardInterrupt:
         note("interrupted")
         return 130

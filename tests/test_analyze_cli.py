@@ -43,7 +43,11 @@ def gpumon(*args: str | os.PathLike[str]) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     return subprocess.run(
         [sys.executable, "-m", "gpumon", "analyze", *map(str, args)],
-        capture_output=True, text=True, timeout=120, env=env, cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        cwd=ROOT,
     )
 
 
@@ -98,8 +102,7 @@ def test_utf16_crlf_log(tmp_path: Path) -> None:
     path.write_bytes(text.replace("\n", "\r\n").encode("utf-16"))
     proc = gpumon(path, "--json")
     assert proc.returncode == 0, proc.stderr
-    assert json.loads(proc.stdout) == json.loads(gpumon(LOGS / "dmon_default.txt",
-                                                        "--json").stdout)
+    assert json.loads(proc.stdout) == json.loads(gpumon(LOGS / "dmon_default.txt", "--json").stdout)
 
 
 def test_malformed_line_reports_valid_part_then_fails() -> None:
@@ -151,11 +154,17 @@ def test_gpumon_trace(tmp_path: Path) -> None:
         assert doc["verdict"] == "starved"
 
 
-@pytest.mark.parametrize("part, field, value", [("gpu", "power_watts", '"high"'),
-                                                ("gpu", "util_samples", '[["a", 5]]'),
-                                                ("host", "cpu_pct", "[97]")])
-def test_a_string_where_a_number_belongs_names_the_line(tmp_path: Path, part: str, field: str,
-                                                         value: str) -> None:
+@pytest.mark.parametrize(
+    "part, field, value",
+    [
+        ("gpu", "power_watts", '"high"'),
+        ("gpu", "util_samples", '[["a", 5]]'),
+        ("host", "cpu_pct", "[97]"),
+    ],
+)
+def test_a_string_where_a_number_belongs_names_the_line(
+    tmp_path: Path, part: str, field: str, value: str
+) -> None:
     """JSON can hold any type anywhere: a wrong one mid-trace gets the report of the ticks
     before it and an error naming its line, not a traceback from inside the detector."""
     from gpumon.lab.synth import generate
@@ -185,8 +194,11 @@ def test_the_documented_example_report_is_what_gpumon_prints(doc: str) -> None:
     (in order), so it cannot drift from what users will see."""
     text = (ROOT / doc).read_text(encoding="utf-8")
     start = text.index("gpumon analysis · nvidia-smi-csv · 2 GPU(s)")
-    shown = [ln for ln in text[start:text.index("```", start)].splitlines()
-             if ln.strip() and ln.strip() != "..."]
+    shown = [
+        ln
+        for ln in text[start : text.index("```", start)].splitlines()
+        if ln.strip() and ln.strip() != "..."
+    ]
     proc = gpumon(LOGS / "nvsmi_units_index.csv")
     assert proc.returncode == 0, proc.stderr
     printed = proc.stdout.splitlines()

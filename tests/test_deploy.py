@@ -90,8 +90,9 @@ def test_logrotate_snippet_dry_runs(tmp_path: Path) -> None:
     conf = tmp_path / "gpumon.logrotate"
     conf.write_text(LOGROTATE.read_text().replace("/var/log/gpumon", str(logdir)))
     conf.chmod(0o644)
-    res = subprocess.run([logrotate, "-d", "-s", str(tmp_path / "state"), str(conf)],
-                         capture_output=True, text=True)
+    res = subprocess.run(
+        [logrotate, "-d", "-s", str(tmp_path / "state"), str(conf)], capture_output=True, text=True
+    )
     assert res.returncode == 0, res.stdout + res.stderr
     assert "error" not in (res.stdout + res.stderr).lower(), res.stdout + res.stderr
     assert "--signal=HUP" in LOGROTATE.read_text()
@@ -107,8 +108,7 @@ def test_example_config_parses_to_the_documented_defaults() -> None:
 # --------------------------------------------------------------------------- Prometheus
 def test_rules_pass_promtool_check() -> None:
     promtool = tool("promtool", "prometheus")
-    res = subprocess.run([promtool, "check", "rules", str(RULES)], capture_output=True,
-                         text=True)
+    res = subprocess.run([promtool, "check", "rules", str(RULES)], capture_output=True, text=True)
     assert res.returncode == 0, res.stdout + res.stderr
 
 
@@ -116,8 +116,12 @@ def test_rules_pass_their_unit_tests() -> None:
     promtool = tool("promtool", "prometheus")
     tests = sorted(RULE_TESTS.glob("*.yml"))
     assert tests
-    res = subprocess.run([promtool, "test", "rules", *map(str, tests)], capture_output=True,
-                         text=True, cwd=RULE_TESTS)
+    res = subprocess.run(
+        [promtool, "test", "rules", *map(str, tests)],
+        capture_output=True,
+        text=True,
+        cwd=RULE_TESTS,
+    )
     assert res.returncode == 0, res.stdout + res.stderr
     # Every alert has at least one test that expects it to fire.
     alerts = re.findall(r"^\s*- alert:\s*(\S+)", RULES.read_text(), re.M)
@@ -138,8 +142,7 @@ def test_scrape_config_passes_promtool(tmp_path: Path) -> None:
     shutil.copy(RULES, tmp_path / RULES.name)
     conf = tmp_path / "prometheus.yml"
     conf.write_text(text)
-    res = subprocess.run([promtool, "check", "config", str(conf)], capture_output=True,
-                         text=True)
+    res = subprocess.run([promtool, "check", "config", str(conf)], capture_output=True, text=True)
     assert res.returncode == 0, res.stdout + res.stderr
 
 
@@ -165,8 +168,12 @@ def metric_names_in(expr: str) -> set[str]:
 def test_rules_use_only_exported_metrics() -> None:
     known = exported_series_names() | recorded_names()
     (rules,) = load_yaml_all(RULES)
-    assert recorded_names() == {r["record"] for g in rules["groups"]  # type: ignore[index]
-                                for r in g["rules"] if "record" in r}
+    assert recorded_names() == {
+        r["record"]
+        for g in rules["groups"]  # type: ignore[index]
+        for r in g["rules"]
+        if "record" in r
+    }
     for g in rules["groups"]:  # type: ignore[index]
         for r in g["rules"]:
             unknown = metric_names_in(r["expr"]) - known
@@ -204,8 +211,13 @@ def test_dashboard_is_valid_and_queries_only_exported_metrics() -> None:
         assert names <= known, f"{names - known} in {e!r}"
         used |= names
     # The dashboard shows what the issue asks for: states, gaps, lost GPU-hours, jobs.
-    for needed in ("gpumon_gpu_state", "gpumon_job_state", "gpumon_gpu_idle_gap_seconds_bucket",
-                   "gpumon_lost_gpu_seconds_total", "hpc_job:gpumon_gpu_waiting:ratio_rate5m"):
+    for needed in (
+        "gpumon_gpu_state",
+        "gpumon_job_state",
+        "gpumon_gpu_idle_gap_seconds_bucket",
+        "gpumon_lost_gpu_seconds_total",
+        "hpc_job:gpumon_gpu_waiting:ratio_rate5m",
+    ):
         assert needed in used, needed
     for p in panels:
         if p["type"] != "row":

@@ -48,18 +48,27 @@ def const(u: float) -> Callable[[float], float]:
 
 def tree(main: float, workers: list[float], t: float) -> ProcTreeSample:
     procs = [ProcessSample(100, 1, "python", main, 8, 0.0, 0.0, "running")]
-    procs += [ProcessSample(101 + k, 100, "worker", c, 1, 0.0, 0.0, "sleeping")
-              for k, c in enumerate(workers)]
+    procs += [
+        ProcessSample(101 + k, 100, "worker", c, 1, 0.0, 0.0, "sleeping")
+        for k, c in enumerate(workers)
+    ]
     return ProcTreeSample(t, 100, tuple(procs))
 
 
-def stream(util: Callable[[float], float] | list[Callable[[float], float]], seconds: float,
-           *, period: float = 1 / 6, fine: bool = True, power: bool = True,
-           processes: bool | None = True, mem: bool = True,
-           power_fn: Callable[[int, float, float], float] | None = None,
-           host: Callable[[float], HostSample | None] | None = None,
-           proc_tree: Callable[[float], ProcTreeSample | None] | None = None,
-           t0: float = 1000.0) -> list[Snapshot]:
+def stream(
+    util: Callable[[float], float] | list[Callable[[float], float]],
+    seconds: float,
+    *,
+    period: float = 1 / 6,
+    fine: bool = True,
+    power: bool = True,
+    processes: bool | None = True,
+    mem: bool = True,
+    power_fn: Callable[[int, float, float], float] | None = None,
+    host: Callable[[float], HostSample | None] | None = None,
+    proc_tree: Callable[[float], ProcTreeSample | None] | None = None,
+    t0: float = 1000.0,
+) -> list[Snapshot]:
     """One-second ticks; driver points every ``period`` s with the mean util of each period."""
     fns = util if isinstance(util, list) else [util]
     snaps = []
@@ -80,24 +89,44 @@ def stream(util: Callable[[float], float] | list[Callable[[float], float]], seco
             pw = None
             if power:
                 pw = power_fn(i, t, u_tick) if power_fn else 40.0 + 3.2 * u_tick
-            procs = None if processes is None else (
-                (GpuProcess(500 + i, 20 * GIB),) if processes else ())
-            gpus.append(GpuSample(
-                t0 + t, i, f"GPU-{i}", util_samples=tuple(pts), util_pct=u_tick,
-                mem_used_bytes=(20 * GIB if processes is not False else 300 * 1024**2)
-                if mem else None,
-                mem_total_bytes=80 * GIB if mem else None,
-                power_watts=pw, power_limit_watts=LIMIT if power else None,
-                processes=procs))
-        snaps.append(Snapshot(t0 + t, tuple(gpus),
-                              host(t) if host else None, proc_tree(t0 + t) if proc_tree else None))
+            procs = (
+                None
+                if processes is None
+                else ((GpuProcess(500 + i, 20 * GIB),) if processes else ())
+            )
+            gpus.append(
+                GpuSample(
+                    t0 + t,
+                    i,
+                    f"GPU-{i}",
+                    util_samples=tuple(pts),
+                    util_pct=u_tick,
+                    mem_used_bytes=(20 * GIB if processes is not False else 300 * 1024**2)
+                    if mem
+                    else None,
+                    mem_total_bytes=80 * GIB if mem else None,
+                    power_watts=pw,
+                    power_limit_watts=LIMIT if power else None,
+                    processes=procs,
+                )
+            )
+        snaps.append(
+            Snapshot(
+                t0 + t,
+                tuple(gpus),
+                host(t) if host else None,
+                proc_tree(t0 + t) if proc_tree else None,
+            )
+        )
     return snaps
 
 
-def run(snaps: list[Snapshot], config: DetectorConfig | None = None,
-        n: int | None = None) -> tuple[Detector, list[Episode], list[tuple[float, Episode]]]:
-    gpus = [GpuIdentity(i, f"GPU-{i}", power_limit_watts=LIMIT)
-            for i in range(n or len(snaps[0].gpus))]
+def run(
+    snaps: list[Snapshot], config: DetectorConfig | None = None, n: int | None = None
+) -> tuple[Detector, list[Episode], list[tuple[float, Episode]]]:
+    gpus = [
+        GpuIdentity(i, f"GPU-{i}", power_limit_watts=LIMIT) for i in range(n or len(snaps[0].gpus))
+    ]
     det = Detector(config, gpus)
     opened: list[tuple[float, Episode]] = []
     closed: list[Episode] = []
@@ -129,15 +158,23 @@ def test_healthy_run_is_healthy_with_no_advice() -> None:
     assert v.cause is None
 
 
-@pytest.mark.parametrize(("cause", "main", "workers", "cpu", "iowait"), [
-    (Cause.CPU, 30.0, [98.0, 97.0, 99.0, 96.0], 30.0, 0.5),
-    (Cause.GIL, 99.0, [1.0, 0.5], 8.0, 0.5),
-    (Cause.IO, 25.0, [20.0, 15.0], 10.0, 35.0),
-])
-def test_starved_with_each_cause(cause: Cause, main: float, workers: list[float],
-                                 cpu: float, iowait: float) -> None:
-    snaps = stream(square(0.4, 0.6), 120, host=host_cpu(cpu, iowait),
-                   proc_tree=lambda t: tree(main, workers, t))
+@pytest.mark.parametrize(
+    ("cause", "main", "workers", "cpu", "iowait"),
+    [
+        (Cause.CPU, 30.0, [98.0, 97.0, 99.0, 96.0], 30.0, 0.5),
+        (Cause.GIL, 99.0, [1.0, 0.5], 8.0, 0.5),
+        (Cause.IO, 25.0, [20.0, 15.0], 10.0, 35.0),
+    ],
+)
+def test_starved_with_each_cause(
+    cause: Cause, main: float, workers: list[float], cpu: float, iowait: float
+) -> None:
+    snaps = stream(
+        square(0.4, 0.6),
+        120,
+        host=host_cpu(cpu, iowait),
+        proc_tree=lambda t: tree(main, workers, t),
+    )
     det, _, _ = run(snaps)
     g = det.verdict().gpus[0]
     assert g.state is State.STARVED
@@ -160,8 +197,9 @@ def test_starved_without_host_data_has_unknown_cause() -> None:
 
 
 def test_cpu_advice_names_workers() -> None:
-    snaps = stream(square(0.4, 0.6), 90, host=host_cpu(40),
-                   proc_tree=lambda t: tree(30, [99, 98], t))
+    snaps = stream(
+        square(0.4, 0.6), 90, host=host_cpu(40), proc_tree=lambda t: tree(30, [99, 98], t)
+    )
     det, _, _ = run(snaps)
     assert any("num_workers" in a for a in det.verdict().advice)
 
@@ -185,9 +223,18 @@ def test_idle_with_memory_allocated_after_work() -> None:
 def test_silent_buffer_with_low_power_reads_as_idle() -> None:
     """NVML's buffer runs dry on an idle GPU: no points, util_pct unknown, power low."""
     snaps = stream(const(0), 60, fine=False, processes=False)
-    snaps = [Snapshot(s.t_s, tuple(GpuSample(g.t_s, g.gpu, g.uuid, power_watts=30.0,
-                                             power_limit_watts=LIMIT, processes=())
-                                   for g in s.gpus)) for s in snaps]
+    snaps = [
+        Snapshot(
+            s.t_s,
+            tuple(
+                GpuSample(
+                    g.t_s, g.gpu, g.uuid, power_watts=30.0, power_limit_watts=LIMIT, processes=()
+                )
+                for g in s.gpus
+            ),
+        )
+        for s in snaps
+    ]
     det, _, _ = run(snaps)
     assert det.verdict().gpus[0].state is State.IDLE
 
@@ -197,16 +244,48 @@ def test_quiet_buffer_after_the_job_exits_is_idle_within_seconds() -> None:
     goes quiet while the instantaneous reading still lags at 30 %.  That is idle, at once,
     and the stand-in readings must not stretch the driver-period estimate."""
     snaps = stream(const(98), 120, period=1.0)
-    snaps = [Snapshot(s.t_s, tuple(GpuSample(  # one driver sample every 2 s
-        g.t_s, g.gpu, g.uuid, util_samples=g.util_samples if k % 2 else (),
-        util_pct=g.util_pct, mem_used_bytes=g.mem_used_bytes, mem_total_bytes=g.mem_total_bytes,
-        power_watts=g.power_watts, power_limit_watts=LIMIT, processes=g.processes)
-        for g in s.gpus)) for k, s in enumerate(snaps)]
+    snaps = [
+        Snapshot(
+            s.t_s,
+            tuple(
+                GpuSample(  # one driver sample every 2 s
+                    g.t_s,
+                    g.gpu,
+                    g.uuid,
+                    util_samples=g.util_samples if k % 2 else (),
+                    util_pct=g.util_pct,
+                    mem_used_bytes=g.mem_used_bytes,
+                    mem_total_bytes=g.mem_total_bytes,
+                    power_watts=g.power_watts,
+                    power_limit_watts=LIMIT,
+                    processes=g.processes,
+                )
+                for g in s.gpus
+            ),
+        )
+        for k, s in enumerate(snaps)
+    ]
     end = snaps[59].t_s
-    tail = [Snapshot(s.t_s, tuple(GpuSample(
-        g.t_s, g.gpu, g.uuid, util_pct=30.0 if s.t_s - end <= 3 else 0.0,
-        mem_used_bytes=300 * 1024**2, mem_total_bytes=80 * GIB, power_watts=70.0,
-        power_limit_watts=LIMIT, processes=()) for g in s.gpus)) for s in snaps[60:]]
+    tail = [
+        Snapshot(
+            s.t_s,
+            tuple(
+                GpuSample(
+                    g.t_s,
+                    g.gpu,
+                    g.uuid,
+                    util_pct=30.0 if s.t_s - end <= 3 else 0.0,
+                    mem_used_bytes=300 * 1024**2,
+                    mem_total_bytes=80 * GIB,
+                    power_watts=70.0,
+                    power_limit_watts=LIMIT,
+                    processes=(),
+                )
+                for g in s.gpus
+            ),
+        )
+        for s in snaps[60:]
+    ]
     det, _, opened = run(snaps[:60] + tail)
     idle = [t for t, e in opened if e.gpu == 0 and e.state is State.IDLE and t > end]
     assert idle and idle[0] - end <= 10, idle  # latency target: 10 s
@@ -218,10 +297,23 @@ def test_no_utilisation_reading_with_a_process_is_unknown_not_idle() -> None:
     """Utilisation unsupported (MIG, vGPU) and a process holding the GPU at low power: no
     reading is not 0 %, so the GPU must not be called idle."""
     snaps = stream(const(0), 60, fine=False)
-    snaps = [Snapshot(s.t_s, tuple(GpuSample(g.t_s, g.gpu, g.uuid, power_watts=150.0,
-                                             power_limit_watts=LIMIT,
-                                             processes=(GpuProcess(500),))
-                                   for g in s.gpus)) for s in snaps]
+    snaps = [
+        Snapshot(
+            s.t_s,
+            tuple(
+                GpuSample(
+                    g.t_s,
+                    g.gpu,
+                    g.uuid,
+                    power_watts=150.0,
+                    power_limit_watts=LIMIT,
+                    processes=(GpuProcess(500),),
+                )
+                for g in s.gpus
+            ),
+        )
+        for s in snaps
+    ]
     det, _, _ = run(snaps)
     verdict = det.verdict().gpus[0]
     assert verdict.state is State.UNKNOWN
@@ -234,11 +326,25 @@ def test_nan_utilisation_points_are_ignored() -> None:
     for s in snaps:
         g = s.gpus[0]
         pts = (*g.util_samples[:-1], UtilPoint(g.util_samples[-1].t_s, math.nan))
-        poisoned.append(Snapshot(s.t_s, (GpuSample(
-            g.t_s, g.gpu, g.uuid, util_samples=pts, util_pct=g.util_pct,
-            mem_used_bytes=g.mem_used_bytes, mem_total_bytes=g.mem_total_bytes,
-            power_watts=g.power_watts, power_limit_watts=g.power_limit_watts,
-            processes=g.processes),)))
+        poisoned.append(
+            Snapshot(
+                s.t_s,
+                (
+                    GpuSample(
+                        g.t_s,
+                        g.gpu,
+                        g.uuid,
+                        util_samples=pts,
+                        util_pct=g.util_pct,
+                        mem_used_bytes=g.mem_used_bytes,
+                        mem_total_bytes=g.mem_total_bytes,
+                        power_watts=g.power_watts,
+                        power_limit_watts=g.power_limit_watts,
+                        processes=g.processes,
+                    ),
+                ),
+            )
+        )
     det, _, _ = run(poisoned)
     v = det.verdict().gpus[0]
     assert v.state is State.HEALTHY
@@ -255,8 +361,7 @@ def test_startup_is_reported_as_such_not_starved() -> None:
             return 100.0 if 10 < t < 10.2 or 18 < t < 18.3 else 0.0
         return 97.0
 
-    det, _closed, opened = run(stream(f, 90, host=host_cpu(6),
-                                     proc_tree=lambda t: tree(99, [], t)))
+    det, _closed, opened = run(stream(f, 90, host=host_cpu(6), proc_tree=lambda t: tree(99, [], t)))
     det.finish()
     first = sorted((e for _, e in opened if e.gpu == 0), key=lambda e: e.start_s)
     assert first[0].state is State.IDLE and first[0].note == "start-up"
@@ -367,8 +472,9 @@ def test_coarse_flat_duty_with_process_is_starved_and_says_coarse() -> None:
 
 
 def test_no_utilisation_at_all_is_unknown() -> None:
-    snaps = [Snapshot(float(t), (GpuSample(float(t), 0, "GPU-0", processes=None),))
-             for t in range(60)]
+    snaps = [
+        Snapshot(float(t), (GpuSample(float(t), 0, "GPU-0", processes=None),)) for t in range(60)
+    ]
     det, _, _ = run(snaps)
     g = det.verdict().gpus[0]
     assert g.state is State.UNKNOWN
@@ -411,13 +517,15 @@ def test_straggler_with_busy_waiting_peers() -> None:
     assert len(strag) == 1
     assert v.gpus[0].evidence["straggler_gpu"] == strag[0].gpu
     peers = [g for g in v.gpus if g is not strag[0]]
-    assert all(g.state is State.SYNC_STALL and g.evidence["power_share_of_peak"] < 0.55
-               for g in peers)
+    assert all(
+        g.state is State.SYNC_STALL and g.evidence["power_share_of_peak"] < 0.55 for g in peers
+    )
     assert any("divisible" in a for a in v.advice)
 
 
-@pytest.mark.parametrize(("scenario", "state"), [("sync_pauses", State.SYNC_STALL),
-                                                 ("checkpoint", State.HEALTHY)])
+@pytest.mark.parametrize(
+    ("scenario", "state"), [("sync_pauses", State.SYNC_STALL), ("checkpoint", State.HEALTHY)]
+)
 def test_all_gpu_pauses(scenario: str, state: State) -> None:
     for seed in range(3):
         tr = generate(scenario, seed, gpus=4)
@@ -445,13 +553,27 @@ def test_memory_stays_bounded_on_a_long_stream() -> None:
     sizes = []
     for rep in range(12):  # two hours of stream, phases alternating every 5 minutes
         for s in snaps:
-            det.update(Snapshot(s.t_s + rep * 600, tuple(
-                GpuSample(g.t_s + rep * 600, g.gpu, g.uuid,
-                          tuple(UtilPoint(p.t_s + rep * 600, p.util_pct)
-                                for p in g.util_samples), g.util_pct,
-                          mem_used_bytes=g.mem_used_bytes, mem_total_bytes=g.mem_total_bytes,
-                          power_watts=g.power_watts, processes=g.processes)
-                for g in s.gpus), s.host, s.tree))
+            det.update(
+                Snapshot(
+                    s.t_s + rep * 600,
+                    tuple(
+                        GpuSample(
+                            g.t_s + rep * 600,
+                            g.gpu,
+                            g.uuid,
+                            tuple(UtilPoint(p.t_s + rep * 600, p.util_pct) for p in g.util_samples),
+                            g.util_pct,
+                            mem_used_bytes=g.mem_used_bytes,
+                            mem_total_bytes=g.mem_total_bytes,
+                            power_watts=g.power_watts,
+                            processes=g.processes,
+                        )
+                        for g in s.gpus
+                    ),
+                    s.host,
+                    s.tree,
+                )
+            )
         sizes.append(len(pickle.dumps(det)))
     tr = det._tracks[0]
     assert len(tr.hist) <= cfg.ring_evals
@@ -462,8 +584,18 @@ def test_memory_stays_bounded_on_a_long_stream() -> None:
 
 
 def test_detect_package_is_pure() -> None:
-    banned = {"pynvml", "psutil", "time", "os", "socket", "subprocess", "io", "pathlib",
-              "random", "datetime"}
+    banned = {
+        "pynvml",
+        "psutil",
+        "time",
+        "os",
+        "socket",
+        "subprocess",
+        "io",
+        "pathlib",
+        "random",
+        "datetime",
+    }
     for path in Path(__file__).resolve().parent.parent.joinpath("gpumon", "detect").glob("*.py"):
         tree_ = ast.parse(path.read_text())
         for node in ast.walk(tree_):
@@ -484,8 +616,9 @@ def test_verdict_before_any_data_is_unknown() -> None:
 
 def test_a_lost_gpu_is_unknown_and_says_so() -> None:
     snaps = stream(const(98), 60)
-    snaps += [Snapshot(s.t_s + 60, (GpuSample(s.t_s + 60, 0, "GPU-0", lost=True),))
-              for s in snaps[:20]]
+    snaps += [
+        Snapshot(s.t_s + 60, (GpuSample(s.t_s + 60, 0, "GPU-0", lost=True),)) for s in snaps[:20]
+    ]
     det, _, _ = run(snaps)
     g = det.verdict().gpus[0]
     assert g.state is State.UNKNOWN and "lost" in (g.note or "")

@@ -369,8 +369,9 @@ def test_words_followed_through_updates_match_the_full_verdict(scenario: str) ->
 
 
 @pytest.mark.parametrize("pattern, word", [("burst", "STARV"), ("steady", "ok")])
-def test_first_verdict_comes_from_the_drivers_backlog(fake_nvml, monkeypatch: pytest.MonkeyPatch,
-                                                      pattern: str, word: str) -> None:
+def test_first_verdict_comes_from_the_drivers_backlog(
+    fake_nvml, monkeypatch: pytest.MonkeyPatch, pattern: str, word: str
+) -> None:
     """dstat starts on a GPU that has been working for a while: the driver's buffer holds
     its last ~20 s, which the detector judges at once instead of after 10 s of ticks."""
     from fakenvml import FakeGPU, Pattern, Process, Scenario
@@ -380,8 +381,11 @@ def test_first_verdict_comes_from_the_drivers_backlog(fake_nvml, monkeypatch: py
     fake_nvml.load()
     monkeypatch.setattr(nvml_module, "_init_done", False)
     pat = Pattern.burst(1.0, 0.3) if pattern == "burst" else Pattern.steady(97.0)
-    fake_nvml.set(Scenario(gpus=[FakeGPU(pattern=pat, processes=[Process(4242)])],
-                           epoch=time.monotonic() - 60.0))
+    fake_nvml.set(
+        Scenario(
+            gpus=[FakeGPU(pattern=pat, processes=[Process(4242)])], epoch=time.monotonic() - 60.0
+        )
+    )
     cols = GpuColumns()  # the plugin's own monitor: the NVML sampler through pynvml
     cols.start()
     words = []

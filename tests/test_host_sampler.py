@@ -248,7 +248,9 @@ def test_tree_samplers_share_one_fd_budget_and_keep_the_procfs_path() -> None:
     try:
         res = subprocess.run(
             [sys.executable, "-c", script, str(t.pid), str(t.pid), *map(str, t.workers)],
-            capture_output=True, text=True, timeout=60,
+            capture_output=True,
+            text=True,
+            timeout=60,
         )
         assert res.returncode == 0 and res.stdout.strip() == "ok", res.stdout + res.stderr
     finally:
@@ -344,7 +346,8 @@ def test_host_cpu_is_absent_unless_every_core_was_read(monkeypatch: pytest.Monke
     partial = sampler.sample()
     assert partial.cpu_pct is None and partial.cpu_pct_per_core == ()
     sampler._cpu = before
-    monkeypatch.setattr(host.psutil, "cpu_times",
-                        lambda percpu: [Times(15, 0, 15, 0), Times(12, 0, 18, 0)])
+    monkeypatch.setattr(
+        host.psutil, "cpu_times", lambda percpu: [Times(15, 0, 15, 0), Times(12, 0, 18, 0)]
+    )
     full = sampler.sample()
     assert full.cpu_pct == pytest.approx(35.0) and len(full.cpu_pct_per_core) == 2

@@ -40,8 +40,9 @@ HAVE_CUDA = Path("/dev/nvidia0").exists() or Path("/dev/nvidiactl").exists()
 
 
 def test_help_works_without_torch() -> None:
-    out = subprocess.run([sys.executable, "-c", NO_TORCH, "--help"], capture_output=True,
-                         text=True, timeout=30)
+    out = subprocess.run(
+        [sys.executable, "-c", NO_TORCH, "--help"], capture_output=True, text=True, timeout=30
+    )
     assert out.returncode == 0, out.stderr
     for phase in ("healthy", "starved-cpu", "starved-gil", "starved-io", "busy-wait"):
         assert phase in out.stdout
@@ -49,8 +50,12 @@ def test_help_works_without_torch() -> None:
 
 
 def test_without_torch_it_says_so_in_one_sentence_and_exits_non_zero() -> None:
-    out = subprocess.run([sys.executable, "-c", NO_TORCH, "--phase-seconds", "1"],
-                         capture_output=True, text=True, timeout=30)
+    out = subprocess.run(
+        [sys.executable, "-c", NO_TORCH, "--phase-seconds", "1"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert out.returncode == 2
     assert out.stdout == ""
     lines = out.stderr.strip().splitlines()
@@ -60,8 +65,12 @@ def test_without_torch_it_says_so_in_one_sentence_and_exits_non_zero() -> None:
 
 @pytest.mark.skipif(HAVE_CUDA, reason="a CUDA GPU is present: the lab would run")
 def test_without_cuda_it_says_so_and_exits_non_zero() -> None:
-    out = subprocess.run([sys.executable, str(LAB), "--phase-seconds", "1"],
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, str(LAB), "--phase-seconds", "1"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 2
     assert out.stdout == ""  # no phase was started
     lines = out.stderr.strip().splitlines()
@@ -70,8 +79,12 @@ def test_without_cuda_it_says_so_and_exits_non_zero() -> None:
 
 
 def test_bad_phase_names_are_refused() -> None:
-    out = subprocess.run([sys.executable, "-c", NO_TORCH, "--phases", "healthy,starved-xyz"],
-                         capture_output=True, text=True, timeout=30)
+    out = subprocess.run(
+        [sys.executable, "-c", NO_TORCH, "--phases", "healthy,starved-xyz"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert out.returncode == 2 and "starved-xyz" in out.stderr
 
 
@@ -89,26 +102,51 @@ def test_file_reads_go_past_the_page_cache_or_say_they_cannot(tmp_path: Path) ->
 @pytest.mark.skipif(not HAVE_TORCH, reason="PyTorch is not installed (optional)")
 def test_the_phases_run_in_order_and_print_parseable_times(tmp_path: Path) -> None:
     log = tmp_path / "phases.jsonl"
-    argv = [sys.executable, str(LAB), "--device", "cpu", "--phases",
-            "healthy,starved-gil,starved-cpu", "--phase-seconds", "0.7", "--width", "4",
-            "--image-size", "16", "--batch-size", "4", "--burst-ms", "20",
-            "--cpu-workers", "1", "--phase-log", str(log)]
+    argv = [
+        sys.executable,
+        str(LAB),
+        "--device",
+        "cpu",
+        "--phases",
+        "healthy,starved-gil,starved-cpu",
+        "--phase-seconds",
+        "0.7",
+        "--width",
+        "4",
+        "--image-size",
+        "16",
+        "--batch-size",
+        "4",
+        "--burst-ms",
+        "20",
+        "--cpu-workers",
+        "1",
+        "--phase-log",
+        str(log),
+    ]
     out = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     events = [json.loads(line) for line in out.stdout.splitlines()]
     assert [json.loads(line) for line in log.read_text().splitlines()] == events
     kinds = [(e["event"], e.get("phase")) for e in events]
-    assert kinds == [("lab_start", None), ("calibration", None),
-                     ("phase_start", "healthy"), ("phase_end", "healthy"),
-                     ("phase_start", "starved-gil"), ("phase_end", "starved-gil"),
-                     ("phase_start", "starved-cpu"), ("phase_end", "starved-cpu"),
-                     ("lab_end", None)]
+    assert kinds == [
+        ("lab_start", None),
+        ("calibration", None),
+        ("phase_start", "healthy"),
+        ("phase_end", "healthy"),
+        ("phase_start", "starved-gil"),
+        ("phase_end", "starved-gil"),
+        ("phase_start", "starved-cpu"),
+        ("phase_end", "starved-cpu"),
+        ("lab_end", None),
+    ]
     monos = [e["mono_s"] for e in events]
     assert monos == sorted(monos)
     for start, end in zip(events[2:8:2], events[3:8:2], strict=True):
         assert end["mono_s"] - start["mono_s"] >= 0.7
         assert end["wall_s"] - start["wall_s"] == pytest.approx(
-            end["mono_s"] - start["mono_s"], abs=0.05)
+            end["mono_s"] - start["mono_s"], abs=0.05
+        )
         assert end["batches"] >= 1
     assert events[0]["pid"] > 0
     assert events[1]["gil_passes"] >= 1 and events[1]["cpu_passes"] >= 1
@@ -121,16 +159,26 @@ def test_a_recording_is_labelled_with_the_phases(tmp_path: Path) -> None:
         for i in range(10):
             w.write(Snapshot(t_s=100.0 + i, gpus=(GpuSample(t_s=100.0 + i, gpu=0, uuid="G"),)))
     phases = tmp_path / "phases.jsonl"
-    phases.write_text("\n".join(json.dumps(e) for e in [
-        {"event": "lab_start", "mono_s": 101.2},
-        {"event": "phase_start", "phase": "healthy", "mono_s": 102.5},
-        {"event": "phase_end", "phase": "healthy", "mono_s": 105.5},
-        {"event": "phase_start", "phase": "starved-gil", "mono_s": 105.5},
-        {"event": "phase_end", "phase": "starved-gil", "mono_s": 108.5},
-    ]) + "\nsome warning that is not JSON\n")
+    phases.write_text(
+        "\n".join(
+            json.dumps(e)
+            for e in [
+                {"event": "lab_start", "mono_s": 101.2},
+                {"event": "phase_start", "phase": "healthy", "mono_s": 102.5},
+                {"event": "phase_end", "phase": "healthy", "mono_s": 105.5},
+                {"event": "phase_start", "phase": "starved-gil", "mono_s": 105.5},
+                {"event": "phase_end", "phase": "starved-gil", "mono_s": 108.5},
+            ]
+        )
+        + "\nsome warning that is not JSON\n"
+    )
     out = tmp_path / "lab.jsonl"
-    done = subprocess.run([sys.executable, str(LABEL), str(raw), str(phases), "-o", str(out)],
-                          capture_output=True, text=True, timeout=30)
+    done = subprocess.run(
+        [sys.executable, str(LABEL), str(raw), str(phases), "-o", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert done.returncode == 0, done.stderr
     reader = TraceReader(out)
     snaps = list(reader)
@@ -141,5 +189,6 @@ def test_a_recording_is_labelled_with_the_phases(tmp_path: Path) -> None:
     ]
     lines = out.read_text().splitlines()
     # Each label sits just before the first tick at or after its start.
-    assert json.loads(lines[lines.index(next(x for x in lines if '"healthy"' in x)) + 1])[
-        "t"] == 103.0
+    assert (
+        json.loads(lines[lines.index(next(x for x in lines if '"healthy"' in x)) + 1])["t"] == 103.0
+    )

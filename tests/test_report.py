@@ -84,6 +84,7 @@ def test_timeline_stays_bounded_and_keeps_the_mean() -> None:
 def test_analysis_timeline_buckets_hold_the_utilisation_of_their_own_time() -> None:
     """The report reads the detector's totals only at bucket edges: each bucket must still
     get exactly its own seconds' work (a second GPU appears late and idles)."""
+
     def gpu(t: float, i: int, u: float) -> GpuSample:
         pts = tuple(UtilPoint(t - 1 + (j + 1) / 4, u) for j in range(4))
         return GpuSample(t, i, f"GPU-{i}", util_samples=pts, util_pct=u)
@@ -101,8 +102,10 @@ def test_analysis_timeline_buckets_hold_the_utilisation_of_their_own_time() -> N
     tl = g0.timeline
     for i, u in enumerate(tl.util_series()):
         lo, hi = tl.t0 + i * tl.width, tl.t0 + (i + 1) * tl.width  # type: ignore[operator]
-        want = [100.0 if t <= 300 else 0.0 if t <= 600 else 40.0
-                for t in range(max(1, math.ceil(lo)), min(1000, math.ceil(hi) - 1) + 1)]
+        want = [
+            100.0 if t <= 300 else 0.0 if t <= 600 else 40.0
+            for t in range(max(1, math.ceil(lo)), min(1000, math.ceil(hi) - 1) + 1)
+        ]
         if want and len(set(want)) == 1:  # a bucket wholly inside one phase
             assert u == pytest.approx(want[0], abs=0.5), (i, lo, hi)
     assert g1.timeline.util_series()[-1] == pytest.approx(0.0)
@@ -139,12 +142,23 @@ def _snaps(util, seconds: int) -> list:
 
     out = []
     for k in range(1, seconds + 1):
-        pts = tuple(UtilPoint(k - 1 + (j + 1) / 6, util(k - 1 + (j + 0.5) / 6))
-                    for j in range(6))
+        pts = tuple(UtilPoint(k - 1 + (j + 1) / 6, util(k - 1 + (j + 0.5) / 6)) for j in range(6))
         busy = util(k - 0.5) > 0 or k < 10
-        out.append(Snapshot(float(k), (GpuSample(
-            float(k), 0, "GPU-0", util_samples=pts, util_pct=pts[-1].util_pct,
-            processes=(GpuProcess(7),) if busy else ()),)))
+        out.append(
+            Snapshot(
+                float(k),
+                (
+                    GpuSample(
+                        float(k),
+                        0,
+                        "GPU-0",
+                        util_samples=pts,
+                        util_pct=pts[-1].util_pct,
+                        processes=(GpuProcess(7),) if busy else (),
+                    ),
+                ),
+            )
+        )
     return out
 
 

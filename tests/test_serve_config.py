@@ -57,18 +57,23 @@ def test_syntax_error_has_the_line() -> None:
     [
         ("[http]\nport = 99999\n", "gpumon.toml:2: [http] port: must be an integer"),
         ('[http]\nport = "9977"\n', "gpumon.toml:2: [http] port"),
-        ("[sampling]\n\ninterval_s = 0\n", "gpumon.toml:3: [sampling] interval_s: must be "
-         "between"),
+        ("[sampling]\n\ninterval_s = 0\n", "gpumon.toml:3: [sampling] interval_s: must be between"),
         ("[sampling]\ninterval_s = true\n", "gpumon.toml:2: [sampling] interval_s"),
-        ('# c\n[jobs]\nsources = ["slurm", "lsf"]\n', "gpumon.toml:3: [jobs] sources: unknown "
-         "source 'lsf'"),
+        (
+            '# c\n[jobs]\nsources = ["slurm", "lsf"]\n',
+            "gpumon.toml:3: [jobs] sources: unknown source 'lsf'",
+        ),
         ("[http]\nprot = 1\n", "gpumon.toml:2: [http] prot: unknown key (known: address, port"),
         ("\n\n[htp]\nport = 1\n", "gpumon.toml:3: [htp]: unknown section"),
         ("sampling.interval_s = -1\n", "gpumon.toml:1: [sampling] interval_s"),
-        ("[http]\ntls_cert_file = \"/c\"\n", "gpumon.toml:2: [http] tls_cert_file: needs "
-         "tls_key_file"),
-        ('[http]\ntls_client_ca_file = "/ca"\n', "[http] tls_client_ca_file: client "
-         "certificates (mTLS) need"),
+        (
+            '[http]\ntls_cert_file = "/c"\n',
+            "gpumon.toml:2: [http] tls_cert_file: needs tls_key_file",
+        ),
+        (
+            '[http]\ntls_client_ca_file = "/ca"\n',
+            "[http] tls_client_ca_file: client certificates (mTLS) need",
+        ),
         ("http = 3\n", "[http]: must be a table"),
     ],
 )
@@ -86,8 +91,12 @@ def test_key_line_finds_quoted_and_dotted_keys() -> None:
 
 @pytest.mark.parametrize(
     ("listen", "host", "port"),
-    [("127.0.0.1:9977", "127.0.0.1", 9977), (":80", "0.0.0.0", 80), ("[::1]:9", "::1", 9),
-     ("node-1.example:1234", "node-1.example", 1234)],
+    [
+        ("127.0.0.1:9977", "127.0.0.1", 9977),
+        (":80", "0.0.0.0", 80),
+        ("[::1]:9", "::1", 9),
+        ("node-1.example:1234", "node-1.example", 1234),
+    ],
 )
 def test_listen_forms(listen: str, host: str, port: int) -> None:
     assert c.parse_listen(listen) == (host, port)

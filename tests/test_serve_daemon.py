@@ -99,8 +99,9 @@ class Daemon:
     def metrics(self) -> dict[str, float]:
         return parse_metrics(self.text())
 
-    def wait_for(self, check: Callable[[dict[str, float]], bool], timeout: float,
-                 what: str) -> float:
+    def wait_for(
+        self, check: Callable[[dict[str, float]], bool], timeout: float, what: str
+    ) -> float:
         """Poll /metrics until ``check``; the seconds it took."""
         start = time.monotonic()
         last: dict[str, float] = {}
@@ -134,23 +135,39 @@ class Daemon:
         return self.proc.returncode
 
 
-def start_daemon(env: dict[str, str], tmp: Path, *args: str, log: bool = True,
-                 scheme: str = "http", ctx: ssl.SSLContext | None = None,
-                 wait: bool = True) -> Daemon:
+def start_daemon(
+    env: dict[str, str],
+    tmp: Path,
+    *args: str,
+    log: bool = True,
+    scheme: str = "http",
+    ctx: ssl.SSLContext | None = None,
+    wait: bool = True,
+) -> Daemon:
     port = free_port()
     log_path = tmp / "gpumon.jsonl" if log else None
-    cmd = [sys.executable, "-m", "gpumon", "serve", "--config", os.devnull,
-           "--listen", f"127.0.0.1:{port}", "--interval", INTERVAL,
-           "--log", str(log_path) if log_path else "", *args]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+    cmd = [
+        sys.executable,
+        "-m",
+        "gpumon",
+        "serve",
+        "--config",
+        os.devnull,
+        "--listen",
+        f"127.0.0.1:{port}",
+        "--interval",
+        INTERVAL,
+        "--log",
+        str(log_path) if log_path else "",
+        *args,
+    ]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     d = Daemon(proc, port, log_path, scheme, _ctx=ctx)
     if wait:
         deadline = time.monotonic() + 15
         while time.monotonic() < deadline:
             if proc.poll() is not None:
-                raise AssertionError(f"daemon exited {proc.returncode}: {d.stop()} "
-                                     f"{d.stderr_text}")
+                raise AssertionError(f"daemon exited {proc.returncode}: {d.stop()} {d.stderr_text}")
             try:
                 with socket.create_connection(("127.0.0.1", port), timeout=0.5):
                     break
@@ -186,17 +203,24 @@ def slurm_job() -> Iterator[subprocess.Popen[bytes]]:
 def test_metrics_show_the_scenario_then_starvation_and_the_log_gets_episodes(
     fake_nvml, tmp_path, daemons, slurm_job
 ) -> None:
-    scn = Scenario(gpus=[
-        FakeGPU(pattern=STEADY, power_busy_w=610.0, power_limit_w=700.0,
+    scn = Scenario(
+        gpus=[
+            FakeGPU(
+                pattern=STEADY,
+                power_busy_w=610.0,
+                power_limit_w=700.0,
                 mem_reserved=512 << 20,
-                processes=[Process(pid=slurm_job.pid, used_mem=3 << 30)]),
-        FakeGPU(pattern=STEADY, power_limit_w=400.0),
-    ])
+                processes=[Process(pid=slurm_job.pid, used_mem=3 << 30)],
+            ),
+            FakeGPU(pattern=STEADY, power_limit_w=400.0),
+        ]
+    )
     fake_nvml.set(scn)
     d = start_daemon(fake_nvml.env, tmp_path)
     daemons.append(d)
-    d.wait_for(lambda m: gpu_state(m, 0) == "healthy" and gpu_state(m, 1) == "healthy",
-               20, "healthy")
+    d.wait_for(
+        lambda m: gpu_state(m, 0) == "healthy" and gpu_state(m, 1) == "healthy", 20, "healthy"
+    )
     m = d.metrics()
     uuid0 = scn.gpus[0].effective_uuid(0)
     assert one(m, "gpumon_gpu_utilization_ratio", gpu="0") == 1.0
@@ -219,8 +243,11 @@ def test_metrics_show_the_scenario_then_starvation_and_the_log_gets_episodes(
 
     # The input pipeline starts starving the GPUs.
     fake_nvml.set(scn.with_gpu(0, pattern=BURSTY).with_gpu(1, pattern=BURSTY))
-    took = d.wait_for(lambda m: gpu_state(m, 0) == "starved" and gpu_state(m, 1) == "starved",
-                      STARVED_LATENCY_S + 2, "starved")
+    took = d.wait_for(
+        lambda m: gpu_state(m, 0) == "starved" and gpu_state(m, 1) == "starved",
+        STARVED_LATENCY_S + 2,
+        "starved",
+    )
     print(f"starved {took:.1f} s after the switch (promised <= {STARVED_LATENCY_S:.0f} s)")
     assert took <= STARVED_LATENCY_S, f"starved after {took:.1f} s"
     m = d.metrics()
@@ -239,8 +266,9 @@ def test_metrics_show_the_scenario_then_starvation_and_the_log_gets_episodes(
     assert gpu0, records
     assert gpu0[0]["job"] == "4242" and gpu0[0]["uuid"] == uuid0
     assert gpu0[0]["evidence"]["duty_cycle"] < 0.75 and gpu0[0]["advice"]
-    assert any(r["scope"] == "job" and r["jobs"][0]["hpc_job"] == "4242" for r in starts) or \
-        any(r["scope"] == "node" for r in starts)
+    assert any(r["scope"] == "job" and r["jobs"][0]["hpc_job"] == "4242" for r in starts) or any(
+        r["scope"] == "node" for r in starts
+    )
     assert any(r["event"] == "episode_end" and r["state"] == "healthy" for r in records)
     assert records[0]["event"] == "start"
 
@@ -256,31 +284,40 @@ def test_promtool_accepts_the_exposition(fake_nvml, tmp_path, daemons, slurm_job
     promtool = shutil.which("promtool")
     if promtool is None:
         pytest.skip("promtool not installed (apt-get install prometheus)")
-    fake_nvml.set(Scenario(gpus=[
-        FakeGPU(pattern=BURSTY, processes=[Process(pid=slurm_job.pid)]),
-        FakeGPU(pattern=STEADY, errors={"power": "UNKNOWN"}),
-    ]))
+    fake_nvml.set(
+        Scenario(
+            gpus=[
+                FakeGPU(pattern=BURSTY, processes=[Process(pid=slurm_job.pid)]),
+                FakeGPU(pattern=STEADY, errors={"power": "UNKNOWN"}),
+            ]
+        )
+    )
     d = start_daemon(fake_nvml.env, tmp_path)
     daemons.append(d)
-    d.wait_for(lambda m: series(m, "gpumon_nvml_errors_total")
-               and one(m, "gpumon_gpu_idle_gap_seconds_count", gpu="0") > 0, 10, "sampled")
+    d.wait_for(
+        lambda m: (
+            series(m, "gpumon_nvml_errors_total")
+            and one(m, "gpumon_gpu_idle_gap_seconds_count", gpu="0") > 0
+        ),
+        10,
+        "sampled",
+    )
     text = d.text()
-    res = subprocess.run([promtool, "check", "metrics"], input=text, text=True,
-                         capture_output=True)
+    res = subprocess.run([promtool, "check", "metrics"], input=text, text=True, capture_output=True)
     assert res.returncode == 0 and not res.stdout.strip() and not res.stderr.strip(), (
-        res.stdout + res.stderr)
+        res.stdout + res.stderr
+    )
 
 
 # --------------------------------------------------------------------------- faults
-def test_gpu_lost_midrun_nvml_errors_and_vanished_processes(fake_nvml, tmp_path,
-                                                            daemons) -> None:
-    scn = Scenario(gpus=[FakeGPU(pattern=STEADY, processes=[Process(pid=2**22 - 3)]),
-                         FakeGPU(pattern=STEADY)])
+def test_gpu_lost_midrun_nvml_errors_and_vanished_processes(fake_nvml, tmp_path, daemons) -> None:
+    scn = Scenario(
+        gpus=[FakeGPU(pattern=STEADY, processes=[Process(pid=2**22 - 3)]), FakeGPU(pattern=STEADY)]
+    )
     fake_nvml.set(scn)
     d = start_daemon(fake_nvml.env, tmp_path)
     daemons.append(d)
-    d.wait_for(lambda m: bool(series(m, "gpumon_gpu_utilization_ratio", gpu="1")), 10,
-               "sampling")
+    d.wait_for(lambda m: bool(series(m, "gpumon_gpu_utilization_ratio", gpu="1")), 10, "sampling")
     # GPU 1 falls off the bus; GPU 0's power reads start failing.
     fake_nvml.set(scn.with_gpu(1, lost=True).with_gpu(0, errors={"power": "UNKNOWN"}))
     d.wait_for(lambda m: one(m, "gpumon_gpu_lost", gpu="1") == 1, 5, "GPU 1 lost")
@@ -303,15 +340,21 @@ def test_gpu_lost_midrun_nvml_errors_and_vanished_processes(fake_nvml, tmp_path,
 
 
 @pytest.mark.parametrize("where", ["missing-dir", "full-disk"])
-def test_unwritable_log_is_counted_and_sampling_goes_on(fake_nvml, tmp_path, daemons,
-                                                         where) -> None:
+def test_unwritable_log_is_counted_and_sampling_goes_on(
+    fake_nvml, tmp_path, daemons, where
+) -> None:
     log = tmp_path / "no" / "such" / "dir.jsonl" if where == "missing-dir" else Path("/dev/full")
     if where == "full-disk" and not Path("/dev/full").exists():
         pytest.skip("/dev/full is absent")
     d = start_daemon(fake_nvml.env, tmp_path, "--log", str(log), log=False)
     daemons.append(d)
-    d.wait_for(lambda m: m.get("gpumon_log_write_errors_total", 0) >= 1
-               and m.get("gpumon_samples_total", 0) >= 5, 10, "log errors counted")
+    d.wait_for(
+        lambda m: (
+            m.get("gpumon_log_write_errors_total", 0) >= 1 and m.get("gpumon_samples_total", 0) >= 5
+        ),
+        10,
+        "log errors counted",
+    )
     assert d.stop() == 0
     lines = [ln for ln in d.stderr_text.splitlines() if "cannot write the log" in ln]
     assert len(lines) == 1, d.stderr_text  # one line, not one per failed write
@@ -344,9 +387,23 @@ def test_port_in_use_is_one_clear_sentence(fake_nvml, tmp_path) -> None:
         s.listen()
         port = s.getsockname()[1]
         res = subprocess.run(
-            [sys.executable, "-m", "gpumon", "serve", "--config", os.devnull,
-             "--listen", f"127.0.0.1:{port}", "--log", str(tmp_path / "x.jsonl")],
-            env=fake_nvml.env, capture_output=True, text=True, timeout=30)
+            [
+                sys.executable,
+                "-m",
+                "gpumon",
+                "serve",
+                "--config",
+                os.devnull,
+                "--listen",
+                f"127.0.0.1:{port}",
+                "--log",
+                str(tmp_path / "x.jsonl"),
+            ],
+            env=fake_nvml.env,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
     assert res.returncode == 1
     assert res.stderr.strip().count("\n") == 0, res.stderr
     assert f"127.0.0.1:{port}" in res.stderr and "already in use" in res.stderr
@@ -356,23 +413,46 @@ def test_port_in_use_is_one_clear_sentence(fake_nvml, tmp_path) -> None:
 def test_invalid_config_names_key_and_line_and_nothing_starts(fake_nvml, tmp_path) -> None:
     port = free_port()
     cfg = tmp_path / "gpumon.toml"
-    cfg.write_text(f'[http]\naddress = "127.0.0.1"\nport = {port}\n\n[sampling]\n'
-                   'interval_s = "fast"\n')
-    res = subprocess.run([sys.executable, "-m", "gpumon", "serve", "--config", str(cfg)],
-                         env=fake_nvml.env, capture_output=True, text=True, timeout=30)
+    cfg.write_text(
+        f'[http]\naddress = "127.0.0.1"\nport = {port}\n\n[sampling]\ninterval_s = "fast"\n'
+    )
+    res = subprocess.run(
+        [sys.executable, "-m", "gpumon", "serve", "--config", str(cfg)],
+        env=fake_nvml.env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert res.returncode == 2
     assert f"{cfg}:6: [sampling] interval_s" in res.stderr, res.stderr
-    res = subprocess.run([sys.executable, "-m", "gpumon", "serve", "--config",
-                          str(tmp_path / "absent.toml")],
-                         env=fake_nvml.env, capture_output=True, text=True, timeout=30)
+    res = subprocess.run(
+        [sys.executable, "-m", "gpumon", "serve", "--config", str(tmp_path / "absent.toml")],
+        env=fake_nvml.env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert res.returncode == 2 and "no such configuration file" in res.stderr
 
 
 def test_no_driver_exits_with_one_sentence(fake_nvml, tmp_path) -> None:
     fake_nvml.set(Scenario.no_driver())
-    res = subprocess.run([sys.executable, "-m", "gpumon", "serve", "--config", os.devnull,
-                          "--listen", f"127.0.0.1:{free_port()}"],
-                         env=fake_nvml.env, capture_output=True, text=True, timeout=30)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gpumon",
+            "serve",
+            "--config",
+            os.devnull,
+            "--listen",
+            f"127.0.0.1:{free_port()}",
+        ],
+        env=fake_nvml.env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert res.returncode == 3 and "Traceback" not in res.stderr
     assert "driver" in res.stderr
 
@@ -385,24 +465,55 @@ def _openssl() -> str:
     return exe
 
 
-def make_cert(openssl: str, d: Path, name: str, ca: tuple[Path, Path] | None = None
-              ) -> tuple[Path, Path]:
+def make_cert(
+    openssl: str, d: Path, name: str, ca: tuple[Path, Path] | None = None
+) -> tuple[Path, Path]:
     """A P-256 certificate for 127.0.0.1: self-signed, or signed by ``ca``."""
     key, crt = d / f"{name}.key", d / f"{name}.crt"
     subj = ["-subj", f"/CN={name}"]
     san = ["-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost"]
-    newkey = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-              "-keyout", str(key)]
+    newkey = [
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+        "-keyout",
+        str(key),
+    ]
     if ca is None:
-        subprocess.run([openssl, "req", "-x509", *newkey, "-out", str(crt), "-days", "2",
-                        *subj, *san], check=True, capture_output=True)
+        subprocess.run(
+            [openssl, "req", "-x509", *newkey, "-out", str(crt), "-days", "2", *subj, *san],
+            check=True,
+            capture_output=True,
+        )
     else:
         csr = d / f"{name}.csr"
-        subprocess.run([openssl, "req", "-new", *newkey, "-out", str(csr), *subj],
-                       check=True, capture_output=True)
-        subprocess.run([openssl, "x509", "-req", "-in", str(csr), "-CA", str(ca[1]),
-                        "-CAkey", str(ca[0]), "-CAcreateserial", "-out", str(crt),
-                        "-days", "2"], check=True, capture_output=True)
+        subprocess.run(
+            [openssl, "req", "-new", *newkey, "-out", str(csr), *subj],
+            check=True,
+            capture_output=True,
+        )
+        subprocess.run(
+            [
+                openssl,
+                "x509",
+                "-req",
+                "-in",
+                str(csr),
+                "-CA",
+                str(ca[1]),
+                "-CAkey",
+                str(ca[0]),
+                "-CAcreateserial",
+                "-out",
+                str(crt),
+                "-days",
+                "2",
+            ],
+            check=True,
+            capture_output=True,
+        )
     return key, crt
 
 
@@ -425,10 +536,17 @@ def test_tls_serves_https_and_refuses_plain_http(fake_nvml, tmp_path, daemons) -
 
 def test_unreadable_tls_files_stop_the_start(fake_nvml, tmp_path) -> None:
     cfg = tmp_path / "gpumon.toml"
-    cfg.write_text(f'[http]\nport = {free_port()}\ntls_cert_file = "{tmp_path}/no.crt"\n'
-                   f'tls_key_file = "{tmp_path}/no.key"\n')
-    res = subprocess.run([sys.executable, "-m", "gpumon", "serve", "--config", str(cfg)],
-                         env=fake_nvml.env, capture_output=True, text=True, timeout=30)
+    cfg.write_text(
+        f'[http]\nport = {free_port()}\ntls_cert_file = "{tmp_path}/no.crt"\n'
+        f'tls_key_file = "{tmp_path}/no.key"\n'
+    )
+    res = subprocess.run(
+        [sys.executable, "-m", "gpumon", "serve", "--config", str(cfg)],
+        env=fake_nvml.env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert res.returncode == 2 and "cannot load the TLS certificate" in res.stderr
     assert "Traceback" not in res.stderr
 
@@ -439,12 +557,12 @@ def test_mtls_requires_a_client_certificate_from_the_ca(fake_nvml, tmp_path, dae
     ca = make_cert(openssl, tmp_path, "prometheus-ca")
     ckey, ccrt = make_cert(openssl, tmp_path, "prometheus", ca=ca)
     cfg = tmp_path / "gpumon.toml"
-    cfg.write_text(f'[http]\ntls_cert_file = "{crt}"\ntls_key_file = "{key}"\n'
-                   f'tls_client_ca_file = "{ca[1]}"\n')
+    cfg.write_text(
+        f'[http]\ntls_cert_file = "{crt}"\ntls_key_file = "{key}"\ntls_client_ca_file = "{ca[1]}"\n'
+    )
     with_cert = ssl.create_default_context(cafile=str(crt))
     with_cert.load_cert_chain(str(ccrt), str(ckey))
-    d = start_daemon(fake_nvml.env, tmp_path, "--config", str(cfg), scheme="https",
-                     ctx=with_cert)
+    d = start_daemon(fake_nvml.env, tmp_path, "--config", str(cfg), scheme="https", ctx=with_cert)
     daemons.append(d)
     d.wait_for(lambda m: bool(series(m, "gpumon_build_info")), 10, "served over mTLS")
     anonymous = ssl.create_default_context(cafile=str(crt))
@@ -466,15 +584,24 @@ def test_real_prometheus_scrapes_the_starved_state(fake_nvml, tmp_path, daemons)
     conf.write_text(
         "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
         "scrape_configs:\n  - job_name: gpumon\n    scrape_interval: 1s\n"
-        f"    static_configs:\n      - targets: ['127.0.0.1:{d.port}']\n")
+        f"    static_configs:\n      - targets: ['127.0.0.1:{d.port}']\n"
+    )
     prom = subprocess.Popen(
-        [prometheus, f"--config.file={conf}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-         f"--web.listen-address=127.0.0.1:{prom_port}"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        [
+            prometheus,
+            f"--config.file={conf}",
+            f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+            f"--web.listen-address=127.0.0.1:{prom_port}",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
-        query = "gpumon_gpu_state{state=\"starved\"} == 1"
+        query = 'gpumon_gpu_state{state="starved"} == 1'
         url = f"http://127.0.0.1:{prom_port}/api/v1/query?" + urllib.parse.urlencode(
-            {"query": query})
+            {"query": query}
+        )
         deadline = time.monotonic() + 40
         result: list[dict[str, object]] = []
         while time.monotonic() < deadline:
@@ -494,7 +621,8 @@ def test_real_prometheus_scrapes_the_starved_state(fake_nvml, tmp_path, daemons)
         assert {r["metric"]["gpu"] for r in result} == {"0", "1"}  # type: ignore[index]
         # Self-health reached Prometheus too.
         url = f"http://127.0.0.1:{prom_port}/api/v1/query?" + urllib.parse.urlencode(
-            {"query": "time() - gpumon_last_sample_timestamp_seconds"})
+            {"query": "time() - gpumon_last_sample_timestamp_seconds"}
+        )
         with urllib.request.urlopen(url, timeout=5) as r:
             age = float(json.load(r)["data"]["result"][0]["value"][1])
         assert age < 10

@@ -33,11 +33,15 @@ CID = "a" * 64
     ("cgroup", "expected"),
     [
         ("0::/system.slice/slurmstepd.scope/job_1234/step_0/user/task_0\n", ("1234", "", "")),
-        ("12:memory:/slurm/uid_1000/job_77/step_batch/task_0\n4:cpu:/slurm/uid_1000/job_77\n",
-         ("77", "", "")),
-        (f"0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod"
-         f"{POD_UID.replace('-', '_')}.slice/cri-containerd-{CID}.scope\n",
-         ("", POD_UID, CID[:12])),
+        (
+            "12:memory:/slurm/uid_1000/job_77/step_batch/task_0\n4:cpu:/slurm/uid_1000/job_77\n",
+            ("77", "", ""),
+        ),
+        (
+            f"0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod"
+            f"{POD_UID.replace('-', '_')}.slice/cri-containerd-{CID}.scope\n",
+            ("", POD_UID, CID[:12]),
+        ),
         (f"11:devices:/kubepods/besteffort/pod{POD_UID}/{CID}\n", ("", POD_UID, CID[:12])),
         ("0::/user.slice/user-1000.slice/session-3.scope\n", ("", "", "")),
         ("0::/system.slice/docker-" + CID + ".scope\n", ("", "", "")),
@@ -52,8 +56,9 @@ def test_parse_environ_takes_only_what_it_needs() -> None:
     assert parse_environ(env) == {"SLURM_JOB_ID": "991", "HOSTNAME": "trainer-0"}
 
 
-def fake_proc(root: Path, pid: int, cgroup: str, environ: bytes | None = None,
-              namespace: str | None = None) -> None:
+def fake_proc(
+    root: Path, pid: int, cgroup: str, environ: bytes | None = None, namespace: str | None = None
+) -> None:
     d = root / str(pid)
     d.mkdir(parents=True)
     (d / "cgroup").write_text(cgroup)
@@ -67,8 +72,13 @@ def fake_proc(root: Path, pid: int, cgroup: str, environ: bytes | None = None,
 
 def test_resolver_reads_each_pid_once_and_forgets_gone_pids(tmp_path: Path) -> None:
     fake_proc(tmp_path, 10, "0::/user.slice\n", b"SLURM_JOB_ID=55\0")
-    fake_proc(tmp_path, 11, f"0::/kubepods/burstable/pod{POD_UID}/{CID}\n",
-              b"HOSTNAME=bert-worker-1\0", namespace="ml")
+    fake_proc(
+        tmp_path,
+        11,
+        f"0::/kubepods/burstable/pod{POD_UID}/{CID}\n",
+        b"HOSTNAME=bert-worker-1\0",
+        namespace="ml",
+    )
     fake_proc(tmp_path, 12, f"0::/kubepods/burstable/pod{POD_UID}/{CID}\n")  # no environ
     r = JobResolver(procfs=str(tmp_path))
     assert r.labels(10) == JobLabels(hpc_job="55")
@@ -158,16 +168,18 @@ def busy(pattern: str, t: float) -> bool:
 class Feeder:
     """Drives a ServeState with synthetic ticks of 0.5 s, like the loop would."""
 
-    def __init__(self, state: ServeState, pids: dict[int, tuple[int, ...]],
-                 *, via_step: bool = False) -> None:
+    def __init__(
+        self, state: ServeState, pids: dict[int, tuple[int, ...]], *, via_step: bool = False
+    ) -> None:
         self.state = state
         self.pids = pids
         self.t = 100.0
         self.next_point = self.t
         self.via_step = via_step  # through step() (the loop's path), not ingest()
 
-    def run(self, seconds: float, patterns: dict[int, str], lost: frozenset[int] = frozenset()
-            ) -> None:
+    def run(
+        self, seconds: float, patterns: dict[int, str], lost: frozenset[int] = frozenset()
+    ) -> None:
         end = self.t + seconds
         while self.t < end:
             self.t += 0.5
@@ -183,20 +195,24 @@ class Feeder:
                     pts.append((tp, 100.0 if busy(patterns[g.index], tp) else 0.0))
                 from gpumon.model import UtilPoint
 
-                gpus.append(GpuSample(
-                    t_s=self.t, gpu=g.index, uuid=g.uuid,
-                    util_samples=tuple(UtilPoint(a, b) for a, b in pts),
-                    util_pct=pts[-1][1] if pts else None,
-                    mem_used_bytes=4 << 30, mem_total_bytes=80 << 30,
-                    power_watts=600.0 if patterns[g.index] == "steady" else 300.0,
-                    power_limit_watts=700.0,
-                    processes=tuple(GpuProcess(pid) for pid in self.pids.get(g.index, ())),
-                ))
+                gpus.append(
+                    GpuSample(
+                        t_s=self.t,
+                        gpu=g.index,
+                        uuid=g.uuid,
+                        util_samples=tuple(UtilPoint(a, b) for a, b in pts),
+                        util_pct=pts[-1][1] if pts else None,
+                        mem_used_bytes=4 << 30,
+                        mem_total_bytes=80 << 30,
+                        power_watts=600.0 if patterns[g.index] == "steady" else 300.0,
+                        power_limit_watts=700.0,
+                        processes=tuple(GpuProcess(pid) for pid in self.pids.get(g.index, ())),
+                    )
+                )
             while self.next_point + PERIOD <= self.t + 1e-9:
                 self.next_point += PERIOD
             host = HostSample(t_s=self.t, cpu_pct=35.0, iowait_pct=2.0)
-            tick = Tick(Snapshot(t_s=self.t, gpus=tuple(gpus), host=host),
-                        sample_duration_s=0.004)
+            tick = Tick(Snapshot(t_s=self.t, gpus=tuple(gpus), host=host), sample_duration_s=0.004)
             if self.via_step:
                 self.state.monitor = _OneTick(tick)  # type: ignore[assignment]
                 self.state.step()
@@ -219,13 +235,18 @@ class _OneTick:
 
 def make_state(tmp_path: Path, **cfg: object) -> tuple[ServeState, Path]:
     for pid, job in ((101, "A"), (102, "B"), (103, "A")):
-        fake_proc(tmp_path / "proc", pid, f"0::/slurm/uid_0/job_{job}/step_0\n".replace(
-            f"job_{job}", f"job_{ord(job)}"))
+        fake_proc(
+            tmp_path / "proc",
+            pid,
+            f"0::/slurm/uid_0/job_{job}/step_0\n".replace(f"job_{job}", f"job_{ord(job)}"),
+        )
     log = tmp_path / "g.jsonl"
     state = ServeState(
-        Monitor(None), ServeConfig(**cfg),  # type: ignore[arg-type]
+        Monitor(None),
+        ServeConfig(**cfg),  # type: ignore[arg-type]
         EventLog(str(log)),
-        resolver=JobResolver(procfs=str(tmp_path / "proc")), gpus=IDENTS,
+        resolver=JobResolver(procfs=str(tmp_path / "proc")),
+        gpus=IDENTS,
     )
     return state, log
 
@@ -245,8 +266,12 @@ def metrics(state: ServeState) -> dict[str, float]:
 
 
 def value(m: dict[str, float], name: str, **labels: str) -> float:
-    hits = [v for k, v in m.items() if (k == name or k.startswith(name + "{"))
-            and all(f'{a}="{b}"' in k for a, b in labels.items())]
+    hits = [
+        v
+        for k, v in m.items()
+        if (k == name or k.startswith(name + "{"))
+        and all(f'{a}="{b}"' in k for a, b in labels.items())
+    ]
     assert len(hits) == 1, (name, labels, hits)
     return hits[0]
 
@@ -262,8 +287,11 @@ def test_two_jobs_get_their_own_states_and_every_metric_is_emitted(tmp_path: Pat
     assert value(m, "gpumon_job_state", hpc_job="65", state="starved") == 1
     assert value(m, "gpumon_job_state", hpc_job="66", state="healthy") == 1
     assert value(m, "gpumon_gpu_job_info", gpu="0", hpc_job="65") == 1
-    assert value(m, "gpumon_gpu_cause", gpu="0", cause="unknown") + value(
-        m, "gpumon_gpu_cause", gpu="0", cause="cpu") <= 1
+    assert (
+        value(m, "gpumon_gpu_cause", gpu="0", cause="unknown")
+        + value(m, "gpumon_gpu_cause", gpu="0", cause="cpu")
+        <= 1
+    )
     assert value(m, "gpumon_gpu_idle_gap_seconds_bucket", gpu="0", le="0.5") >= 20
     assert value(m, "gpumon_gpu_idle_gap_seconds_bucket", gpu="0", le="0.25") == 0
     assert value(m, "gpumon_gpu_state_seconds_total", gpu="0", state="starved") > 0
@@ -275,8 +303,9 @@ def test_two_jobs_get_their_own_states_and_every_metric_is_emitted(tmp_path: Pat
     # Every family the collector can emit was emitted, and nothing else.
     metrics(state)  # a second scrape adds gpumon_scrape_duration_seconds
     families = {k.split("{")[0] for k in metrics(state)}
-    families = {n.removesuffix("_bucket").removesuffix("_count").removesuffix("_sum")
-                for n in families}
+    families = {
+        n.removesuffix("_bucket").removesuffix("_count").removesuffix("_sum") for n in families
+    }
     emitted = {n.removesuffix("_total") for n in families}
     declared = {n.removesuffix("_total") for n in METRIC_NAMES}
     missing = declared - emitted
@@ -369,15 +398,21 @@ def test_a_jobs_process_tree_feeds_the_detector(tmp_path: Path) -> None:
     import sys
 
     helper = Path(__file__).resolve().parent / "helpers" / "proctree.py"
-    proc = subprocess.Popen([sys.executable, str(helper), "1", "1", "10"],
-                            stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, str(helper), "1", "1", "10"], stdout=subprocess.PIPE, text=True
+    )
     try:
         workers = [int(x) for x in proc.stdout.readline().split()[1:]]  # type: ignore[union-attr]
         fake_proc(tmp_path / "proc", proc.pid, "0::/slurm/uid_0/job_4321/step_0\n")
         # Labels from a fake procfs, the tree from the real one.
-        state = ServeState(Monitor(None), ServeConfig(), EventLog(None),
-                           resolver=JobResolver(procfs=str(tmp_path / "proc")), gpus=IDENTS,
-                           procfs="/proc")
+        state = ServeState(
+            Monitor(None),
+            ServeConfig(),
+            EventLog(None),
+            resolver=JobResolver(procfs=str(tmp_path / "proc")),
+            gpus=IDENTS,
+            procfs="/proc",
+        )
         f = Feeder(state, {0: (proc.pid,), 1: (proc.pid,)})
         import time
 
@@ -391,9 +426,14 @@ def test_a_jobs_process_tree_feeds_the_detector(tmp_path: Path) -> None:
         burner = next(p for p in job.tree_sample.processes if p.pid == workers[0])
         assert burner.cpu_pct is not None and burner.cpu_pct > 20
         # Without trees (config), nothing is sampled.
-        off = ServeState(Monitor(None), ServeConfig(process_trees=False), EventLog(None),
-                         resolver=JobResolver(procfs=str(tmp_path / "proc")), gpus=IDENTS,
-                         procfs="/proc")
+        off = ServeState(
+            Monitor(None),
+            ServeConfig(process_trees=False),
+            EventLog(None),
+            resolver=JobResolver(procfs=str(tmp_path / "proc")),
+            gpus=IDENTS,
+            procfs="/proc",
+        )
         Feeder(off, {0: (proc.pid,)}).run(1, {0: "steady", 1: "steady"})
         assert off.jobs and not off._trees
         assert all(j.tree_sample is None for j in off.jobs.values())
@@ -419,7 +459,8 @@ def test_memory_stays_flat_over_thousands_of_ticks(tmp_path: Path) -> None:
         for pid in pids:
             fake_proc(proc, pid, f"0::/slurm/uid_0/job_{job}/step_0\n")
             (proc / str(pid) / "stat").write_text(
-                f"{pid} (python) S 1 {pid} 1 0 -1 0 0 0 0 0 10 5 0 0 20 0 1 0 7 0 0 0\n")
+                f"{pid} (python) S 1 {pid} 1 0 -1 0 0 0 0 0 10 5 0 0 20 0 1 0 7 0 0 0\n"
+            )
             (proc / str(pid) / "task" / str(pid)).mkdir(parents=True)
             (proc / str(pid) / "task" / str(pid) / "children").write_text("")
         return pids
@@ -483,8 +524,14 @@ def test_a_job_that_moves_gpus_gets_a_detector_for_its_new_gpus(tmp_path: Path) 
     m = metrics(state)
     assert value(m, "gpumon_job_state", hpc_job="65", state="healthy") == 1
     records = [json.loads(x) for x in log.read_text().splitlines()]
-    ends = [r for r in records if r["event"] == "episode_end" and r["scope"] == "job"
-            and r["jobs"][0]["hpc_job"] == "65" and r["state"] == "starved"]
+    ends = [
+        r
+        for r in records
+        if r["event"] == "episode_end"
+        and r["scope"] == "job"
+        and r["jobs"][0]["hpc_job"] == "65"
+        and r["state"] == "starved"
+    ]
     assert ends  # the old detector's open episode was closed, not dropped
 
 
@@ -495,11 +542,15 @@ def test_an_unreadable_process_list_has_no_process_count(tmp_path: Path) -> None
     assert value(metrics(state), "gpumon_gpu_processes", gpu="0") == 1
     # The next tick NVML cannot list GPU 0's processes: no count (series absent), the
     # last known job stays.
-    snap = Snapshot(t_s=f.t + 0.5, gpus=(
-        GpuSample(t_s=f.t + 0.5, gpu=0, uuid="GPU-0", util_pct=100.0, processes=None),
-        GpuSample(t_s=f.t + 0.5, gpu=1, uuid="GPU-1", util_pct=100.0,
-                  processes=(GpuProcess(102),)),
-    ))
+    snap = Snapshot(
+        t_s=f.t + 0.5,
+        gpus=(
+            GpuSample(t_s=f.t + 0.5, gpu=0, uuid="GPU-0", util_pct=100.0, processes=None),
+            GpuSample(
+                t_s=f.t + 0.5, gpu=1, uuid="GPU-1", util_pct=100.0, processes=(GpuProcess(102),)
+            ),
+        ),
+    )
     state.ingest(Tick(snap))
     m = metrics(state)
     assert not [k for k in m if k.startswith("gpumon_gpu_processes") and 'gpu="0"' in k]
@@ -511,8 +562,13 @@ def test_fake_pids_are_not_sampled_from_the_real_proc(tmp_path: Path) -> None:
     """Process trees are read from the daemon's procfs (the resolver's): a fake pid 1 in a
     test's procfs is not the machine's init."""
     fake_proc(tmp_path / "proc", 1, "0::/slurm/uid_0/job_7/step_0\n")
-    state = ServeState(Monitor(None), ServeConfig(), EventLog(None),
-                       resolver=JobResolver(procfs=str(tmp_path / "proc")), gpus=IDENTS)
+    state = ServeState(
+        Monitor(None),
+        ServeConfig(),
+        EventLog(None),
+        resolver=JobResolver(procfs=str(tmp_path / "proc")),
+        gpus=IDENTS,
+    )
     assert state.procfs == str(tmp_path / "proc")
     Feeder(state, {0: (1,), 1: (1,)}).run(2, {0: "steady", 1: "steady"})
     (job,) = state.jobs.values()
@@ -529,7 +585,8 @@ def test_proc_reads_and_log_writes_happen_outside_the_lock(
     state, _ = make_state(tmp_path, summary_interval_s=1.0)
     for pid in (101, 102):  # fake stat files: the trees are really sampled
         (tmp_path / "proc" / str(pid) / "stat").write_text(
-            f"{pid} (python) S 1 {pid} 1 0 -1 0 0 0 0 0 10 5 0 0 20 0 1 0 1000 0 0 0\n")
+            f"{pid} (python) S 1 {pid} 1 0 -1 0 0 0 0 0 10 5 0 0 20 0 1 0 1000 0 0 0\n"
+        )
         (tmp_path / "proc" / str(pid) / "task" / str(pid)).mkdir(parents=True)
         (tmp_path / "proc" / str(pid) / "task" / str(pid) / "children").write_text("")
     seen: dict[str, list[bool]] = {"labels": [], "tree": [], "log": []}
@@ -540,6 +597,7 @@ def test_proc_reads_and_log_writes_happen_outside_the_lock(
         def wrapped(*a, **k):  # type: ignore[no-untyped-def]
             seen[kind].append(state.lock.locked())
             return fn(*a, **k)
+
         return wrapped
 
     monkeypatch.setattr(state.resolver, "_read", spy("labels", resolve))

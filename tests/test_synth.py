@@ -53,8 +53,13 @@ def test_starved_duty_and_healthy_duty_differ() -> None:
     def duty(scenario: str) -> float:
         tr = generate(scenario, 2, gpus=1, period_s=1 / 6, duration_s=200)
         start = tr.phases[0].duration_s + 5
-        us = [p.util_pct for s in tr.snapshots if s.t_s > start
-              for g in s.gpus for p in g.util_samples]
+        us = [
+            p.util_pct
+            for s in tr.snapshots
+            if s.t_s > start
+            for g in s.gpus
+            for p in g.util_samples
+        ]
         return sum(us) / len(us) / 100
 
     assert duty("healthy") > 0.9
@@ -79,8 +84,11 @@ def test_host_signature_matches_the_cause() -> None:
 def test_coarse_logs_have_no_buffer_no_processes_and_no_cause() -> None:
     tr = generate("coarse_starved", 1, duration_s=100)
     assert tr.period_s is None
-    assert all(g.util_samples == () and g.processes is None and g.util_pct is not None
-               for s in tr.snapshots for g in s.gpus)
+    assert all(
+        g.util_samples == () and g.processes is None and g.util_pct is not None
+        for s in tr.snapshots
+        for g in s.gpus
+    )
     assert all(s.host is None and s.tree is None for s in tr.snapshots)
     assert {lab.cause for lab in tr.labels if lab.state is State.STARVED} == {Cause.UNKNOWN}
 
@@ -113,10 +121,16 @@ def test_corpus_covers_every_scenario() -> None:
 def test_a_story_of_chosen_phases() -> None:
     from gpumon.lab.synth import Phase
 
-    story = [Phase("startup", 10.0), Phase("healthy", 30.0),
-             Phase("starved", 30.0, Cause.IO, params={"burst_s": 0.5, "duty": 0.4})]
+    story = [
+        Phase("startup", 10.0),
+        Phase("healthy", 30.0),
+        Phase("starved", 30.0, Cause.IO, params={"burst_s": 0.5, "duty": 0.4}),
+    ]
     tr = generate("healthy", 1, gpus=2, period_s=0.5, phases=story)
     assert tr.phases == tuple(story)
     assert tr.snapshots[-1].t_s == pytest.approx(70.0, abs=0.01)
     assert [lab.state for lab in tr.labels if lab.gpu == 0] == [
-        State.IDLE, State.HEALTHY, State.STARVED]
+        State.IDLE,
+        State.HEALTHY,
+        State.STARVED,
+    ]

@@ -42,15 +42,26 @@ def gpu(snap: Snapshot, index: int) -> GpuSample:
 
 @pytest.mark.parametrize(
     ("cell", "value"),
-    [(" 92 %", 92.0), ("49140 MiB", 49140.0), (" 150.20 W", 150.2), ("34C", 34.0),
-     ("61W", 61.0), ("4MiB", 4.0), ("0%", 0.0), ("1410", 1410.0), (" 0 ", 0.0)],
+    [
+        (" 92 %", 92.0),
+        ("49140 MiB", 49140.0),
+        (" 150.20 W", 150.2),
+        ("34C", 34.0),
+        ("61W", 61.0),
+        ("4MiB", 4.0),
+        ("0%", 0.0),
+        ("1410", 1410.0),
+        (" 0 ", 0.0),
+    ],
 )
 def test_numbers_with_or_without_units(cell: str, value: float) -> None:
     assert num(cell) == value
 
 
-@pytest.mark.parametrize("cell", ["[N/A]", " [Not Supported]", "N/A", "-", "", " ", "ERR!",
-                                  "[Unknown Error]", "[GPU is lost]"])
+@pytest.mark.parametrize(
+    "cell",
+    ["[N/A]", " [Not Supported]", "N/A", "-", "", " ", "ERR!", "[Unknown Error]", "[GPU is lost]"],
+)
 def test_no_reading_is_none_not_zero(cell: str) -> None:
     assert num(cell) is None
 
@@ -76,8 +87,13 @@ def test_nvsmi_csv_units_index_values() -> None:
     assert header.started_wall_s == pytest.approx(1714564800.104, abs=0.01)
     assert [g.index for g in header.gpus] == [0, 1]
     assert header.gpus[1] == GpuIdentity(
-        index=1, uuid="00000000:2B:00.0", name="NVIDIA A100-SXM4-80GB",
-        pci_bus_id="00000000:2B:00.0", mem_total_bytes=81920 * MIB, power_limit_watts=400.0)
+        index=1,
+        uuid="00000000:2B:00.0",
+        name="NVIDIA A100-SXM4-80GB",
+        pci_bus_id="00000000:2B:00.0",
+        mem_total_bytes=81920 * MIB,
+        power_limit_watts=400.0,
+    )
     # 120 ticks, the header repeated at tick 60 neither lost nor counted as a row.
     assert len(snaps) == 120 and all(len(s.gpus) == 2 for s in snaps)
     first = gpu(snaps[0], 1)
@@ -140,11 +156,21 @@ def test_nvsmi_csv_noheader_columns_guessed_from_units() -> None:
     _, header, snaps, warnings = load("nvsmi_noheader.csv")
     assert any("no header" in w for w in warnings)
     assert header.extra["columns_guessed"] == {
-        "time": 0, "index": 1, "util": 2, "mem_util": 3, "mem_used": 4, "mem_total": 5,
-        "power": 6}
+        "time": 0,
+        "index": 1,
+        "util": 2,
+        "mem_util": 3,
+        "mem_used": 4,
+        "mem_total": 5,
+        "power": 6,
+    }
     g = snaps[0].gpus[0]
     assert (g.util_pct, g.mem_util_pct, g.mem_used_bytes, g.mem_total_bytes) == (
-        94.0, 23.0, 30111 * MIB, 40960 * MIB)
+        94.0,
+        23.0,
+        30111 * MIB,
+        40960 * MIB,
+    )
 
 
 def test_nvsmi_csv_noheader_nounits_says_how_to_rerun() -> None:
@@ -197,7 +223,12 @@ def test_dmon_default_values_and_repeated_headers() -> None:
     assert len(snaps) == 120 and [g.gpu for g in snaps[0].gpus] == [0, 1]
     g = snaps[0].gpus[0]
     assert (g.util_pct, g.mem_util_pct, g.power_watts, g.temperature_c, g.sm_clock_mhz) == (
-        99.0, 33.0, 238.0, 40.0, 1410)
+        99.0,
+        33.0,
+        238.0,
+        40.0,
+        1410,
+    )
     assert g.mem_used_bytes is None  # no fb column selected: no reading, not 0
     assert snaps[-1].t_s == 119.0
 
@@ -247,7 +278,8 @@ def test_table_535_layout() -> None:
     assert header.driver_version == "535.104.05"
     assert [(g.index, g.name, g.pci_bus_id) for g in header.gpus] == [
         (0, "NVIDIA A100-SXM4-80GB", "00000000:17:00.0"),
-        (1, "NVIDIA A100-SXM4-80GB", "00000000:2B:00.0")]
+        (1, "NVIDIA A100-SXM4-80GB", "00000000:2B:00.0"),
+    ]
     assert len(snaps) == 60 and snaps[1].t_s == 1.0
     g = gpu(snaps[0], 1)
     assert (g.util_pct, g.power_watts, g.power_limit_watts) == (96.0, 361.0, 400.0)
@@ -330,8 +362,9 @@ def _variants(tmp_path: Path, name: str) -> dict[str, Path]:
 
 
 @pytest.mark.parametrize(
-    "name", ["nvsmi_units_index.csv", "dmon_dt.txt", "table_535.txt", "simple.csv",
-             "nvsmi_noheader.csv"])
+    "name",
+    ["nvsmi_units_index.csv", "dmon_dt.txt", "table_535.txt", "simple.csv", "nvsmi_noheader.csv"],
+)
 def test_encodings_read_the_same(tmp_path: Path, name: str) -> None:
     fmt, header, expected, _ = load(name)
     for label, path in _variants(tmp_path, name).items():
@@ -346,9 +379,10 @@ def test_encodings_read_the_same(tmp_path: Path, name: str) -> None:
 
 def test_malformed_line_named_after_valid_ticks() -> None:
     got = []
-    with open_trace(LOGS / "bad_malformed_mid.csv") as trace, pytest.raises(
-        TraceFormatError
-    ) as err:
+    with (
+        open_trace(LOGS / "bad_malformed_mid.csv") as trace,
+        pytest.raises(TraceFormatError) as err,
+    ):
         for snap in trace:
             got.append(snap)
     assert err.value.line == 43
@@ -403,7 +437,8 @@ def test_readers_are_lazy() -> None:
         for k in itertools.count():
             consumed += 1
             yield f"2024/05/01 12:00:00.000, {k % 2}, 50 %\n".replace(
-                "12:00:00", f"{12 + k // 7200:02d}:{k // 120 % 60:02d}:{k // 2 % 60:02d}")
+                "12:00:00", f"{12 + k // 7200:02d}:{k // 120 % 60:02d}:{k // 2 % 60:02d}"
+            )
 
     _, _, snaps = read_lines(lines(), "nvidia-smi-csv")
     first = next(snaps)
@@ -413,10 +448,13 @@ def test_readers_are_lazy() -> None:
 
 def test_gpumon_trace_through_open_trace(tmp_path: Path) -> None:
     path = tmp_path / "t.jsonl"
-    header = TraceHeader(version=1, source="gpumon", interval_s=1.0,
-                         gpus=(GpuIdentity(index=0, uuid="GPU-x"),))
-    snaps = [Snapshot(t_s=float(k), gpus=(GpuSample(t_s=float(k), gpu=0, uuid="GPU-x",
-                                                    util_pct=50.0),)) for k in range(5)]
+    header = TraceHeader(
+        version=1, source="gpumon", interval_s=1.0, gpus=(GpuIdentity(index=0, uuid="GPU-x"),)
+    )
+    snaps = [
+        Snapshot(t_s=float(k), gpus=(GpuSample(t_s=float(k), gpu=0, uuid="GPU-x", util_pct=50.0),))
+        for k in range(5)
+    ]
     with TraceWriter.open(path, header) as w:
         for s in snaps:
             w.write(s)
@@ -426,8 +464,12 @@ def test_gpumon_trace_through_open_trace(tmp_path: Path) -> None:
 
 
 def test_readers_are_pure_functions_of_lines() -> None:
-    for reader, name in ((nvsmi_csv, "nvsmi_units_index.csv"), (dmon, "dmon_default.txt"),
-                         (nvsmi_table, "table_470.txt"), (simple_csv, "simple.csv")):
+    for reader, name in (
+        (nvsmi_csv, "nvsmi_units_index.csv"),
+        (dmon, "dmon_default.txt"),
+        (nvsmi_table, "table_470.txt"),
+        (simple_csv, "simple.csv"),
+    ):
         lines = (LOGS / name).read_text().splitlines(keepends=True)
         header, snaps = reader.read(lines, path=name)
         assert header.source == reader.FORMAT
@@ -436,25 +478,27 @@ def test_readers_are_pure_functions_of_lines() -> None:
 
 def test_table_550_layout() -> None:
     """Driver 550+ widened the memory column; the rows still read the same."""
-    text = "\n".join([
-        "Wed May  1 12:00:00 2024       ",
-        "+" + "-" * 89 + "+",
-        "| NVIDIA-SMI 550.54.15              Driver Version: 550.54.15      CUDA Version: 12.4"
-        "     |",
-        "|-----------------------------------------+------------------------+"
-        "----------------------+",
-        "| GPU  Name                 Persistence-M | Bus-Id          Disp.A |"
-        " Volatile Uncorr. ECC |",
-        "| Fan  Temp   Perf          Pwr:Usage/Cap |           Memory-Usage |"
-        " GPU-Util  Compute M. |",
-        "|=========================================+========================+"
-        "======================|",
-        "|   0  NVIDIA H100 80GB HBM3          On  |   00000000:19:00.0 Off |"
-        "                    0 |",
-        "| N/A   28C    P0             69W /  700W |       4MiB /  81559MiB |"
-        "      0%      Default |",
-        "",
-    ])
+    text = "\n".join(
+        [
+            "Wed May  1 12:00:00 2024       ",
+            "+" + "-" * 89 + "+",
+            "| NVIDIA-SMI 550.54.15              Driver Version: 550.54.15      CUDA Version: 12.4"
+            "     |",
+            "|-----------------------------------------+------------------------+"
+            "----------------------+",
+            "| GPU  Name                 Persistence-M | Bus-Id          Disp.A |"
+            " Volatile Uncorr. ECC |",
+            "| Fan  Temp   Perf          Pwr:Usage/Cap |           Memory-Usage |"
+            " GPU-Util  Compute M. |",
+            "|=========================================+========================+"
+            "======================|",
+            "|   0  NVIDIA H100 80GB HBM3          On  |   00000000:19:00.0 Off |"
+            "                    0 |",
+            "| N/A   28C    P0             69W /  700W |       4MiB /  81559MiB |"
+            "      0%      Default |",
+            "",
+        ]
+    )
     fmt, header, snaps, _ = parse(text)
     assert fmt == "nvidia-smi-table"
     assert header.driver_version == "550.54.15"
@@ -462,7 +506,11 @@ def test_table_550_layout() -> None:
     assert header.gpus[0].pci_bus_id == "00000000:19:00.0"
     g = snaps[0].gpus[0]
     assert (g.util_pct, g.power_watts, g.power_limit_watts, g.mem_used_bytes) == (
-        0.0, 69.0, 700.0, 4 * MIB)
+        0.0,
+        69.0,
+        700.0,
+        4 * MIB,
+    )
 
 
 def test_sub_second_without_index_keeps_each_gpu_apart() -> None:
@@ -472,7 +520,8 @@ def test_sub_second_without_index_keeps_each_gpu_apart() -> None:
     def stamp(t: float) -> str:
         whole = int(t)
         return time.strftime("%Y/%m/%d %H:%M:%S", time.gmtime(whole)) + (
-            f".{int((t - whole) * 1000):03d}")
+            f".{int((t - whole) * 1000):03d}"
+        )
 
     head = "timestamp, name, utilization.gpu [%], memory.used [MiB]\n"
     lines = [head]
@@ -480,8 +529,10 @@ def test_sub_second_without_index_keeps_each_gpu_apart() -> None:
         if k == 150:
             lines.append(head)
         base = 1714564800 + k * 0.1 + (5 if k >= 150 else 0)
-        lines += [f"{stamp(base + g * 0.0012)}, NVIDIA H100, {g * 10} %, {1000 + g} MiB\n"
-                  for g in range(8)]
+        lines += [
+            f"{stamp(base + g * 0.0012)}, NVIDIA H100, {g * 10} %, {1000 + g} MiB\n"
+            for g in range(8)
+        ]
     _, header, snaps, _ = parse("".join(lines))
     assert len(header.gpus) == 8
     points = [(g.gpu, u) for s in snaps for g in s.gpus for _, u in g.util_samples]
@@ -506,9 +557,11 @@ def test_a_nan_cell_is_no_reading_and_does_not_turn_a_healthy_log_idle() -> None
 
 
 def test_an_infinite_cell_is_an_error_naming_the_line() -> None:
-    rows = ["timestamp, index, utilization.gpu [%]\n",
-            "2024/05/01 12:00:00.000, 0, 95 %\n",
-            "2024/05/01 12:00:01.000, 0, inf %\n"]
+    rows = [
+        "timestamp, index, utilization.gpu [%]\n",
+        "2024/05/01 12:00:00.000, 0, 95 %\n",
+        "2024/05/01 12:00:01.000, 0, inf %\n",
+    ]
     _, _, snaps = read_lines(rows, "nvidia-smi-csv", "gpu.csv")
     with pytest.raises(TraceFormatError, match=r"gpu\.csv:3"):
         list(snaps)
@@ -523,16 +576,34 @@ def test_home_made_csv_with_the_gpu_index_in_the_first_column() -> None:
     assert {g.gpu for s in snaps for g in s.gpus} == {0, 1, 2, 3}
 
 
-@pytest.mark.parametrize("fmt, rows, bad_line_no", [
-    ("nvidia-smi-csv", ["timestamp, index, utilization.gpu [%], memory.used [MiB]\n",
-                        "2024/05/01 12:00:00.000, 0, 95 %, 100 MiB\n",
-                        "2024/05/01 12:00:01.000, 0, 95 %, lots MiB\n"], 3),
-    ("dmon", ["# gpu   pwr    sm\n", "# Idx     W     %\n", "    0    60    10\n",
-              "    0    xx    10\n"], 4),
-    ("csv", ["time,util,power\n", "0,50,100\n", "1,50,100\n", "2,50,watts\n"], 4),
-])
+@pytest.mark.parametrize(
+    "fmt, rows, bad_line_no",
+    [
+        (
+            "nvidia-smi-csv",
+            [
+                "timestamp, index, utilization.gpu [%], memory.used [MiB]\n",
+                "2024/05/01 12:00:00.000, 0, 95 %, 100 MiB\n",
+                "2024/05/01 12:00:01.000, 0, 95 %, lots MiB\n",
+            ],
+            3,
+        ),
+        (
+            "dmon",
+            [
+                "# gpu   pwr    sm\n",
+                "# Idx     W     %\n",
+                "    0    60    10\n",
+                "    0    xx    10\n",
+            ],
+            4,
+        ),
+        ("csv", ["time,util,power\n", "0,50,100\n", "1,50,100\n", "2,50,watts\n"], 4),
+    ],
+)
 def test_a_malformed_cell_besides_the_utilisation_names_its_line(
-        fmt: str, rows: list[str], bad_line_no: int) -> None:
+    fmt: str, rows: list[str], bad_line_no: int
+) -> None:
     """Cells other than the utilisation are parsed only when a row becomes a sample (in the
     assembler, after the row loop has moved on): the error still names that row's line."""
     _, _, snaps = read_lines(rows, fmt, "log.txt")

@@ -72,16 +72,30 @@ def watch_command(fake_nvml, *args: str) -> str:
     COLUMNS/LINES are unset: set by some test runners, they would pin rich to 80x24.
     """
     env = [f"{k}={fake_nvml.env[k]}" for k in ("LD_LIBRARY_PATH", "FAKE_NVML_SCENARIO")]
-    return shlex.join(["env", "-u", "COLUMNS", "-u", "LINES", *env,
-                       sys.executable, "-m", "gpumon", "watch", *args])
+    return shlex.join(
+        [
+            "env",
+            "-u",
+            "COLUMNS",
+            "-u",
+            "LINES",
+            *env,
+            sys.executable,
+            "-m",
+            "gpumon",
+            "watch",
+            *args,
+        ]
+    )
 
 
 def test_live_view_shows_timeline_and_state_and_q_leaves_the_process(fake_nvml, tmux) -> None:
     tree = start_tree(2, 0, 40)
     try:
         fake_nvml.set(Scenario(gpus=[gpu_with(tree.workers[0], Pattern.burst(1.0, 0.3))]))
-        watch = watch_command(fake_nvml, "--pid", str(tree.pid), "--interval", "0.25",
-                              "--window", "3")
+        watch = watch_command(
+            fake_nvml, "--pid", str(tree.pid), "--interval", "0.25", "--window", "3"
+        )
         tmux.run(
             "new-session",
             "-d",
@@ -180,8 +194,9 @@ time.sleep(60)
 
 def test_ctrl_c_stops_the_command_as_without_gpumon(fake_nvml, tmux) -> None:
     fake_nvml.set(Scenario(gpus=[]))
-    watch = watch_command(fake_nvml, "--plain", "--interval", "0.25", "--", sys.executable, "-c",
-                          CTRL_C_CHILD)
+    watch = watch_command(
+        fake_nvml, "--plain", "--interval", "0.25", "--", sys.executable, "-c", CTRL_C_CHILD
+    )
     tmux.run(
         "new-session",
         "-d",

@@ -69,8 +69,9 @@ _NO_UPDATE = DetectorUpdate()
 class Detector:
     """Classifies each GPU and the run; feed it snapshots in time order."""
 
-    def __init__(self, config: DetectorConfig | None = None,
-                 gpus: Sequence[GpuIdentity] = ()) -> None:
+    def __init__(
+        self, config: DetectorConfig | None = None, gpus: Sequence[GpuIdentity] = ()
+    ) -> None:
         self.cfg = config or DetectorConfig()
         self._ident = {g.index: g for g in gpus}
         self._tracks: dict[int, GpuTrack] = {}
@@ -142,8 +143,7 @@ class Detector:
             self._last_eval = t
         if not (bursts or gaps or self._opened or self._closed):
             return _NO_UPDATE  # the common tick: nothing to report (frozen, so shared)
-        return DetectorUpdate(tuple(self._opened), tuple(self._closed), tuple(bursts),
-                              tuple(gaps))
+        return DetectorUpdate(tuple(self._opened), tuple(self._closed), tuple(bursts), tuple(gaps))
 
     def finish(self) -> DetectorUpdate:
         """Close every open episode at the last time seen (end of stream)."""
@@ -165,8 +165,18 @@ class Detector:
             cause = ep.cause if ep else None
             note = ep.note if ep else "no evaluation yet"
             ev = self._gpu_evidence(tr, t) if t is not None else {}
-            gv.append(GpuVerdict(idx, tr.uuid, state, cause, ep.start_s if ep else None, ev,
-                                 advice_for(state, cause, ev, note), note))
+            gv.append(
+                GpuVerdict(
+                    idx,
+                    tr.uuid,
+                    state,
+                    cause,
+                    ep.start_s if ep else None,
+                    ev,
+                    advice_for(state, cause, ev, note),
+                    note,
+                )
+            )
         run = self._episodes.get(None)
         rev = self._run_evidence(t) if t is not None else {}
         if run is None:
@@ -202,8 +212,10 @@ class Detector:
         A report takes its duty cycles and timelines from these, so it need not walk every
         driver sample a second time.
         """
-        return {idx: GpuTotals(tr.uuid, tr.samples, tr.cum_cov, tr.cum_busy)
-                for idx, tr in self._tracks.items()}
+        return {
+            idx: GpuTotals(tr.uuid, tr.samples, tr.cum_cov, tr.cum_busy)
+            for idx, tr in self._tracks.items()
+        }
 
     def lost_gpu_seconds(self) -> float:
         """GPU-seconds spent idle (or busy-waiting) while a process held the GPU."""
@@ -213,9 +225,13 @@ class Detector:
 
     def _new_track(self, index: int, uuid: str, t: float, points: Sequence[Point]) -> GpuTrack:
         ident = self._ident.get(index)
-        tr = GpuTrack(index, uuid, self.cfg,
-                      ident.power_limit_watts if ident else None,
-                      ident.mem_total_bytes if ident else None)
+        tr = GpuTrack(
+            index,
+            uuid,
+            self.cfg,
+            ident.power_limit_watts if ident else None,
+            ident.mem_total_bytes if ident else None,
+        )
         if self._last_eval is not None:
             tr.record(self._last_eval)
         elif len(points) >= 2:
@@ -275,24 +291,42 @@ class Detector:
         cur = tr.state
         if tr.lost:
             return _Candidate(State.UNKNOWN, None, "GPU lost (fell off the bus)", t)
-        if (d is None or w.coverage < cfg.min_coverage) and not tr.seen_work and \
-                tr.samples > 0 and tr.first_t is not None and t - tr.first_t < cfg.window_s:
+        if (
+            (d is None or w.coverage < cfg.min_coverage)
+            and not tr.seen_work
+            and tr.samples > 0
+            and tr.first_t is not None
+            and t - tr.first_t < cfg.window_s
+        ):
             return _Candidate(State.IDLE, None, "start-up", t)  # the stream just began
         if d is None or w.coverage < cfg.min_coverage:
-            note = ("no utilisation data" if tr.samples == 0 else
-                    f"too little utilisation data in the last {w.span_s:.0f} s")
+            note = (
+                "no utilisation data"
+                if tr.samples == 0
+                else f"too little utilisation data in the last {w.span_s:.0f} s"
+            )
             return _Candidate(State.UNKNOWN, None, note, t)
         held = tr.held()
         if not tr.seen_work:
             full = tr.first_t is not None and t - tr.first_t >= 0.9 * cfg.window_s
-            if (d >= cfg.startup_duty or w.active >= cfg.startup_active or
-                    w.bursts >= cfg.startup_bursts) and full and w.coverage >= 0.9:
+            if (
+                (
+                    d >= cfg.startup_duty
+                    or w.active >= cfg.startup_active
+                    or w.bursts >= cfg.startup_bursts
+                )
+                and full
+                and w.coverage >= 0.9
+            ):
                 tr.seen_work = True
                 # Later windows never reach back into start-up.
                 # (skipping the first, partial sample of the work).
                 onset = t - w.active * w.span_s
-                if tr.was_act and t - tr.act_on >= max(2.0, 2 * (tr.period_s or 0.0)) and \
-                        tr.act_on > onset:
+                if (
+                    tr.was_act
+                    and t - tr.act_on >= max(2.0, 2 * (tr.period_s or 0.0))
+                    and tr.act_on > onset
+                ):
                     onset = tr.act_on  # continuous work since then: blips before are no work
                 tr.work_start_s = onset + (tr.period_s or 0.0)
                 w = tr.window(t, max(cfg.eval_interval_s * 2, t - tr.work_start_s))
@@ -308,17 +342,20 @@ class Detector:
             tr.work_start_s = tr.run_start
         per = tr.period_s or 1.0
         young = 2.0 if per < cfg.coarse_period_s else max(3.0, 1.5 * per)
-        if tr.work_start_s is not None and cur is State.IDLE and \
-                t - tr.work_start_s < young:
+        if tr.work_start_s is not None and cur is State.IDLE and t - tr.work_start_s < young:
             return _Candidate(State.IDLE, None, tr.note, t)  # too little work to judge yet
-        if tr.work_start_s is not None and (cur is State.IDLE or (
-                cur is State.STARVED and t - w.span_s < tr.work_start_s + per)):
+        if tr.work_start_s is not None and (
+            cur is State.IDLE or (cur is State.STARVED and t - w.span_s < tr.work_start_s + per)
+        ):
             # First judgment of new work: its latest samples decide if it is healthy, so a
             # ramp-up sample or an early work-start estimate does not read as starvation
             # (nor keep a GPU starved while its window still reaches back to that start).
             wy = tr.window(t, max(young, 2 * per))
-            if wy.duty is not None and wy.duty >= cfg.healthy_duty and (
-                    wy.gaps == 0 or per >= cfg.coarse_period_s):
+            if (
+                wy.duty is not None
+                and wy.duty >= cfg.healthy_duty
+                and (wy.gaps == 0 or per >= cfg.coarse_period_s)
+            ):
                 return _Candidate(State.HEALTHY, None, None, t, young)
         gap = tr.open_gap_s()
         long_gap = cfg.idle_gap_s if held is False else cfg.dip_max_s
@@ -333,30 +370,51 @@ class Detector:
             if wg.duty is not None and wg.duty < cfg.idle_duty and wg.coverage >= 0.5:
                 d = wg.duty
         if d < cfg.idle_duty:
-            if held is not False and cur in (State.HEALTHY, State.SYNC_STALL) and \
-                    gap < cfg.dip_max_s and self._isolated(tr, t, w):
+            if (
+                held is not False
+                and cur in (State.HEALTHY, State.SYNC_STALL)
+                and gap < cfg.dip_max_s
+                and self._isolated(tr, t, w)
+            ):
                 return _Candidate(cur, None, tr.note, t)  # a dip: keep the state
-            note = ("no process" if held is False else
-                    "memory allocated, no work" if held else "no work")
+            note = (
+                "no process"
+                if held is False
+                else "memory allocated, no work"
+                if held
+                else "no work"
+            )
             return _Candidate(State.IDLE, None, note, t, gap)
         if d >= cfg.healthy_duty or (d >= cfg.starved_duty and cur is not State.STARVED):
             return _Candidate(State.HEALTHY, None, None, t, w.span_s * 0.5)
         # In between: starved, unless it is one isolated dip of a healthy GPU.
-        if cur is State.HEALTHY and self._isolated(tr, t, w) and \
-                tr.open_gap_s() < cfg.dip_max_s:
+        if cur is State.HEALTHY and self._isolated(tr, t, w) and tr.open_gap_s() < cfg.dip_max_s:
             return _Candidate(cur, None, None, t)
         coarse = tr.period_s is None or tr.period_s >= cfg.coarse_period_s
         if coarse and held is not True:
             per = tr.period_s or 0.0
             why = "no process information" if held is None else "no visible process"
-            return _Candidate(State.UNKNOWN, None,
-                              f"data too coarse (one sample per {per:.1f} s) and {why}: a "
-                              "low flat duty cycle could be small work", t)
+            return _Candidate(
+                State.UNKNOWN,
+                None,
+                f"data too coarse (one sample per {per:.1f} s) and {why}: a "
+                "low flat duty cycle could be small work",
+                t,
+            )
         cause = self._cause(t, w.span_s)
-        note = f"coarse data (one sample per {tr.period_s:.1f} s): judged on the duty " \
-               "cycle alone" if coarse else None
-        return _Candidate(State.STARVED, cause, note, t, w.span_s * 0.4,
-                          clear=d < cfg.starved_duty - cfg.clear_margin)
+        note = (
+            f"coarse data (one sample per {tr.period_s:.1f} s): judged on the duty cycle alone"
+            if coarse
+            else None
+        )
+        return _Candidate(
+            State.STARVED,
+            cause,
+            note,
+            t,
+            w.span_s * 0.4,
+            clear=d < cfg.starved_duty - cfg.clear_margin,
+        )
 
     def _isolated(self, tr: GpuTrack, t: float, w: Window) -> bool:
         """A dip, not a pattern: the window's idle time sits in one gap (open or just
@@ -392,22 +450,25 @@ class Detector:
         main = h.get("main_cpu_pct")
         iowait = h.get("iowait_pct")
         read = h.get("read_bytes_per_s")
-        cpu_sat = (wmean is not None and nworkers >= 0.5 and
-                   wmean >= cfg.cpu_worker_saturated_pct) or \
-            (host_cpu is not None and host_cpu >= cfg.cpu_host_saturated_pct)
-        io = (iowait is not None and iowait >= cfg.io_iowait_pct) or \
-            (read is not None and read >= cfg.io_read_bytes_per_s)
+        cpu_sat = (
+            wmean is not None and nworkers >= 0.5 and wmean >= cfg.cpu_worker_saturated_pct
+        ) or (host_cpu is not None and host_cpu >= cfg.cpu_host_saturated_pct)
+        io = (iowait is not None and iowait >= cfg.io_iowait_pct) or (
+            read is not None and read >= cfg.io_read_bytes_per_s
+        )
         if io and not cpu_sat:
             return Cause.IO
         if cpu_sat:
             return Cause.CPU
-        if main is not None and main >= cfg.gil_main_pct and \
-                (wmean is None or nworkers < 0.5 or wmean < cfg.gil_rest_max_pct):
+        if (
+            main is not None
+            and main >= cfg.gil_main_pct
+            and (wmean is None or nworkers < 0.5 or wmean < cfg.gil_rest_max_pct)
+        ):
             return Cause.GIL
         return Cause.UNKNOWN
 
-    def _run_rules(self, t: float, cands: dict[int, _Candidate],
-                   wins: dict[int, Window]) -> None:
+    def _run_rules(self, t: float, cands: dict[int, _Candidate], wins: dict[int, Window]) -> None:
         """Multi-GPU overrides: busy-waiting peers next to a straggler; all-GPU pauses."""
         cfg = self.cfg
         busywait: set[int] = set()
@@ -416,19 +477,31 @@ class Detector:
             ref = tr.power_ref_watts(self._run_peak_watts)
             if ref is None or w.power_watts is None:
                 continue  # no power reading: a busy GPU is never taken for a waiting one
-            if tr.power_watts is None or tr.power_watts > cfg.busywait_power_share * ref or \
-                    w.duty is None or w.duty * 100 < cfg.busywait_util_pct - 10:
+            if (
+                tr.power_watts is None
+                or tr.power_watts > cfg.busywait_power_share * ref
+                or w.duty is None
+                or w.duty * 100 < cfg.busywait_util_pct - 10
+            ):
                 continue  # drawing real power now, or not pinned: not waiting
             if w.span_s > cfg.busywait_window_s:  # power is a 1 s mean: a short window will do
                 w = tr.window(t, cfg.busywait_window_s)
-            if w.duty is not None and w.power_watts is not None and ref and \
-                    tr.seen_work and w.duty * 100 >= cfg.busywait_util_pct and \
-                    w.power_watts <= cfg.busywait_power_share * ref:
+            if (
+                w.duty is not None
+                and w.power_watts is not None
+                and ref
+                and tr.seen_work
+                and w.duty * 100 >= cfg.busywait_util_pct
+                and w.power_watts <= cfg.busywait_power_share * ref
+            ):
                 busywait.add(idx)
         self._busywait = busywait
         self._straggler = None
-        working = [i for i, tr in self._tracks.items()
-                   if tr.seen_work and wins[i].duty is not None and tr.held() is not False]
+        working = [
+            i
+            for i, tr in self._tracks.items()
+            if tr.seen_work and wins[i].duty is not None and tr.held() is not False
+        ]
         if busywait:
             others = [i for i in working if i not in busywait]
             strag = [i for i in others if (wins[i].duty or 0.0) * 100 < cfg.busywait_util_pct]
@@ -436,23 +509,36 @@ class Detector:
                 # Most peers pinned at low power: no borderline case, confirm at once.
                 clear = len(busywait) >= max(1, len(working) // 2)
                 for i in busywait:
-                    cands[i] = _Candidate(State.SYNC_STALL, None,
-                                          "busy-waiting on a peer (high utilisation, low "
-                                          "power)", t, wins[i].span_s * 0.5, clear)
+                    cands[i] = _Candidate(
+                        State.SYNC_STALL,
+                        None,
+                        "busy-waiting on a peer (high utilisation, low power)",
+                        t,
+                        wins[i].span_s * 0.5,
+                        clear,
+                    )
                 if strag:
                     s = min(strag, key=lambda i: wins[i].duty or 0.0)
                     self._straggler = s
-                    cands[s] = _Candidate(State.SYNC_STALL, None,
-                                          "straggler: its peers wait on it", t,
-                                          wins[s].span_s * 0.5, clear)
+                    cands[s] = _Candidate(
+                        State.SYNC_STALL,
+                        None,
+                        "straggler: its peers wait on it",
+                        t,
+                        wins[s].span_s * 0.5,
+                        clear,
+                    )
         # All-GPU pauses (checkpoints, host syncs), eval by eval.
         prev = self._last_eval if self._last_eval is not None else t
-        if self._pauses.step(t, prev, [self._tracks[i] for i in working],
-                             self._run_peak_watts):
+        if self._pauses.step(t, prev, [self._tracks[i] for i in working], self._run_peak_watts):
             for i in working:
-                cands[i] = _Candidate(State.SYNC_STALL, None,
-                                      "all GPUs pause together (checkpoint or host sync)", t,
-                                      max(0.0, t - self._pauses.first_s))  # first pause on
+                cands[i] = _Candidate(
+                    State.SYNC_STALL,
+                    None,
+                    "all GPUs pause together (checkpoint or host sync)",
+                    t,
+                    max(0.0, t - self._pauses.first_s),
+                )  # first pause on
 
     def _apply(self, key: int, uuid: str, c: _Candidate, t: float) -> float | None:
         """Hysteresis: switch the GPU's episode once its candidate has lasted long enough."""
@@ -471,8 +557,10 @@ class Detector:
             pend.clear = True  # the case became clear while pending
         # Evals come every tick that is >= 0.9 interval on: jittered tick times must not
         # cost a whole extra interval, so the confirmation time allows the same slack.
-        if ep is not None and \
-                t - pend.since_s < self._confirm_s(ep, pend) - 0.1 * self.cfg.eval_interval_s:
+        if (
+            ep is not None
+            and t - pend.since_s < self._confirm_s(ep, pend) - 0.1 * self.cfg.eval_interval_s
+        ):
             return None
         start = pend.since_s - pend.backdate_s
         if ep is not None:
@@ -484,8 +572,17 @@ class Detector:
         ev = self._gpu_evidence(tr, t)
         self._evidence[key] = ev
         self._evidence_age[key] = 0
-        new = Episode(key, uuid, c.state, c.cause, start, None, ev,
-                      advice_for(c.state, c.cause, ev, c.note), c.note)
+        new = Episode(
+            key,
+            uuid,
+            c.state,
+            c.cause,
+            start,
+            None,
+            ev,
+            advice_for(c.state, c.cause, ev, c.note),
+            c.note,
+        )
         self._episodes[key] = new
         self._opened.append(new)
         tr.state = c.state
@@ -518,8 +615,9 @@ class Detector:
             duty = self._tracks[key].duty_between(ep.start_s, end)
             if duty is not None:
                 ev["duty_cycle"] = round(duty, 4)  # over the episode, not the last window
-        closed = replace(ep, end_s=end, evidence=ev,
-                         advice=advice_for(ep.state, ep.cause, ev, ep.note))
+        closed = replace(
+            ep, end_s=end, evidence=ev, advice=advice_for(ep.state, ep.cause, ev, ep.note)
+        )
         secs = self._seconds.setdefault(key, dict.fromkeys(_ALL_STATES, 0.0))
         secs[ep.state] += end - ep.start_s
         self._closed.append(closed)
@@ -545,8 +643,9 @@ class Detector:
             st = State.SYNC_STALL
         elif State.STARVED in kinds:
             st = State.STARVED
-            cause = Counter(ep.cause for ep in states
-                            if ep.state is State.STARVED).most_common(1)[0][0]
+            cause = Counter(ep.cause for ep in states if ep.state is State.STARVED).most_common(1)[
+                0
+            ][0]
         elif State.HEALTHY in kinds:
             st = State.HEALTHY
         elif kinds == {State.IDLE}:
@@ -567,8 +666,7 @@ class Detector:
             start = min(ep.start_s for ep in states)
         ev = self._run_evidence(t)
         self._evidence[None] = ev
-        new = Episode(None, None, st, cause, start, None, ev,
-                      advice_for(st, cause, ev, note), note)
+        new = Episode(None, None, st, cause, start, None, ev, advice_for(st, cause, ev, note), note)
         self._episodes[None] = new
         self._opened.append(new)
 

@@ -33,9 +33,14 @@ class Window:
 class GpuTrack:
     """Everything the detector remembers about one GPU: bounded, updated per tick."""
 
-    def __init__(self, index: int, uuid: str, cfg: DetectorConfig,
-                 power_limit_watts: float | None = None,
-                 mem_total_bytes: int | None = None) -> None:
+    def __init__(
+        self,
+        index: int,
+        uuid: str,
+        cfg: DetectorConfig,
+        power_limit_watts: float | None = None,
+        mem_total_bytes: int | None = None,
+    ) -> None:
         self.index = index
         self.uuid = uuid
         self.cfg = cfg
@@ -91,15 +96,21 @@ class GpuTrack:
         pts = g.util_samples
         if pts:
             self.has_fine = True
-        elif self.has_fine and self.last_t is not None and \
-                g.t_s - self.last_t < 2.5 * (self.period_s or 1.0):
+        elif (
+            self.has_fine
+            and self.last_t is not None
+            and g.t_s - self.last_t < 2.5 * (self.period_s or 1.0)
+        ):
             pts = ()  # the driver's next sample is simply not due yet
         else:
             # Coarse source, or a buffer silent for longer than its period ("possibly idle",
             # NVML NotFound): fall back on the instantaneous reading, else on power.
             u = g.util_pct
-            if (u is None or self.has_fine) and g.processes == () and \
-                    self._looks_powered_down(g.power_watts):
+            if (
+                (u is None or self.has_fine)
+                and g.processes == ()
+                and self._looks_powered_down(g.power_watts)
+            ):
                 # No utilisation reading at all, or a driver buffer gone quiet while the
                 # instantaneous reading lags: a GPU that nothing holds and that draws idle
                 # power is known to be idle.  With a process on it, no reading stays
@@ -143,8 +154,9 @@ class GpuTrack:
         refs = [r for r in (self.power_peak_watts, self.power_limit_watts) if r is not None]
         return bool(refs) and p < 0.3 * max(refs)
 
-    def _fold(self, pts, cfg: DetectorConfig, out_bursts: list, out_gaps: list,
-              stand_in: bool = False) -> None:
+    def _fold(
+        self, pts, cfg: DetectorConfig, out_bursts: list, out_gaps: list, stand_in: bool = False
+    ) -> None:
         thr = cfg.busy_util_pct
         last_t = self.last_t
         n = len(pts)
@@ -244,8 +256,18 @@ class GpuTrack:
 
     def record(self, t: float) -> None:
         """Push the running totals at an eval time (one record per eval)."""
-        self.hist.push((t, self.cum_cov, self.cum_busy, self.cum_gaps, self.cum_pw,
-                        self.cum_pw_cov, self.cum_bursts, self.cum_act))
+        self.hist.push(
+            (
+                t,
+                self.cum_cov,
+                self.cum_busy,
+                self.cum_gaps,
+                self.cum_pw,
+                self.cum_pw_cov,
+                self.cum_bursts,
+                self.cum_act,
+            )
+        )
 
     def window(self, t: float, span_s: float) -> Window:
         """Totals over the last ``span_s`` seconds before ``t`` (after ``record(t)``)."""
@@ -284,8 +306,7 @@ class GpuTrack:
             return 0.0
         return self.last_t - self.run_start
 
-    def cycle_period_s(self, t: float | None = None, recent_s: float = 90.0
-                       ) -> float | None:
+    def cycle_period_s(self, t: float | None = None, recent_s: float = 90.0) -> float | None:
         """Median burst+gap cycle, of cycles that ended in the last ``recent_s``.
 
         Cached: recomputed when a gap completed or 10 s passed (quantiles are not free).
@@ -313,7 +334,7 @@ class GpuTrack:
             ends = self.cycle_ends
             cut = t - recent_s
             if ends and not ends[0] >= cut:
-                vals = vals[bisect_left(ends, cut):]
+                vals = vals[bisect_left(ends, cut) :]
         if len(vals) < 3:
             return None
         vals.sort()

@@ -10,13 +10,21 @@ from gpumon.detect.rings import History
 from gpumon.model import HostSample, ProcTreeSample
 
 # Quantities tracked, in evidence-key names.
-KEYS = ("main_cpu_pct", "workers_cpu_pct", "workers", "host_cpu_pct", "iowait_pct",
-        "read_bytes_per_s", "max_core_pct")
+KEYS = (
+    "main_cpu_pct",
+    "workers_cpu_pct",
+    "workers",
+    "host_cpu_pct",
+    "iowait_pct",
+    "read_bytes_per_s",
+    "max_core_pct",
+)
 NK = len(KEYS)
 
 
-def _tree_readings(tree: ProcTreeSample) -> tuple[float | None, float | None, float | None,
-                                                  float | None]:
+def _tree_readings(
+    tree: ProcTreeSample,
+) -> tuple[float | None, float | None, float | None, float | None]:
     """(main CPU, mean CPU per worker, worker count, tree read bytes/s) of one tree sample."""
     main = None
     wsum = 0.0
@@ -44,8 +52,7 @@ class HostTrack:
         self.seen = False
         self.cpu_count: int | None = None
 
-    def ingest(self, host: HostSample | None, tree: ProcTreeSample | None,
-               weight: float) -> None:
+    def ingest(self, host: HostSample | None, tree: ProcTreeSample | None, weight: float) -> None:
         if host is None and tree is None:
             return
         vals: list[float | None] = [None] * NK

@@ -25,12 +25,12 @@ class PauseTracker:
         self.first_s = 0.0  # start of the first pause of the current pattern
         self.skew_s: float | None = None  # how far apart the GPUs entered the last pause
 
-    def step(self, t: float, prev_eval: float, working: Sequence[GpuTrack],
-             run_peak_watts: float | None) -> bool:
+    def step(
+        self, t: float, prev_eval: float, working: Sequence[GpuTrack], run_peak_watts: float | None
+    ) -> bool:
         """Fold one eval in; True while the pauses amount to a sync stall."""
         cfg = self.cfg
-        paused = len(working) >= 2 and all(
-            self._quiet(tr, t, run_peak_watts) for tr in working)
+        paused = len(working) >= 2 and all(self._quiet(tr, t, run_peak_watts) for tr in working)
         if paused and self.open_since is None:
             self.open_since = prev_eval
             starts = [tr.run_start for tr in working if not tr.run_busy]
@@ -64,8 +64,12 @@ class PauseTracker:
         # Spinning through the pause counts as paused: high util, low power now.
         ref = tr.power_ref_watts(run_peak_watts)
         p = tr.power_watts
-        return bool(u >= cfg.busywait_util_pct and p is not None and ref and
-                    p <= cfg.busywait_power_share * ref)
+        return bool(
+            u >= cfg.busywait_util_pct
+            and p is not None
+            and ref
+            and p <= cfg.busywait_power_share * ref
+        )
 
     def _pattern(self, t: float, working: Sequence[GpuTrack]) -> bool:
         cfg = self.cfg

@@ -98,8 +98,15 @@ def _jit(rng: random.Random, x: float, sigma: float = 0.2) -> float:
     return x * math.exp(rng.gauss(0.0, sigma))
 
 
-def _alternate(rng: random.Random, t0: float, t1: float, burst: float, gap: float,
-               out: list[tuple[float, float]], sigma: float = 0.2) -> None:
+def _alternate(
+    rng: random.Random,
+    t0: float,
+    t1: float,
+    burst: float,
+    gap: float,
+    out: list[tuple[float, float]],
+    sigma: float = 0.2,
+) -> None:
     """Bursts of ~burst s separated by gaps of ~gap s, random phase, jittered."""
     t = t0 + rng.uniform(0.0, burst + gap)
     if t - t0 > gap:  # start inside a burst
@@ -134,8 +141,7 @@ class _Gpu:
     labels: list[Label] = field(default_factory=list)
 
 
-def _build(rng: random.Random, phases: Sequence[Phase], n: int, straggler: int
-           ) -> list[_Gpu]:
+def _build(rng: random.Random, phases: Sequence[Phase], n: int, straggler: int) -> list[_Gpu]:
     gpus = [_Gpu(i) for i in range(n)]
     t = 0.0
     pause_grid: list[tuple[float, float]] = []
@@ -156,12 +162,14 @@ def _build(rng: random.Random, phases: Sequence[Phase], n: int, straggler: int
                     a = rng.uniform(t, t1)
                     g.compute.append((a, min(t1, a + rng.uniform(0.05, 0.3))))
             elif ph.kind == "healthy":
-                _alternate(rng, t, t1, rng.uniform(0.3, 3.0), rng.uniform(0.002, 0.03),
-                           g.compute, 0.3)
+                _alternate(
+                    rng, t, t1, rng.uniform(0.3, 3.0), rng.uniform(0.002, 0.03), g.compute, 0.3
+                )
             elif ph.kind == "starved":
                 burst, duty = ph.params["burst_s"], ph.params["duty"]
-                _alternate(rng, t, t1, _jit(rng, burst, 0.1),
-                           burst * (1.0 - duty) / duty, g.compute)
+                _alternate(
+                    rng, t, t1, _jit(rng, burst, 0.1), burst * (1.0 - duty) / duty, g.compute
+                )
             elif ph.kind == "straggler":
                 if g.index == straggler:
                     burst, duty = ph.params["burst_s"], ph.params["duty"]
@@ -169,8 +177,14 @@ def _build(rng: random.Random, phases: Sequence[Phase], n: int, straggler: int
                 else:
                     # Short compute, then spin in the collective until the straggler arrives.
                     comp: list[tuple[float, float]] = []
-                    _alternate(rng, t, t1, 0.15, 0.15 * (1 - ph.params["peer_compute"])
-                               / ph.params["peer_compute"], comp)
+                    _alternate(
+                        rng,
+                        t,
+                        t1,
+                        0.15,
+                        0.15 * (1 - ph.params["peer_compute"]) / ph.params["peer_compute"],
+                        comp,
+                    )
                     g.compute += comp
                     prev = t
                     for a, b in comp:
@@ -181,11 +195,9 @@ def _build(rng: random.Random, phases: Sequence[Phase], n: int, straggler: int
                         g.spin.append((prev, t1))
             elif ph.kind == "pauses":
                 busy: list[tuple[float, float]] = []
-                _alternate(rng, t, t1, rng.uniform(0.3, 3.0), rng.uniform(0.002, 0.03),
-                           busy, 0.3)
+                _alternate(rng, t, t1, rng.uniform(0.3, 3.0), rng.uniform(0.002, 0.03), busy, 0.3)
                 spin = ph.params.get("spin", 0.0) > 0.5
-                _cut(busy, pause_grid, g.compute, g.spin if spin else None,
-                     rng.uniform(-0.2, 0.2))
+                _cut(busy, pause_grid, g.compute, g.spin if spin else None, rng.uniform(-0.2, 0.2))
         t = t1
     for g in gpus:
         g.compute.sort()
@@ -193,9 +205,13 @@ def _build(rng: random.Random, phases: Sequence[Phase], n: int, straggler: int
     return gpus
 
 
-def _cut(busy: list[tuple[float, float]], pauses: list[tuple[float, float]],
-         out: list[tuple[float, float]], spin_out: list[tuple[float, float]] | None,
-         shift: float) -> None:
+def _cut(
+    busy: list[tuple[float, float]],
+    pauses: list[tuple[float, float]],
+    out: list[tuple[float, float]],
+    spin_out: list[tuple[float, float]] | None,
+    shift: float,
+) -> None:
     """Remove the (shifted) pauses from busy intervals; spin through them if asked."""
     ps = [(a + shift, b + shift) for a, b in pauses]
     for a, b in busy:
@@ -235,8 +251,9 @@ def _label_of(ph: Phase, gpu: int, straggler: int) -> tuple[State, Cause | None,
 # --- host and process tree --------------------------------------------------------------
 
 
-def _host_tree(rng: random.Random, ph: Phase, t: float, cores: int, nworkers: int,
-               root: int) -> tuple[HostSample, ProcTreeSample | None]:
+def _host_tree(
+    rng: random.Random, ph: Phase, t: float, cores: int, nworkers: int, root: int
+) -> tuple[HostSample, ProcTreeSample | None]:
     kind, cause = ph.kind, ph.cause
     main = rng.uniform(55, 95)
     wcpu = [rng.uniform(25, 60) for _ in range(nworkers)]
@@ -264,17 +281,34 @@ def _host_tree(rng: random.Random, ph: Phase, t: float, cores: int, nworkers: in
     elif kind == "idle_mem":
         main, wcpu = rng.uniform(0, 3), [rng.uniform(0, 2) for _ in range(nworkers)]
     busy_cores = (main + sum(wcpu)) / 100 + rng.uniform(0.0, 0.3)
-    per_core = [min(100.0, max(0.0, rng.gauss(100 * busy_cores / cores, 5)))
-                for _ in range(cores)]
+    per_core = [min(100.0, max(0.0, rng.gauss(100 * busy_cores / cores, 5))) for _ in range(cores)]
     cpu = min(100.0, 100 * busy_cores / cores + rng.uniform(0, 2))
-    host = HostSample(t, tuple(per_core), cpu, iowait, busy_cores, busy_cores, busy_cores,
-                      disk_read_bytes_per_s=read * rng.uniform(1.0, 1.2))
+    host = HostSample(
+        t,
+        tuple(per_core),
+        cpu,
+        iowait,
+        busy_cores,
+        busy_cores,
+        busy_cores,
+        disk_read_bytes_per_s=read * rng.uniform(1.0, 1.2),
+    )
     if kind == "idle":
         return host, None
     procs = [ProcessSample(root, 1, "python", main, 12, read * 0.05, 0.0, "running")]
     for k in range(workers):
-        procs.append(ProcessSample(root + 1 + k, root, "pt_data_worker", wcpu[k], 2,
-                                   read * 0.95 / max(1, workers), 0.0, status))
+        procs.append(
+            ProcessSample(
+                root + 1 + k,
+                root,
+                "pt_data_worker",
+                wcpu[k],
+                2,
+                read * 0.95 / max(1, workers),
+                0.0,
+                status,
+            )
+        )
     return host, ProcTreeSample(t, root, tuple(procs))
 
 
@@ -285,9 +319,15 @@ def _phases(rng: random.Random, scenario: str, n: int, dur: float) -> list[Phase
     startup = Phase("startup", rng.uniform(8.0, 40.0))
 
     def starved(d: float, cause: Cause | None = None) -> Phase:
-        return Phase("starved", d, cause or rng.choice((Cause.CPU, Cause.GIL, Cause.IO)),
-                     params={"burst_s": math.exp(rng.uniform(math.log(0.08), math.log(2.0))),
-                             "duty": rng.uniform(0.15, 0.65)})
+        return Phase(
+            "starved",
+            d,
+            cause or rng.choice((Cause.CPU, Cause.GIL, Cause.IO)),
+            params={
+                "burst_s": math.exp(rng.uniform(math.log(0.08), math.log(2.0))),
+                "duty": rng.uniform(0.15, 0.65),
+            },
+        )
 
     if scenario == "healthy":
         return [startup, Phase("healthy", dur)]
@@ -296,18 +336,44 @@ def _phases(rng: random.Random, scenario: str, n: int, dur: float) -> list[Phase
     if scenario == "healthy_then_starved":
         return [startup, Phase("healthy", dur * 0.5), starved(dur * 0.5)]
     if scenario == "straggler":
-        return [startup, Phase("healthy", dur * 0.3),
-                Phase("straggler", dur * 0.7, params={
-                    "burst_s": rng.uniform(0.3, 1.5), "duty": rng.uniform(0.35, 0.7),
-                    "peer_compute": rng.uniform(0.1, 0.3)})]
+        return [
+            startup,
+            Phase("healthy", dur * 0.3),
+            Phase(
+                "straggler",
+                dur * 0.7,
+                params={
+                    "burst_s": rng.uniform(0.3, 1.5),
+                    "duty": rng.uniform(0.35, 0.7),
+                    "peer_compute": rng.uniform(0.1, 0.3),
+                },
+            ),
+        ]
     if scenario == "checkpoint":
-        return [startup, Phase("pauses", dur, label=State.HEALTHY, params={
-            "pause_s": rng.uniform(1.0, 4.0), "every_s": rng.uniform(60.0, 180.0)})]
+        return [
+            startup,
+            Phase(
+                "pauses",
+                dur,
+                label=State.HEALTHY,
+                params={"pause_s": rng.uniform(1.0, 4.0), "every_s": rng.uniform(60.0, 180.0)},
+            ),
+        ]
     if scenario == "sync_pauses":
-        return [startup, Phase("healthy", dur * 0.25),
-                Phase("pauses", dur * 0.75, label=State.SYNC_STALL, params={
-                    "pause_s": rng.uniform(6.0, 15.0), "every_s": rng.uniform(20.0, 40.0),
-                    "spin": float(rng.random() < 0.4)})]
+        return [
+            startup,
+            Phase("healthy", dur * 0.25),
+            Phase(
+                "pauses",
+                dur * 0.75,
+                label=State.SYNC_STALL,
+                params={
+                    "pause_s": rng.uniform(6.0, 15.0),
+                    "every_s": rng.uniform(20.0, 40.0),
+                    "spin": float(rng.random() < 0.4),
+                },
+            ),
+        ]
     if scenario == "idle":
         return [Phase("idle", dur)]
     if scenario == "idle_mem":
@@ -321,9 +387,16 @@ def _phases(rng: random.Random, scenario: str, n: int, dur: float) -> list[Phase
     raise ValueError(f"unknown scenario {scenario!r}; known: {', '.join(SCENARIOS)}")
 
 
-def generate(scenario: str, seed: int = 0, *, gpus: int | None = None,
-             period_s: float | None = None, duration_s: float | None = None,
-             tick_s: float = 1.0, phases: Sequence[Phase] | None = None) -> SynthTrace:
+def generate(
+    scenario: str,
+    seed: int = 0,
+    *,
+    gpus: int | None = None,
+    period_s: float | None = None,
+    duration_s: float | None = None,
+    tick_s: float = 1.0,
+    phases: Sequence[Phase] | None = None,
+) -> SynthTrace:
     """One labelled trace.  Unset knobs are drawn from the seed (deterministically).
 
     ``phases`` replaces the scenario's own story (the scenario name still seeds the
@@ -350,12 +423,30 @@ def generate(scenario: str, seed: int = 0, *, gpus: int | None = None,
     nworkers = rng.randint(2, min(8, cores // max(1, n)))
     if any(p.cause is Cause.GIL for p in phases):
         nworkers = rng.choice((0, nworkers))
-    identities = tuple(GpuIdentity(i, f"GPU-synth-{seed:04d}-{i}", "Synthetic H100",
-                                   f"00000000:{i + 1:02X}:00.0", mem_total, limit)
-                       for i in range(n))
-    header = TraceHeader(1, "synth", "synth-host", 1_700_000_000.0, 0.0, tick_s,
-                         cpu_count=cores, watched_pid=4242, command=("python", "train.py"),
-                         gpus=identities, extra={"scenario": scenario, "seed": seed})
+    identities = tuple(
+        GpuIdentity(
+            i,
+            f"GPU-synth-{seed:04d}-{i}",
+            "Synthetic H100",
+            f"00000000:{i + 1:02X}:00.0",
+            mem_total,
+            limit,
+        )
+        for i in range(n)
+    )
+    header = TraceHeader(
+        1,
+        "synth",
+        "synth-host",
+        1_700_000_000.0,
+        0.0,
+        tick_s,
+        cpu_count=cores,
+        watched_pid=4242,
+        command=("python", "train.py"),
+        gpus=identities,
+        extra={"scenario": scenario, "seed": seed},
+    )
     busy_w = [limit * rng.uniform(0.78, 0.95) for _ in range(n)]
     spin_w = [limit * rng.uniform(0.2, 0.32) for _ in range(n)]
     idle_w = limit * 0.1
@@ -396,13 +487,20 @@ def generate(scenario: str, seed: int = 0, *, gpus: int | None = None,
             else:
                 c, cur[0] = _busy_overlap(g.compute, t_prev, t, cur[0])
                 s, cur[1] = _busy_overlap(g.spin, t_prev, t, cur[1])
-                last_u[i] = min(100.0, max(0.0, round(100 * (c + s) / tick_s
-                                                      + rng.gauss(0, 1.0))))
+                last_u[i] = min(100.0, max(0.0, round(100 * (c + s) / tick_s + rng.gauss(0, 1.0))))
             cshare, cur[2] = _busy_overlap(g.compute, t_prev, t, cur[2])
             sshare, cur[3] = _busy_overlap(g.spin, t_prev, t, cur[3])
-            power = None if no_power else round(
-                idle_w + (busy_w[i] - idle_w) * cshare / tick_s
-                + (spin_w[i] - idle_w) * sshare / tick_s + rng.gauss(0, 3), 1)
+            power = (
+                None
+                if no_power
+                else round(
+                    idle_w
+                    + (busy_w[i] - idle_w) * cshare / tick_s
+                    + (spin_w[i] - idle_w) * sshare / tick_s
+                    + rng.gauss(0, 3),
+                    1,
+                )
+            )
             if ph.kind == "idle":
                 mem, procs = 300 * 1024**2, ()
             else:
@@ -411,28 +509,44 @@ def generate(scenario: str, seed: int = 0, *, gpus: int | None = None,
                 procs = (GpuProcess(4242 + i, mem),)
             if coarse:
                 procs = None
-            samples.append(GpuSample(
-                tick_t, i, identities[i].uuid,
-                util_samples=() if (silent_idle or coarse) else tuple(pts),
-                util_pct=last_u[i],
-                mem_used_bytes=mem, mem_total_bytes=mem_total,
-                power_watts=power, power_limit_watts=None if no_power else limit,
-                processes=procs,
-                unsupported=("power",) if no_power else ()))
-        host, tree = (None, None) if coarse else _host_tree(rng, ph, tick_t, cores, nworkers,
-                                                             4242)
+            samples.append(
+                GpuSample(
+                    tick_t,
+                    i,
+                    identities[i].uuid,
+                    util_samples=() if (silent_idle or coarse) else tuple(pts),
+                    util_pct=last_u[i],
+                    mem_used_bytes=mem,
+                    mem_total_bytes=mem_total,
+                    power_watts=power,
+                    power_limit_watts=None if no_power else limit,
+                    processes=procs,
+                    unsupported=("power",) if no_power else (),
+                )
+            )
+        host, tree = (None, None) if coarse else _host_tree(rng, ph, tick_t, cores, nworkers, 4242)
         snaps.append(Snapshot(tick_t, tuple(samples), host, tree))
     labels = tuple(lab for g in timelines for lab in g.labels)
     if coarse:  # no host data: no cause can be known
-        labels = tuple(Label(lab.start_s, lab.end_s, lab.gpu, lab.state,
-                             Cause.UNKNOWN if lab.state is State.STARVED else lab.cause,
-                             lab.note) for lab in labels)
-    return SynthTrace(f"{scenario}/{seed}", seed, header, tuple(snaps), labels,
-                      tuple(phases), period)
+        labels = tuple(
+            Label(
+                lab.start_s,
+                lab.end_s,
+                lab.gpu,
+                lab.state,
+                Cause.UNKNOWN if lab.state is State.STARVED else lab.cause,
+                lab.note,
+            )
+            for lab in labels
+        )
+    return SynthTrace(
+        f"{scenario}/{seed}", seed, header, tuple(snaps), labels, tuple(phases), period
+    )
 
 
-def corpus(seeds: Sequence[int] = range(8), scenarios: Sequence[str] = SCENARIOS,
-           **kw: float | int | None) -> Iterator[SynthTrace]:
+def corpus(
+    seeds: Sequence[int] = range(8), scenarios: Sequence[str] = SCENARIOS, **kw: float | int | None
+) -> Iterator[SynthTrace]:
     """Every scenario for every seed (knobs not given are drawn per trace)."""
     for seed in seeds:
         for sc in scenarios:

@@ -95,7 +95,7 @@ def parse_environ(data: bytes) -> dict[str, str]:
     for item in data.split(b"\0"):
         for w in wanted:
             if item.startswith(w):
-                out[w[:-1].decode()] = item[len(w):].decode(errors="replace")
+                out[w[:-1].decode()] = item[len(w) :].decode(errors="replace")
     return out
 
 
@@ -151,9 +151,10 @@ class JobResolver:
         pod = namespace = ""
         if want_k8s and pod_uid:
             pod = env.get("POD_NAME") or env.get("HOSTNAME") or pod_uid
-            namespace = env.get("POD_NAMESPACE") or (
-                _read_text(f"{base}/root/{_SA_NAMESPACE}") or ""
-            ).strip()
+            namespace = (
+                env.get("POD_NAMESPACE")
+                or (_read_text(f"{base}/root/{_SA_NAMESPACE}") or "").strip()
+            )
         else:
             container = ""
         return JobLabels(hpc_job=hpc_job, pod=pod, namespace=namespace, container=container)

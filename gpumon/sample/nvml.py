@@ -48,6 +48,7 @@ _NO_DRIVER = {
     pynvml.NVML_ERROR_FUNCTION_NOT_FOUND: "the NVIDIA driver is too old for these NVML bindings",
 }
 
+
 def nvml_init() -> None:
     """Initialise NVML once per process; later calls are free.
 

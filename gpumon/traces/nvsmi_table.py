@@ -49,8 +49,12 @@ _DATE_RE = re.compile(
     r"^\s*(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun) (?P<mon>[A-Z][a-z]{2}) +(?P<day>\d{1,2}) "
     r"(?P<hms>\d{2}:\d{2}:\d{2}) (?P<year>\d{4})\s*$"
 )
-_MONTHS = {m: i for i, m in enumerate(
-    ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"), 1)}
+_MONTHS = {
+    m: i
+    for i, m in enumerate(
+        ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"), 1
+    )
+}
 _DRIVER_RE = re.compile(r"Driver Version:\s*(\S+)")
 
 
@@ -62,14 +66,20 @@ def sniff(head: list[str]) -> bool:
 
 def _date(m: re.Match[str]) -> float:
     h, mi, s = (int(x) for x in m.group("hms").split(":"))
-    return float(calendar.timegm(
-        (int(m.group("year")), _MONTHS[m.group("mon")], int(m.group("day")), h, mi, s, 0, 0, 0)
-    ))
+    return float(
+        calendar.timegm(
+            (int(m.group("year")), _MONTHS[m.group("mon")], int(m.group("day")), h, mi, s, 0, 0, 0)
+        )
+    )
 
 
 def _sample(
-    gpu: int, t: float, util: float | None, points: tuple[Point, ...],
-    stats: re.Match[str], ident: re.Match[str] | None
+    gpu: int,
+    t: float,
+    util: float | None,
+    points: tuple[Point, ...],
+    stats: re.Match[str],
+    ident: re.Match[str] | None,
 ) -> GpuSample:
     temp = num(stats.group("temp"))
     return GpuSample(
@@ -108,15 +118,20 @@ def read(
         elif (i := _ID_RE.match(line)) is not None:
             has_ids = True
             gpu = int(i.group("index"))
-            identities.setdefault(gpu, GpuIdentity(
-                index=gpu, uuid=i.group("bus"), name=i.group("name"), pci_bus_id=i.group("bus")))
+            identities.setdefault(
+                gpu,
+                GpuIdentity(
+                    index=gpu, uuid=i.group("bus"), name=i.group("name"), pci_bus_id=i.group("bus")
+                ),
+            )
         elif driver is None and (dv := _DRIVER_RE.search(line)) is not None:
             driver = dv.group(1)
         if len(prefix) >= PREFIX_LINES:
             break
     if not stats_keys:
-        raise TraceFormatError("no nvidia-smi GPU rows ('| N/A 34C P0 61W / 400W | ...') found",
-                               path=path)
+        raise TraceFormatError(
+            "no nvidia-smi GPU rows ('| N/A 34C P0 61W / 400W | ...') found", path=path
+        )
     extra: dict[str, object] = {}
     n = 1
     if not has_ids:

@@ -178,8 +178,9 @@ def open_trace(path: str | os.PathLike[str], fmt: str = "auto") -> OpenedTrace:
                     "gpumon traces are UTF-8 (plain or gzip): re-encode it first", path=name
                 )
             reader = TraceReader(name)
-            return OpenedTrace(name, fmt, reader.header, iter(reader), reader.warnings, None,
-                               lambda: reader.line)
+            return OpenedTrace(
+                name, fmt, reader.header, iter(reader), reader.warnings, None, lambda: reader.line
+            )
         warnings: list[str] = []
         _fmt, header, snapshots = read_lines(chain(head, text), fmt, name, warnings)
         return OpenedTrace(name, fmt, header, snapshots, warnings, text)

@@ -87,7 +87,9 @@ def run(args: argparse.Namespace) -> int:
             t, what = result.bad_tick
             guarded.error = TraceFormatError(
                 f"malformed values in the tick at t={t} ({what})",
-                path=trace.path, line=trace.line_of_last())
+                path=trace.path,
+                line=trace.line_of_last(),
+            )
             guarded.count = result.ticks
     if guarded.error is not None and guarded.count == 0:
         raise guarded.error

@@ -18,8 +18,13 @@ from gpumon.detect import Detector, DetectorConfig
 from gpumon.model import Cause, Episode, Snapshot, State, TraceHeader, Verdict
 
 BLOCKS = " ▁▂▃▄▅▆▇█"
-STATE_CHAR = {State.HEALTHY: "█", State.STARVED: "▒", State.SYNC_STALL: "≈",
-              State.IDLE: "·", State.UNKNOWN: "?"}
+STATE_CHAR = {
+    State.HEALTHY: "█",
+    State.STARVED: "▒",
+    State.SYNC_STALL: "≈",
+    State.IDLE: "·",
+    State.UNKNOWN: "?",
+}
 _STATES = tuple(State)
 OFFLINE_CONFIG = DetectorConfig(calm_factor=3.0)
 MAX_EPISODES = 400  # per GPU; older ones are dropped (and counted) beyond this
@@ -49,8 +54,9 @@ class Timeline:
                 a, b = 2 * i, 2 * i + 1
                 self.util[i] = self.util[a] + self.util[b]
                 self.cov[i] = self.cov[a] + self.cov[b]
-                self.states[i] = [x + y for x, y in zip(self.states[a], self.states[b],
-                                                        strict=True)]
+                self.states[i] = [
+                    x + y for x, y in zip(self.states[a], self.states[b], strict=True)
+                ]
             for i in range(half, self.n):
                 self.util[i] = 0.0
                 self.cov[i] = 0.0
@@ -104,8 +110,7 @@ class Timeline:
         return min(self.n, int((self.end - self.t0) / self.width) + 1)
 
     def util_series(self) -> list[float | None]:
-        return [self.util[i] / self.cov[i] if self.cov[i] > 0 else None
-                for i in range(self.used())]
+        return [self.util[i] / self.cov[i] if self.cov[i] > 0 else None for i in range(self.used())]
 
     def state_series(self) -> list[State | None]:
         out: list[State | None] = []
@@ -201,8 +206,9 @@ class AnalysisResult:
 PROBLEM_SHARE = 0.1
 
 
-def overall(seconds: dict[State, float] | None, episodes: Iterable[Episode]
-            ) -> tuple[State, Cause | None]:
+def overall(
+    seconds: dict[State, float] | None, episodes: Iterable[Episode]
+) -> tuple[State, Cause | None]:
     """The state that sums up a whole run (or GPU), and the cause by seconds if starved.
 
     The detector's verdict is the state *now*; a file is better summed up by what took
@@ -238,8 +244,9 @@ def _advice_over(episodes: Iterable[Episode], state: State, cause: Cause | None)
     return sorted(weight, key=lambda a: -weight[a])
 
 
-def analyze_snapshots(header: TraceHeader, snapshots: Iterable[Snapshot],
-                      config: DetectorConfig | None = None) -> AnalysisResult:
+def analyze_snapshots(
+    header: TraceHeader, snapshots: Iterable[Snapshot], config: DetectorConfig | None = None
+) -> AnalysisResult:
     """Run the detector over ``snapshots`` once, keeping bounded summaries per GPU.
 
     Without a config, the detector re-evaluates calm stretches only every third second:
@@ -329,9 +336,21 @@ def analyze_snapshots(header: TraceHeader, snapshots: Iterable[Snapshot],
     advice = _advice_over(every, state, cause) or list(verdict.advice)
     if state is State.HEALTHY:
         advice = []
-    return AnalysisResult(header, dict(sorted(gpus.items())), run_list, verdict, seconds,
-                          det.lost_gpu_seconds(), start, end, ticks, state, cause, advice,
-                          bad_tick)
+    return AnalysisResult(
+        header,
+        dict(sorted(gpus.items())),
+        run_list,
+        verdict,
+        seconds,
+        det.lost_gpu_seconds(),
+        start,
+        end,
+        ticks,
+        state,
+        cause,
+        advice,
+        bad_tick,
+    )
 
 
 # --- text ---------------------------------------------------------------------------------
@@ -355,23 +374,30 @@ def _secs(x: float | None) -> str:
 
 
 def _label(state: State, cause: object) -> str:
-    return f"{state.value}/{cause.value}" if cause is not None and \
-        state is State.STARVED else state.value  # type: ignore[attr-defined]
+    return (
+        f"{state.value}/{cause.value}"
+        if cause is not None and state is State.STARVED
+        else state.value
+    )  # type: ignore[attr-defined]
 
 
-_EV_TEXT = (("duty_cycle", "duty", _pct), ("burst_p50_s", "burst p50", _secs),
-            ("gap_p50_s", "gap p50", _secs), ("gap_p90_s", "gap p90", _secs),
-            ("period_s", "period", _secs),
-            ("power_share_of_peak", "power/peak", _pct),
-            ("main_cpu_pct", "main CPU", lambda v: f"{v:.0f} %"),
-            ("workers_cpu_pct", "worker CPU", lambda v: f"{v:.0f} %/worker"),
-            ("workers", "workers", lambda v: f"{v:.0f}"),
-            ("iowait_pct", "iowait", lambda v: f"{v:.0f} %"),
-            ("read_bytes_per_s", "read", lambda v: f"{v / 1e6:.0f} MB/s"),
-            ("effective_gpus", "effective GPUs", lambda v: f"{v:.1f}"),
-            ("straggler_gpu", "straggler", lambda v: f"GPU {v}"),
-            ("skew_s", "skew", _secs),
-            ("mem_headroom_ratio", "mem free", _pct))
+_EV_TEXT = (
+    ("duty_cycle", "duty", _pct),
+    ("burst_p50_s", "burst p50", _secs),
+    ("gap_p50_s", "gap p50", _secs),
+    ("gap_p90_s", "gap p90", _secs),
+    ("period_s", "period", _secs),
+    ("power_share_of_peak", "power/peak", _pct),
+    ("main_cpu_pct", "main CPU", lambda v: f"{v:.0f} %"),
+    ("workers_cpu_pct", "worker CPU", lambda v: f"{v:.0f} %/worker"),
+    ("workers", "workers", lambda v: f"{v:.0f}"),
+    ("iowait_pct", "iowait", lambda v: f"{v:.0f} %"),
+    ("read_bytes_per_s", "read", lambda v: f"{v / 1e6:.0f} MB/s"),
+    ("effective_gpus", "effective GPUs", lambda v: f"{v:.1f}"),
+    ("straggler_gpu", "straggler", lambda v: f"GPU {v}"),
+    ("skew_s", "skew", _secs),
+    ("mem_headroom_ratio", "mem free", _pct),
+)
 
 
 def _evidence_line(ev: dict) -> str:
@@ -389,8 +415,10 @@ def render_text(result: AnalysisResult, max_episodes: int = 12) -> str:
     t0 = result.start_s or 0.0
     out: list[str] = []
     src = result.header.source
-    out.append(f"gpumon analysis · {src} · {len(result.gpus)} GPU(s) · "
-               f"{_clock(result.end_s or t0, t0)} · {result.ticks} ticks")
+    out.append(
+        f"gpumon analysis · {src} · {len(result.gpus)} GPU(s) · "
+        f"{_clock(result.end_s or t0, t0)} · {result.ticks} ticks"
+    )
     verdict = result.state.value.upper().replace("_", " ")
     if result.cause is not None and result.state is State.STARVED:
         verdict += f" (cause: {result.cause.value})"
@@ -414,15 +442,18 @@ def render_text(result: AnalysisResult, max_episodes: int = 12) -> str:
             head += f"  now {_label(gv.state, gv.cause)}"
         head += f"  duty {_pct(s.duty_cycle)}  samples {s.samples}"
         out.append(head)
-        util = "".join(" " if u is None else BLOCKS[min(8, max(0, round(u / 12.5)))]
-                       for u in s.timeline.util_series())
-        states = "".join(" " if st is None else STATE_CHAR[st]
-                         for st in s.timeline.state_series())
+        util = "".join(
+            " " if u is None else BLOCKS[min(8, max(0, round(u / 12.5)))]
+            for u in s.timeline.util_series()
+        )
+        states = "".join(" " if st is None else STATE_CHAR[st] for st in s.timeline.state_series())
         out.append(f"  util  |{util}|")
         out.append(f"  state |{states}|  ({_secs(s.timeline.width)}/char)")
-        out.append(f"  bursts {s.bursts.n}: p50 {_secs(s.bursts.quantile(0.5))}, "
-                   f"p90 {_secs(s.bursts.quantile(0.9))} · gaps {s.gaps.n}: "
-                   f"p50 {_secs(s.gaps.quantile(0.5))}, p90 {_secs(s.gaps.quantile(0.9))}")
+        out.append(
+            f"  bursts {s.bursts.n}: p50 {_secs(s.bursts.quantile(0.5))}, "
+            f"p90 {_secs(s.bursts.quantile(0.9))} · gaps {s.gaps.n}: "
+            f"p50 {_secs(s.gaps.quantile(0.5))}, p90 {_secs(s.gaps.quantile(0.9))}"
+        )
         eps = list(s.episodes)
         shown = eps[-max_episodes:]
         hidden = len(eps) - len(shown) + s.dropped_episodes
@@ -430,13 +461,18 @@ def render_text(result: AnalysisResult, max_episodes: int = 12) -> str:
             out.append(f"  ({hidden} earlier episodes not shown)")
         for ep in shown:
             end = ep.end_s if ep.end_s is not None else result.end_s or ep.start_s
-            txt = f"  {_clock(ep.start_s, t0):>8}–{_clock(end, t0):<8} " \
-                  f"{_label(ep.state, ep.cause):<14}"
+            txt = (
+                f"  {_clock(ep.start_s, t0):>8}–{_clock(end, t0):<8} "
+                f"{_label(ep.state, ep.cause):<14}"
+            )
             if ep.note:
                 txt += f" ({ep.note})"
             out.append(txt)
-            evl = _evidence_line(ep.evidence) if ep.state is not State.HEALTHY else \
-                _evidence_line({"duty_cycle": ep.evidence.get("duty_cycle")})
+            evl = (
+                _evidence_line(ep.evidence)
+                if ep.state is not State.HEALTHY
+                else _evidence_line({"duty_cycle": ep.evidence.get("duty_cycle")})
+            )
             if evl:
                 out.append(f"{'':22}{evl}")
             if ep.advice and ep.state in (State.STARVED, State.SYNC_STALL):
@@ -458,9 +494,15 @@ def render_text(result: AnalysisResult, max_episodes: int = 12) -> str:
 
 
 def _episode_json(ep: Episode, end_default: float | None) -> dict:
-    return {"start": ep.start_s, "end": ep.end_s if ep.end_s is not None else end_default,
-            "state": ep.state.value, "cause": ep.cause.value if ep.cause else None,
-            "note": ep.note, "evidence": dict(ep.evidence), "advice": list(ep.advice)}
+    return {
+        "start": ep.start_s,
+        "end": ep.end_s if ep.end_s is not None else end_default,
+        "state": ep.state.value,
+        "cause": ep.cause.value if ep.cause else None,
+        "note": ep.note,
+        "evidence": dict(ep.evidence),
+        "advice": list(ep.advice),
+    }
 
 
 def _seconds_json(d: dict[State, float] | None) -> dict[str, float]:
@@ -475,31 +517,42 @@ def to_json(result: AnalysisResult) -> dict:
         gv = next((g for g in v.gpus if g.gpu == s.gpu), None)
         duty = s.duty_cycle
         gstate, gcause = overall(result.seconds.get(s.gpu), s.episodes)
-        gpus.append({
-            "gpu": s.gpu,
-            "uuid": s.uuid,
-            "state": gstate.value,
-            "cause": gcause.value if gcause else None,
-            "state_now": gv.state.value if gv else State.UNKNOWN.value,
-            "cause_now": gv.cause.value if gv and gv.cause else None,
-            "note": gv.note if gv else None,
-            "duty_cycle": None if duty is None else round(min(1.0, max(0.0, duty)), 4),
-            "samples": s.samples,
-            "seconds": _seconds_json(result.seconds.get(s.gpu)),
-            "bursts": {"count": s.bursts.n, "p50_s": s.bursts.quantile(0.5),
-                       "p90_s": s.bursts.quantile(0.9)},
-            "gaps": {"count": s.gaps.n, "p50_s": s.gaps.quantile(0.5),
-                     "p90_s": s.gaps.quantile(0.9)},
-            "timeline": {"bucket_s": s.timeline.width, "start": s.timeline.t0,
-                         "util_pct": [None if u is None else round(u, 1)
-                                      for u in s.timeline.util_series()],
-                         "state": [None if st is None else st.value
-                                   for st in s.timeline.state_series()]},
-            "episodes": [_episode_json(ep, result.end_s) for ep in s.episodes],
-            "episodes_dropped": s.dropped_episodes,
-            "evidence": dict(gv.evidence) if gv else {},
-            "advice": list(gv.advice) if gv else [],
-        })
+        gpus.append(
+            {
+                "gpu": s.gpu,
+                "uuid": s.uuid,
+                "state": gstate.value,
+                "cause": gcause.value if gcause else None,
+                "state_now": gv.state.value if gv else State.UNKNOWN.value,
+                "cause_now": gv.cause.value if gv and gv.cause else None,
+                "note": gv.note if gv else None,
+                "duty_cycle": None if duty is None else round(min(1.0, max(0.0, duty)), 4),
+                "samples": s.samples,
+                "seconds": _seconds_json(result.seconds.get(s.gpu)),
+                "bursts": {
+                    "count": s.bursts.n,
+                    "p50_s": s.bursts.quantile(0.5),
+                    "p90_s": s.bursts.quantile(0.9),
+                },
+                "gaps": {
+                    "count": s.gaps.n,
+                    "p50_s": s.gaps.quantile(0.5),
+                    "p90_s": s.gaps.quantile(0.9),
+                },
+                "timeline": {
+                    "bucket_s": s.timeline.width,
+                    "start": s.timeline.t0,
+                    "util_pct": [
+                        None if u is None else round(u, 1) for u in s.timeline.util_series()
+                    ],
+                    "state": [None if st is None else st.value for st in s.timeline.state_series()],
+                },
+                "episodes": [_episode_json(ep, result.end_s) for ep in s.episodes],
+                "episodes_dropped": s.dropped_episodes,
+                "evidence": dict(gv.evidence) if gv else {},
+                "advice": list(gv.advice) if gv else [],
+            }
+        )
     return {
         "verdict": result.state.value,
         "cause": result.cause.value if result.cause is not None else None,

@@ -93,8 +93,14 @@ class GpumonCollector(Collector):
         st = self.state
         failed = 0
         with st.lock:
-            for part in (self._build, self._gpus, self._detection, self._jobs, self._host,
-                         self._health):
+            for part in (
+                self._build,
+                self._gpus,
+                self._detection,
+                self._jobs,
+                self._host,
+                self._health,
+            ):
                 try:
                     out.extend(part())
                 except Exception:  # never fail the scrape; count it
@@ -120,40 +126,52 @@ class GpumonCollector(Collector):
 
     def _build(self) -> list[Metric]:
         st = self.state
-        info = InfoMetricFamily("gpumon_build", "gpumon's version.",
-                                value={"version": st.version})
+        info = InfoMetricFamily("gpumon_build", "gpumon's version.", value={"version": st.version})
         return [info]
 
     def _gpus(self) -> list[Metric]:
         st = self.state
-        info = InfoMetricFamily("gpumon_gpu", "Each GPU as discovered at start-up.",
-                                labels=GPU)
-        lost = GaugeMetricFamily("gpumon_gpu_lost",
-                                 "1 when NVML reports the GPU fell off the bus.", labels=GPU)
+        info = InfoMetricFamily("gpumon_gpu", "Each GPU as discovered at start-up.", labels=GPU)
+        lost = GaugeMetricFamily(
+            "gpumon_gpu_lost", "1 when NVML reports the GPU fell off the bus.", labels=GPU
+        )
         util = GaugeMetricFamily(
             "gpumon_gpu_utilization_ratio",
             "Share of the driver's last sample period in which a kernel ran (utilization.gpu).",
-            labels=GPU)
-        used = GaugeMetricFamily("gpumon_gpu_memory_used_bytes", "GPU memory used (memory.used).",
-                                 labels=GPU)
-        total = GaugeMetricFamily("gpumon_gpu_memory_total_bytes",
-                                  "GPU memory installed (memory.total).", labels=GPU)
-        power = GaugeMetricFamily("gpumon_gpu_power_watts", "Power draw (power.draw).",
-                                  labels=GPU)
-        limit = GaugeMetricFamily("gpumon_gpu_power_limit_watts",
-                                  "Enforced power limit (enforced.power.limit).", labels=GPU)
-        procs = GaugeMetricFamily("gpumon_gpu_processes",
-                                  "Processes holding a compute context on the GPU.", labels=GPU)
+            labels=GPU,
+        )
+        used = GaugeMetricFamily(
+            "gpumon_gpu_memory_used_bytes", "GPU memory used (memory.used).", labels=GPU
+        )
+        total = GaugeMetricFamily(
+            "gpumon_gpu_memory_total_bytes", "GPU memory installed (memory.total).", labels=GPU
+        )
+        power = GaugeMetricFamily("gpumon_gpu_power_watts", "Power draw (power.draw).", labels=GPU)
+        limit = GaugeMetricFamily(
+            "gpumon_gpu_power_limit_watts",
+            "Enforced power limit (enforced.power.limit).",
+            labels=GPU,
+        )
+        procs = GaugeMetricFamily(
+            "gpumon_gpu_processes", "Processes holding a compute context on the GPU.", labels=GPU
+        )
         jobinfo = InfoMetricFamily(
             "gpumon_gpu_job",
             "The jobs using each GPU (Slurm job id; Kubernetes pod, namespace, container id).",
-            labels=[*GPU, *JOB])
+            labels=[*GPU, *JOB],
+        )
         for idx in sorted(st.gpus):
             rt = st.gpus[idx]
             ident = rt.identity
             lv = [str(idx), ident.uuid]
-            info.add_metric(lv, {"name": ident.name or "", "driver": st.driver_version or "",
-                                 "pci_bus_id": ident.pci_bus_id or ""})
+            info.add_metric(
+                lv,
+                {
+                    "name": ident.name or "",
+                    "driver": st.driver_version or "",
+                    "pci_bus_id": ident.pci_bus_id or "",
+                },
+            )
             s = rt.sample
             lost.add_metric(lv, 1.0 if s is not None and s.lost else 0.0)
             for lb in rt.jobs:
@@ -162,11 +180,17 @@ class GpumonCollector(Collector):
                 continue
             _add(util, lv, None if s.util_pct is None else s.util_pct / 100.0)
             _add(used, lv, s.mem_used_bytes)
-            _add(total, lv, s.mem_total_bytes if s.mem_total_bytes is not None
-                 else ident.mem_total_bytes)
+            _add(
+                total,
+                lv,
+                s.mem_total_bytes if s.mem_total_bytes is not None else ident.mem_total_bytes,
+            )
             _add(power, lv, s.power_watts)
-            _add(limit, lv, s.power_limit_watts if s.power_limit_watts is not None
-                 else ident.power_limit_watts)
+            _add(
+                limit,
+                lv,
+                s.power_limit_watts if s.power_limit_watts is not None else ident.power_limit_watts,
+            )
             _add(procs, lv, rt.processes)
         return [info, lost, util, used, total, power, limit, procs, jobinfo]
 
@@ -176,26 +200,34 @@ class GpumonCollector(Collector):
         state = GaugeMetricFamily(
             "gpumon_gpu_state",
             "The detector's current state of the GPU: 1 for the current state, 0 otherwise.",
-            labels=[*GPU, "state"])
+            labels=[*GPU, "state"],
+        )
         cause = GaugeMetricFamily(
             "gpumon_gpu_cause",
             "Why a starved GPU waits (cpu, gil, io, unknown): 1 for the current cause; "
             "absent unless starved.",
-            labels=[*GPU, "cause"])
+            labels=[*GPU, "cause"],
+        )
         strag = GaugeMetricFamily(
             "gpumon_gpu_straggler",
-            "1 when the other GPUs of the node wait on this one (the straggler).", labels=GPU)
+            "1 when the other GPUs of the node wait on this one (the straggler).",
+            labels=GPU,
+        )
         secs = CounterMetricFamily(
             "gpumon_gpu_state_seconds",
             "Seconds the GPU spent in each state since gpumon started.",
-            labels=[*GPU, "state"])
+            labels=[*GPU, "state"],
+        )
         gaps = HistogramMetricFamily(
             "gpumon_gpu_idle_gap_seconds",
             "Lengths of the GPU's idle gaps between bursts, from the driver's sample buffer.",
-            labels=GPU)
+            labels=GPU,
+        )
         bursts = HistogramMetricFamily(
             "gpumon_gpu_busy_burst_seconds",
-            "Lengths of the GPU's busy bursts, from the driver's sample buffer.", labels=GPU)
+            "Lengths of the GPU's busy bursts, from the driver's sample buffer.",
+            labels=GPU,
+        )
         for idx in sorted(st.gpus):
             rt = st.gpus[idx]
             lv = [str(idx), rt.identity.uuid]
@@ -216,21 +248,25 @@ class GpumonCollector(Collector):
         node = GaugeMetricFamily(
             "gpumon_node_state",
             "The node's overall state over all its GPUs: 1 for the current state.",
-            labels=["state"])
+            labels=["state"],
+        )
         node_ep = st.episodes.get(None)
         node_state = str(node_ep.state) if node_ep is not None else str(State.UNKNOWN)
         for s in STATES:
             node.add_metric([s], 1.0 if s == node_state else 0.0)
         node_secs = CounterMetricFamily(
             "gpumon_node_state_seconds",
-            "Seconds the node (all GPUs together) spent in each state.", labels=["state"])
+            "Seconds the node (all GPUs together) spent in each state.",
+            labels=["state"],
+        )
         per = seconds.get(None, {})
         for s in State:
             node_secs.add_metric([str(s)], per.get(s, 0.0))
         lost = CounterMetricFamily(
             "gpumon_lost_gpu_seconds",
             "GPU-seconds spent idle or busy-waiting while a process held the GPU.",
-            value=st.detector.lost_gpu_seconds())
+            value=st.detector.lost_gpu_seconds(),
+        )
         return [state, cause, strag, secs, gaps, bursts, node, node_secs, lost]
 
     def _jobs(self) -> list[Metric]:
@@ -238,9 +274,11 @@ class GpumonCollector(Collector):
         state = GaugeMetricFamily(
             "gpumon_job_state",
             "Each job's state over its GPUs on this node: 1 for the current state.",
-            labels=[*JOB[:3], "state"])
-        gpus = GaugeMetricFamily("gpumon_job_gpus", "GPUs of this node the job uses.",
-                                 labels=JOB[:3])
+            labels=[*JOB[:3], "state"],
+        )
+        gpus = GaugeMetricFamily(
+            "gpumon_job_gpus", "GPUs of this node the job uses.", labels=JOB[:3]
+        )
         for job in st.jobs.values():
             lb = job.labels
             lv = [lb.hpc_job, lb.pod, lb.namespace]
@@ -252,15 +290,19 @@ class GpumonCollector(Collector):
         dropped = CounterMetricFamily(
             "gpumon_jobs_untracked",
             "Jobs not given a state because max_jobs were already tracked.",
-            value=st.jobs_dropped_total)
+            value=st.jobs_dropped_total,
+        )
         return [state, gpus, dropped]
 
     def _host(self) -> list[Metric]:
         h = self.state.host
-        cpu = GaugeMetricFamily("gpumon_host_cpu_ratio",
-                                "Share of all cores' time spent busy over the last tick.")
-        io = GaugeMetricFamily("gpumon_host_iowait_ratio",
-                               "Share of all cores' time spent in iowait over the last tick.")
+        cpu = GaugeMetricFamily(
+            "gpumon_host_cpu_ratio", "Share of all cores' time spent busy over the last tick."
+        )
+        io = GaugeMetricFamily(
+            "gpumon_host_iowait_ratio",
+            "Share of all cores' time spent in iowait over the last tick.",
+        )
         if h is not None:
             if h.cpu_pct is not None:
                 cpu.add_metric([], h.cpu_pct / 100.0)
@@ -271,28 +313,43 @@ class GpumonCollector(Collector):
     def _health(self) -> list[Metric]:
         st = self.state
         out: list[Metric] = []
-        last = GaugeMetricFamily("gpumon_last_sample_timestamp_seconds",
-                                 "Unix time of the last completed sample.")
+        last = GaugeMetricFamily(
+            "gpumon_last_sample_timestamp_seconds", "Unix time of the last completed sample."
+        )
         _add(last, [], st.last_sample_wall_s)
-        dur = GaugeMetricFamily("gpumon_sample_duration_seconds",
-                                "Time the last tick took to read NVML and the host.")
+        dur = GaugeMetricFamily(
+            "gpumon_sample_duration_seconds", "Time the last tick took to read NVML and the host."
+        )
         _add(dur, [], st.last_sample_duration_s)
         out += [last, dur]
-        out.append(GaugeMetricFamily("gpumon_sample_interval_seconds",
-                                     "Configured time between ticks.", value=st.cfg.interval_s))
-        out.append(CounterMetricFamily("gpumon_samples", "Ticks completed.",
-                                       value=st.ticks_total))
-        out.append(CounterMetricFamily("gpumon_sample_errors",
-                                       "Ticks skipped because sampling or processing failed.",
-                                       value=st.tick_errors_total))
-        nvml = CounterMetricFamily("gpumon_nvml_errors", "NVML calls that failed, by error kind.",
-                                   labels=["kind"])
+        out.append(
+            GaugeMetricFamily(
+                "gpumon_sample_interval_seconds",
+                "Configured time between ticks.",
+                value=st.cfg.interval_s,
+            )
+        )
+        out.append(CounterMetricFamily("gpumon_samples", "Ticks completed.", value=st.ticks_total))
+        out.append(
+            CounterMetricFamily(
+                "gpumon_sample_errors",
+                "Ticks skipped because sampling or processing failed.",
+                value=st.tick_errors_total,
+            )
+        )
+        nvml = CounterMetricFamily(
+            "gpumon_nvml_errors", "NVML calls that failed, by error kind.", labels=["kind"]
+        )
         for kind in sorted(st.nvml_errors):
             nvml.add_metric([kind], st.nvml_errors[kind])
         out.append(nvml)
-        out.append(CounterMetricFamily("gpumon_log_write_errors",
-                                       "Log lines that could not be written (full disk, "
-                                       "unwritable file).", value=st.log.errors_total))
+        out.append(
+            CounterMetricFamily(
+                "gpumon_log_write_errors",
+                "Log lines that could not be written (full disk, unwritable file).",
+                value=st.log.errors_total,
+            )
+        )
         return out
 
 

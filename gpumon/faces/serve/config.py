@@ -162,8 +162,9 @@ def key_line(text: str, section: str, key: str | None = None) -> int | None:
         stripped = line.strip()
         if current == section and re.match(rf'^"?{re.escape(key)}"?\s*=', stripped):
             return n
-        if current == "" and re.match(rf"^{re.escape(section)}\s*\.\s*{re.escape(key)}\s*=",
-                                      stripped):
+        if current == "" and re.match(
+            rf"^{re.escape(section)}\s*\.\s*{re.escape(key)}\s*=", stripped
+        ):
             return n
     return None
 
@@ -209,8 +210,13 @@ def _check_tls(cfg: ServeConfig, text: str, path: str) -> ServeConfig:
         present = "tls_cert_file" if missing == "tls_key_file" else "tls_key_file"
         raise _error(path, text, "http", present, f"needs {missing} as well")
     if cfg.tls_client_ca_file is not None and cfg.tls_cert_file is None:
-        raise _error(path, text, "http", "tls_client_ca_file",
-                     "client certificates (mTLS) need tls_cert_file and tls_key_file")
+        raise _error(
+            path,
+            text,
+            "http",
+            "tls_client_ca_file",
+            "client certificates (mTLS) need tls_cert_file and tls_key_file",
+        )
     return cfg
 
 
@@ -261,4 +267,3 @@ def with_overrides(
         except ValueError as exc:
             raise ConfigError(f"--interval: {exc}.") from None
     return cfg
-

@@ -157,8 +157,9 @@ class ServeState:
         # Where process trees are read: the resolver's procfs unless told otherwise.
         self.procfs = procfs if procfs is not None else self.resolver.procfs
         self.detector_config = detector_config or DetectorConfig()
-        idents = tuple(gpus if gpus is not None else
-                       (monitor.nvml.gpus if monitor.nvml is not None else ()))
+        idents = tuple(
+            gpus if gpus is not None else (monitor.nvml.gpus if monitor.nvml is not None else ())
+        )
         self.identities = idents
         self.detector = Detector(self.detector_config, idents)
         self.gpus: dict[int, GpuRuntime] = {g.index: GpuRuntime(g) for g in idents}
@@ -216,9 +217,12 @@ class ServeState:
             self._tick_error_kinds.add(kind)
             import sys
 
-            print(f"gpumon: a tick failed while {where} ({type(exc).__name__}: {exc}); "
-                  "skipped, sampling goes on (counted in gpumon_sample_errors_total).",
-                  file=sys.stderr, flush=True)
+            print(
+                f"gpumon: a tick failed while {where} ({type(exc).__name__}: {exc}); "
+                "skipped, sampling goes on (counted in gpumon_sample_errors_total).",
+                file=sys.stderr,
+                flush=True,
+            )
 
     def ingest(self, tick: Tick) -> DetectorUpdate:
         """Fold one tick in: /proc reads first, then the state under ``lock`` (which the
@@ -292,9 +296,12 @@ class ServeState:
             all_pids.update(pids)
             if rt is None or pids != rt.pids:
                 labels = {self.resolver.labels(pid) for pid in sorted(pids)}
-                jobs = tuple(sorted((lb for lb in labels if lb.known),
-                                    key=lambda lb: (lb.hpc_job, lb.namespace, lb.pod,
-                                                    lb.container)))
+                jobs = tuple(
+                    sorted(
+                        (lb for lb in labels if lb.known),
+                        key=lambda lb: (lb.hpc_job, lb.namespace, lb.pod, lb.container),
+                    )
+                )
                 fresh[g.gpu] = (pids, jobs)
             else:
                 fresh[g.gpu] = (pids, None)
@@ -312,7 +319,8 @@ class ServeState:
             for gpu, jobs in jobs_now:
                 for lb in jobs:
                     entry = gpus_of.setdefault(
-                        lb.job_key(), (JobLabels(lb.hpc_job, lb.pod, lb.namespace), set()))
+                        lb.job_key(), (JobLabels(lb.hpc_job, lb.pod, lb.namespace), set())
+                    )
                     entry[1].add(gpu)
             by_job = {k: (lb, frozenset(gpus)) for k, (lb, gpus) in gpus_of.items()}
             room = self.cfg.max_jobs - len(self.jobs)
@@ -432,8 +440,12 @@ class ServeState:
         for job in self.jobs.values():
             if job.detector is None or job.last_seen_s != t:
                 continue
-            sub = Snapshot(t_s=t, gpus=tuple(g for g in snap.gpus if g.gpu in job.gpus),
-                           host=snap.host, tree=job.tree_sample)
+            sub = Snapshot(
+                t_s=t,
+                gpus=tuple(g for g in snap.gpus if g.gpu in job.gpus),
+                host=snap.host,
+                tree=job.tree_sample,
+            )
             upd = _run_level(job.detector.update(sub))
             if upd.opened:
                 job.episode = upd.opened[-1]
@@ -455,14 +467,13 @@ class ServeState:
 
     # --- the log -------------------------------------------------------------------------------
 
-    def _log_records(
-        self, update: DetectorUpdate, job: JobLabels | None
-    ) -> list[dict[str, Any]]:
+    def _log_records(self, update: DetectorUpdate, job: JobLabels | None) -> list[dict[str, Any]]:
         """The log lines of an update, built under the lock, written after it."""
         if self.log.path is None:
             return []
-        return ([self._episode_record("episode_end", ep, job) for ep in update.closed]
-                + [self._episode_record("episode_start", ep, job) for ep in update.opened])
+        return [self._episode_record("episode_end", ep, job) for ep in update.closed] + [
+            self._episode_record("episode_start", ep, job) for ep in update.opened
+        ]
 
     def _episode_record(self, event: str, ep: Episode, job: JobLabels | None) -> dict[str, Any]:
         if job is not None:
@@ -497,15 +508,17 @@ class ServeState:
         gpus = []
         for v in verdict.gpus:
             rt = self.gpus.get(v.gpu)
-            gpus.append({
-                "gpu": v.gpu,
-                "uuid": v.uuid,
-                "state": str(v.state),
-                "cause": None if v.cause is None else str(v.cause),
-                "seconds": {str(k): round(s, 1) for k, s in seconds.get(v.gpu, {}).items()},
-                "jobs": [] if rt is None else [lb.as_dict() for lb in rt.jobs],
-                "lost": bool(rt and rt.sample and rt.sample.lost),
-            })
+            gpus.append(
+                {
+                    "gpu": v.gpu,
+                    "uuid": v.uuid,
+                    "state": str(v.state),
+                    "cause": None if v.cause is None else str(v.cause),
+                    "seconds": {str(k): round(s, 1) for k, s in seconds.get(v.gpu, {}).items()},
+                    "jobs": [] if rt is None else [lb.as_dict() for lb in rt.jobs],
+                    "lost": bool(rt and rt.sample and rt.sample.lost),
+                }
+            )
         return {
             "time": self._wall(),
             "event": event,
@@ -560,4 +573,3 @@ def _track(open_episodes: dict[int | None, Episode], update: DetectorUpdate) -> 
 
 def _only_closed(update: DetectorUpdate) -> DetectorUpdate:
     return DetectorUpdate((), update.closed)
-

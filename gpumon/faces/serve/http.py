@@ -89,14 +89,16 @@ class MetricsServer:
         server_cls = type("GpumonServer", (_Server,), {})
         server_cls.address_family = socket.AF_INET6 if _v6(cfg.address) else socket.AF_INET
         try:
-            self.httpd = make_server(cfg.address, cfg.port, make_wsgi_app(registry),
-                                     server_cls, handler_class=_Handler)
+            self.httpd = make_server(
+                cfg.address, cfg.port, make_wsgi_app(registry), server_cls, handler_class=_Handler
+            )
         except OSError as exc:
             raise GpumonError(_bind_error(cfg, exc)) from None
         self.httpd.ssl_context = ctx  # type: ignore[attr-defined]
         self.port = self.httpd.server_address[1]
-        self.thread = threading.Thread(target=self.httpd.serve_forever, name="gpumon-http",
-                                       daemon=True)
+        self.thread = threading.Thread(
+            target=self.httpd.serve_forever, name="gpumon-http", daemon=True
+        )
 
     def start(self) -> MetricsServer:
         self.thread.start()
@@ -111,8 +113,10 @@ class MetricsServer:
 def _bind_error(cfg: ServeConfig, exc: OSError) -> str:
     where = f"{cfg.address}:{cfg.port}"
     if exc.errno == errno.EADDRINUSE:
-        return (f"cannot listen on {where}: the port is already in use (another gpumon or "
-                "exporter?); choose another with --listen HOST:PORT or [http] port.")
+        return (
+            f"cannot listen on {where}: the port is already in use (another gpumon or "
+            "exporter?); choose another with --listen HOST:PORT or [http] port."
+        )
     if exc.errno == errno.EACCES:
         return f"cannot listen on {where}: permission denied (ports below 1024 need root)."
     if exc.errno in (errno.EADDRNOTAVAIL, socket.EAI_NONAME) or isinstance(exc, socket.gaierror):

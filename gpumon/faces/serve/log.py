@@ -100,8 +100,7 @@ class EventLog:
         self.lines_total += 1
         if self._failing:
             self._failing = False
-            print(f"gpumon: writing the log {self.path} works again.", file=self._err(),
-                  flush=True)
+            print(f"gpumon: writing the log {self.path} works again.", file=self._err(), flush=True)
         return True
 
     def _close_quietly(self) -> None:

@@ -50,9 +50,11 @@ def nvsmi_units_index() -> str:
     utilization.memory,memory.used,memory.total,power.draw,enforced.power.limit,
     temperature.gpu,clocks.sm --format=csv -l 1 (restarted once: header repeated)."""
     rng = random.Random(1)
-    hdr = ("timestamp, index, name, pci.bus_id, utilization.gpu [%], utilization.memory [%], "
-           "memory.used [MiB], memory.total [MiB], power.draw [W], enforced.power.limit [W], "
-           "temperature.gpu, clocks.current.sm [MHz]")
+    hdr = (
+        "timestamp, index, name, pci.bus_id, utilization.gpu [%], utilization.memory [%], "
+        "memory.used [MiB], memory.total [MiB], power.draw [W], enforced.power.limit [W], "
+        "temperature.gpu, clocks.current.sm [MHz]"
+    )
     out = [hdr]
     for k in range(120):
         if k == 60:
@@ -85,14 +87,18 @@ def nvsmi_noindex_4gpu() -> str:
     """nvidia-smi --query-gpu=timestamp,name,utilization.gpu,memory.used,memory.total,
     power.draw --format=csv -l 1 on 4 GPUs: no index column, GPUs are consecutive rows."""
     rng = random.Random(3)
-    out = ["timestamp, name, utilization.gpu [%], memory.used [MiB], memory.total [MiB], "
-           "power.draw [W]"]
+    out = [
+        "timestamp, name, utilization.gpu [%], memory.used [MiB], memory.total [MiB], "
+        "power.draw [W]"
+    ]
     for k in range(90):
         t = START + k + 0.512 + rng.randint(0, 5) / 1000
         for g in range(4):
             u = util_at(rng, k, "healthy", g)
-            out.append(f"{stamp(t + 0.001 * g)}, NVIDIA H100 80GB HBM3, {u} %, "
-                       f"{71234 + 40 * g} MiB, 81559 MiB, {power_for(rng, u) + 250:.2f} W")
+            out.append(
+                f"{stamp(t + 0.001 * g)}, NVIDIA H100 80GB HBM3, {u} %, "
+                f"{71234 + 40 * g} MiB, 81559 MiB, {power_for(rng, u) + 250:.2f} W"
+            )
     return "\n".join(out) + "\n"
 
 
@@ -105,8 +111,10 @@ def nvsmi_noheader() -> str:
         t = START + k + 0.250 + rng.randint(0, 9) / 1000
         for g in range(2):
             u = util_at(rng, k, "starved", g)
-            out.append(f"{stamp(t)}, {g}, {u} %, {u // 4} %, {30111 + g} MiB, 40960 MiB, "
-                       f"{power_for(rng, u) / 1.6:.2f} W")
+            out.append(
+                f"{stamp(t)}, {g}, {u} %, {u // 4} %, {30111 + g} MiB, 40960 MiB, "
+                f"{power_for(rng, u) / 1.6:.2f} W"
+            )
     return "\n".join(out) + "\n"
 
 
@@ -114,20 +122,25 @@ def nvsmi_na_uuid() -> str:
     """nvidia-smi --query-gpu=timestamp,uuid,name,utilization.gpu,memory.used,power.draw,
     temperature.gpu --format=csv -l 2 on a GeForce: power reads [N/A], some [Not Supported]."""
     rng = random.Random(5)
-    out = ["timestamp, uuid, name, utilization.gpu [%], memory.used [MiB], power.draw [W], "
-           "temperature.gpu"]
+    out = [
+        "timestamp, uuid, name, utilization.gpu [%], memory.used [MiB], power.draw [W], "
+        "temperature.gpu"
+    ]
     uuid = "GPU-5a0b1c2d-3e4f-5a6b-7c8d-9e0f1a2b3c4d"
     for k in range(60):
         t = START + 2 * k + 0.7
         u = util_at(rng, 2 * k, "healthy")
         mem = "[Not Supported]" if k == 7 else f"{5120 + k} MiB"
-        out.append(f"{stamp(t)}, {uuid}, NVIDIA GeForce RTX 3090, {u} %, {mem}, [N/A], "
-                   f"{61 + k % 4}")
+        out.append(
+            f"{stamp(t)}, {uuid}, NVIDIA GeForce RTX 3090, {u} %, {mem}, [N/A], {61 + k % 4}"
+        )
     return "\n".join(out) + "\n"
 
 
-DMON_HDR_OLD = ("# gpu   pwr gtemp mtemp    sm   mem   enc   dec  mclk  pclk",
-                "# Idx     W     C     C     %     %     %     %   MHz   MHz")
+DMON_HDR_OLD = (
+    "# gpu   pwr gtemp mtemp    sm   mem   enc   dec  mclk  pclk",
+    "# Idx     W     C     C     %     %     %     %   MHz   MHz",
+)
 
 
 def dmon_default() -> str:
@@ -142,18 +155,24 @@ def dmon_default() -> str:
             rows += 1
             u = util_at(rng, k, "starved", g)
             pw = int(power_for(rng, u) / 1.6)
-            out.append(f"{g:>5} {pw:>5} {40 + g:>5} {'-':>5} {u:>5} {u // 3:>5} {0:>5} {0:>5}"
-                       f" {1215:>5} {1410 if u > 50 else 1095:>5}")
+            out.append(
+                f"{g:>5} {pw:>5} {40 + g:>5} {'-':>5} {u:>5} {u // 3:>5} {0:>5} {0:>5}"
+                f" {1215:>5} {1410 if u > 50 else 1095:>5}"
+            )
     return "\n".join(out) + "\n"
 
 
 def dmon_dt() -> str:
     """nvidia-smi dmon -s pu -o DT (driver 535: jpg and ofa columns), 1 GPU."""
     rng = random.Random(7)
-    names = ("#Date       Time        gpu    pwr  gtemp  mtemp     sm    mem    enc    dec"
-             "    jpg    ofa ")
-    units = ("#YYYYMMDD   HH:MM:SS    Idx      W      C      C      %      %      %      %"
-             "      %      % ")
+    names = (
+        "#Date       Time        gpu    pwr  gtemp  mtemp     sm    mem    enc    dec"
+        "    jpg    ofa "
+    )
+    units = (
+        "#YYYYMMDD   HH:MM:SS    Idx      W      C      C      %      %      %      %"
+        "      %      % "
+    )
     out = []
     for k in range(120):
         if k % 20 == 0:
@@ -162,8 +181,10 @@ def dmon_dt() -> str:
         u = util_at(rng, k, "healthy")
         d = time.strftime("%Y%m%d", time.gmtime(t))
         hms = time.strftime("%H:%M:%S", time.gmtime(t))
-        out.append(f" {d}   {hms}    {0:>3} {int(power_for(rng, u)):>6} {37:>6} {'-':>6} "
-                   f"{u:>6} {u // 2:>6} {0:>6} {0:>6} {0:>6} {0:>6} ")
+        out.append(
+            f" {d}   {hms}    {0:>3} {int(power_for(rng, u)):>6} {37:>6} {'-':>6} "
+            f"{u:>6} {u // 2:>6} {0:>6} {0:>6} {0:>6} {0:>6} "
+        )
     return "\n".join(out) + "\n"
 
 
@@ -198,11 +219,11 @@ def table_new() -> str:
             u = util_at(rng, k, "starved", g)
             pw = f"{int(power_for(rng, u))}W / 400W"
             bus = f"00000000:{0x17 + 0x14 * g:02X}:00.0"
-            out.append(f"| {g:>3}  {'NVIDIA A100-SXM4-80GB':<21}{'On':>12}  | {bus} Off |"
-                       f"{'0':>21} |")
+            out.append(
+                f"| {g:>3}  {'NVIDIA A100-SXM4-80GB':<21}{'On':>12}  | {bus} Off |{'0':>21} |"
+            )
             mem = f"{49152 + 12 * g}MiB / 81920MiB"
-            out.append(f"| N/A   {34 + g}C    P0 {pw:>23} | {mem:>20} |"
-                       f"{f'{u}%':>8}      Default |")
+            out.append(f"| N/A   {34 + g}C    P0 {pw:>23} | {mem:>20} |{f'{u}%':>8}      Default |")
             out.append(f"|{'':41}|{'':22}|{'Disabled':>21} |")
             out.append(NEW_SEP)
         out.append(" " * 89)
@@ -240,8 +261,10 @@ def table_old() -> str:
         u = util_at(rng, 2 * k, "healthy")
         pw = min(int(power_for(rng, u) * 0.8), 299)
         out.append("|   0  Tesla V100-SXM2...  On   | 00000000:06:00.0 Off |" + " " * 20 + "0 |")
-        out.append(f"| N/A   {41 + k % 3}C    P0 {pw:>5}W / 300W |  15015MiB / 16160MiB |"
-                   f"{f'{u}%':>8}      Default |")
+        out.append(
+            f"| N/A   {41 + k % 3}C    P0 {pw:>5}W / 300W |  15015MiB / 16160MiB |"
+            f"{f'{u}%':>8}      Default |"
+        )
         out.append("|" + " " * 31 + "|" + " " * 22 + "|" + " " * 18 + "N/A |")
         out.append(OLD_SEP)
         out.append(" " * 79)
@@ -258,8 +281,7 @@ def table_grep() -> str:
             u = util_at(rng, k, "starved", g)
             pw = f"{int(power_for(rng, u))}W / 400W"
             mem = f"{30000 + 2000 * g}MiB / 81920MiB"
-            out.append(f"| N/A   {34 + g}C    P0 {pw:>23} | {mem:>20} |"
-                       f"{f'{u}%':>8}      Default |")
+            out.append(f"| N/A   {34 + g}C    P0 {pw:>23} | {mem:>20} |{f'{u}%':>8}      Default |")
     return "\n".join(out) + "\n"
 
 
