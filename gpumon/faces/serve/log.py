@@ -1,19 +1,41 @@
-"""The daemon's event log: JSON lines, reopened on SIGHUP, never fatal.
+"""The daemon's event log: JSON lines, whole lines only, reopened when moved, never fatal.
 
 Admins read it with ``jq`` and rotate it with ``logrotate`` (``postrotate`` sends SIGHUP;
 the next write goes to a fresh file).  A log that cannot be written (full disk, a
-read-only mount, a deleted directory) must never stop sampling: the failure is counted
-(``gpumon_log_write_errors_total``), reported once on stderr, and retried on the next
-line; a recovery is reported once too.
+read-only mount, a deleted directory) must never stop sampling, and must never stop being
+JSON lines either:
+
+- each line goes out in one ``os.write`` on an ``O_APPEND`` descriptor; when the write
+  comes back short or fails (ENOSPC, EFBIG), the file is truncated back to where the line
+  began, so no fragment is left for the next line to be glued to.  The line is lost,
+  counted (``gpumon_log_write_errors_total``) and said once on stderr; the next line is
+  tried as usual, and the recovery is said once too, with the count of lines lost;
+- before each line the path is compared with the open file (``st_dev``/``st_ino``, as the
+  stdlib's ``WatchedFileHandler`` does): a log removed or replaced behind the daemon's
+  back is reopened at its path instead of feeding a deleted file until the next SIGHUP
+  (counted in ``gpumon_log_reopens_total``).
+
+New files are created 0640, the mode logrotate's ``create`` gives them.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import math
+import os
 import sys
 from typing import IO, Any
+
+FILE_MODE = 0o640
+_OPEN_FLAGS = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
+
+# Why the log was reopened (the label values of gpumon_log_reopens_total).
+REOPEN_REASONS = ("signal", "removed", "replaced")
+
+# The one system call the writer makes per line; a test puts a fault in its place.
+_write = os.write
 
 
 def _clean(value: Any) -> Any:
@@ -28,14 +50,23 @@ def _clean(value: Any) -> Any:
 
 
 class EventLog:
-    """Appends one JSON object per line to ``path`` (``None``: logging is off)."""
+    """Appends one JSON object per line to ``path`` (``None``: logging is off).
+
+    ``errors_total`` counts the lines lost (never written, or cut short and truncated
+    away); ``reopens`` counts reopenings by reason.
+    """
 
     def __init__(self, path: str | None, *, stderr: IO[str] | None = None) -> None:
         self.path = path
         self.errors_total = 0
         self.lines_total = 0
-        self._fh: IO[str] | None = None
+        self.reopens: dict[str, int] = dict.fromkeys(REOPEN_REASONS, 0)
+        self._fd: int | None = None
+        self._dev_ino: tuple[int, int] | None = None
         self._failing = False
+        self._lost_in_streak = 0
+        self._fragment = False  # a cut line could not be truncated away: end it first
+        self._said_moved = False
         self._stderr = stderr
         self.reopen_wanted = False
         if path is not None:
@@ -44,71 +75,135 @@ class EventLog:
     def _err(self) -> IO[str]:
         return self._stderr if self._stderr is not None else sys.stderr
 
-    def _open(self) -> bool:
+    def _say(self, text: str) -> None:
+        print(f"gpumon: {text}", file=self._err(), flush=True)
+
+    # --- the file ----------------------------------------------------------------------
+
+    def _open(self) -> OSError | None:
+        """Open ``path`` for appending; the error instead of raising."""
         assert self.path is not None
         try:
-            self._fh = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - kept open
+            fd = os.open(self.path, _OPEN_FLAGS, FILE_MODE)
         except OSError as exc:
-            self._fh = None
-            self._fail(exc)
-            return False
-        return True
+            self._fd, self._dev_ino = None, None
+            return exc
+        try:
+            st = os.fstat(fd)
+        except OSError as exc:
+            os.close(fd)
+            return exc
+        self._fd, self._dev_ino = fd, (st.st_dev, st.st_ino)
+        return None
 
-    def _fail(self, exc: OSError) -> None:
-        self.errors_total += 1
-        if not self._failing:
-            self._failing = True
-            reason = exc.strerror or str(exc)
-            print(
-                f"gpumon: cannot write the log {self.path}: {reason}; sampling and metrics "
-                "go on, and the failed lines are counted in gpumon_log_write_errors_total.",
-                file=self._err(),
-                flush=True,
-            )
+    def _close_quietly(self) -> None:
+        fd, self._fd, self._dev_ino = self._fd, None, None
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+    def _moved(self) -> str | None:
+        """'removed' or 'replaced' when ``path`` is no longer the open file, else None."""
+        assert self.path is not None
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            return "removed"
+        except OSError:
+            return None  # cannot tell (a directory gone unreadable): keep writing
+        return None if (st.st_dev, st.st_ino) == self._dev_ino else "replaced"
 
     def request_reopen(self) -> None:
         """Called from the SIGHUP handler: only a flag, the I/O happens on the next write."""
         self.reopen_wanted = True
 
-    def reopen(self) -> None:
+    def reopen(self, reason: str = "signal") -> None:
         """Close and open ``path`` again (after logrotate moved the old file away)."""
         self.reopen_wanted = False
         if self.path is None:
             return
+        self.reopens[reason] = self.reopens.get(reason, 0) + 1
         self._close_quietly()
-        self._open()
+        self._fragment = False  # that file is no longer written
+        self._open()  # a failure shows on the next write, with the line it loses
+
+    # --- lines -------------------------------------------------------------------------
 
     def write(self, record: dict[str, Any]) -> bool:
-        """Append one line; False (and counted) when it could not be written."""
+        """Append one whole line; False (and the line counted as lost) when it cannot be."""
         if self.path is None:
             return False
         if self.reopen_wanted:
-            self.reopen()
-        if self._fh is None and not self._open():
-            return False
-        assert self._fh is not None
-        line = json.dumps(_clean(record), separators=(",", ":"), sort_keys=False)
-        try:
-            self._fh.write(line + "\n")
-            self._fh.flush()
-        except OSError as exc:
-            # A partly written buffer would be retried on the next flush and corrupt the
-            # next line; drop the handle and start clean on the next write.
-            self._close_quietly()
-            self._fail(exc)
+            self.reopen("signal")
+        elif self._fd is not None:
+            moved = self._moved()
+            if moved is not None:
+                if not self._said_moved:
+                    self._said_moved = True
+                    self._say(
+                        f"the log {self.path} was {moved} while gpumon wrote it; writing to a "
+                        "new file at that path (counted in gpumon_log_reopens_total)."
+                    )
+                self.reopen(moved)
+        data = (json.dumps(_clean(record), separators=(",", ":")) + "\n").encode()
+        failure = self._open() if self._fd is None else None
+        if failure is None:
+            failure = self._append(data)
+        if failure is not None:
+            self._lost(failure)
             return False
         self.lines_total += 1
         if self._failing:
             self._failing = False
-            print(f"gpumon: writing the log {self.path} works again.", file=self._err(), flush=True)
+            self._say(
+                f"writing the log {self.path} works again ({self._lost_in_streak} "
+                f"line{'s' if self._lost_in_streak != 1 else ''} lost)."
+            )
+            self._lost_in_streak = 0
         return True
 
-    def _close_quietly(self) -> None:
-        fh, self._fh = self._fh, None
-        if fh is None:
-            return
-        with contextlib.suppress(OSError):
-            fh.close()
+    def _append(self, data: bytes) -> OSError | None:
+        """Write ``data`` whole, or leave the file as it was; the error instead of raising."""
+        fd = self._fd
+        assert fd is not None
+        if self._fragment:
+            data = b"\n" + data
+        try:
+            start = os.fstat(fd).st_size
+        except OSError as exc:
+            return exc
+        view = memoryview(data)
+        done = 0
+        try:
+            while done < len(data):
+                n = _write(fd, view[done:])
+                if n <= 0:  # never for a regular file; do not spin on it
+                    raise OSError(errno.EIO, "the write made no progress")
+                done += n
+        except OSError as exc:
+            if done:  # a write either writes or fails: only a short one left a fragment
+                self._cut_back(fd, start)
+            return exc
+        self._fragment = False
+        return None
+
+    def _cut_back(self, fd: int, size: int) -> None:
+        """Truncate a partly written line away; if even that fails, end it on the next line."""
+        try:
+            os.ftruncate(fd, size)
+        except OSError:
+            self._fragment = True
+
+    def _lost(self, exc: OSError) -> None:
+        self.errors_total += 1
+        self._lost_in_streak += 1
+        if not self._failing:
+            self._failing = True
+            reason = exc.strerror or str(exc)
+            self._say(
+                f"cannot write the log {self.path}: {reason}; sampling and metrics go on, "
+                "and the lost lines are counted in gpumon_log_write_errors_total."
+            )
 
     def close(self) -> None:
         self._close_quietly()
