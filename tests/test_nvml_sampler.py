@@ -221,6 +221,61 @@ def test_gpu_lost_at_start_is_reported_not_fatal(nvml) -> None:
     assert not s1.lost
 
 
+def test_a_lost_gpu_that_answers_again_is_read_again(nvml, caplog) -> None:
+    scenario = Scenario.uniform(2, Pattern.steady(80.0))
+    nvml.set(scenario)
+    sampler = NvmlSampler(rediscover_every_s=0.2)
+    sampler.sample()
+    nvml.set(scenario.with_gpu(1, lost=True))
+    assert sampler.sample()[1].lost
+    time.sleep(0.3)
+    assert sampler.sample()[1].lost  # asked again, still gone: stays lost
+    nvml.set(scenario)  # the GPU is back (a reset, a reseated riser)
+    time.sleep(0.3)
+    s1 = sampler.sample()[1]
+    assert not s1.lost and s1.util_pct == 80.0 and s1.mem_used_bytes is not None
+    assert s1.uuid == scenario.gpus[1].effective_uuid(1)
+    assert sampler.errors["gpu_is_lost"] == 1  # counted once, when it was lost
+    assert any("answers again after" in r.getMessage() for r in caplog.records)
+
+
+def test_a_gpu_lost_at_start_gets_its_identity_when_it_answers(nvml) -> None:
+    scenario = Scenario.uniform(2)
+    nvml.set(scenario.with_gpu(0, lost=True))
+    sampler = NvmlSampler(rediscover_every_s=0.2)
+    assert sampler.sample()[0].uuid == "unknown-gpu-0"
+    nvml.set(scenario)
+    time.sleep(0.3)
+    s0 = sampler.sample()[0]
+    assert not s0.lost and s0.uuid == scenario.gpus[0].effective_uuid(0)
+    assert sampler.gpus[0].name == scenario.gpus[0].name
+    assert sampler.gpus[0].mem_total_bytes == scenario.gpus[0].mem_total
+
+
+def test_a_gpu_that_appears_while_sampling_is_found(nvml, caplog) -> None:
+    nvml.set(Scenario.uniform(1))
+    sampler = NvmlSampler(rediscover_every_s=0.2)
+    assert len(sampler.sample()) == 1
+    nvml.set(Scenario.uniform(2, Pattern.steady(70.0)))
+    time.sleep(0.3)
+    samples = sampler.sample()
+    assert [s.gpu for s in samples] == [0, 1] and samples[1].util_pct == 70.0
+    assert [g.index for g in sampler.gpus] == [0, 1]
+    assert sampler.gpus[1].uuid == Scenario.uniform(2).gpus[1].effective_uuid(1)
+    assert any("appeared" in r.getMessage() for r in caplog.records)
+
+
+def test_rediscovery_runs_only_every_period(nvml) -> None:
+    """Its cost is bounded by the period, not paid on every tick."""
+    nvml.set(Scenario.uniform(2))
+    sampler = NvmlSampler(rediscover_every_s=0.5)
+    start = time.monotonic()
+    while time.monotonic() - start < 1.2:
+        sampler.sample()
+        time.sleep(0.02)
+    assert sampler.rediscoveries in (2, 3)
+
+
 # --- whole processes ---------------------------------------------------------------------
 
 

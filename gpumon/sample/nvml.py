@@ -10,6 +10,11 @@ Faults are contained per field and per GPU: ``NotSupported`` marks the field abs
 is asked again only every ``retry_unsupported_s``; ``GpuIsLost`` marks that GPU lost while
 the others keep being sampled; any other NVML error leaves that field ``None`` for the
 tick and is counted by kind (the daemon exports the counts).
+
+Every ``rediscover_every_s`` the sampler looks again, at a bounded cost (one
+``nvmlDeviceGetCount``, plus one handle and UUID call per lost GPU): a lost GPU that
+answers again (a reset, a flaky riser) is read again, and a GPU that appeared (hot-plug,
+a GPU back from a driver reset under a new index) is opened and read from then on.
 """
 
 from __future__ import annotations
@@ -72,6 +77,27 @@ def _error_kind(exc: pynvml.NVMLError) -> str:
     if name == "NVMLError":
         return f"code_{exc.value}"
     return "".join("_" + c.lower() if c.isupper() else c for c in name).lstrip("_")
+
+
+# The NVML errors a query can return in practice, as ``_error_kind`` names them: the daemon
+# exports each at 0 before it happens, so a dashboard panel shows 0, not "No data".
+# NotSupported is absent on purpose: it marks a field unsupported and is never counted.
+KNOWN_ERROR_KINDS = (
+    "unknown",
+    "gpu_is_lost",
+    "timeout",
+    "no_permission",
+    "invalid_argument",
+    "insufficient_size",
+    "not_found",
+    "uninitialized",
+    "driver_not_loaded",
+    "irq_issue",
+    "reset_required",
+    "lib_rm_version_mismatch",
+    "memory",
+    "no_data",
+)
 
 
 def _text(value: bytes | str) -> str:
@@ -186,6 +212,7 @@ class _GpuState:
     last_sample_ts_us: int = 0
     last_proc_ts_us: int = 0
     lost: bool = False
+    lost_since_s: float | None = None  # monotonic time NVML first said GpuIsLost
     unsupported_until: dict[str, float] = field(default_factory=dict)
     pcie: tuple[float | None, float | None] = (None, None)
     pcie_read_at: float = float("-inf")
@@ -207,9 +234,12 @@ class NvmlSampler:
         retry_unsupported_s: float = 60.0,
         pcie_every_s: float = 5.0,
         start_s: float | None = None,
+        rediscover_every_s: float = 10.0,
     ) -> None:
         nvml_init()
         self.retry_unsupported_s = retry_unsupported_s
+        # Lost GPUs asked again and new GPUs looked for this often (see _rediscover).
+        self.rediscover_every_s = rediscover_every_s
         # nvmlDeviceGetPcieThroughput measures over a 20 ms window per call, so reading it
         # every tick on 8 GPUs would cost 320 ms; it is read at most every pcie_every_s.
         self.pcie_every_s = pcie_every_s
@@ -217,7 +247,10 @@ class NvmlSampler:
         self.errors: Counter[str] = Counter()
         self.driver_version = self._system_text(pynvml.nvmlSystemGetDriverVersion)
         self.nvml_version = self._system_text(pynvml.nvmlSystemGetNVMLVersion)
+        self.known_error_kinds = KNOWN_ERROR_KINDS
+        self.rediscoveries = 0  # how often _rediscover ran (its cost is measured on it)
         self._gpus = self._discover()
+        self._rediscover_at = time.monotonic() + rediscover_every_s
 
     # --- discovery --------------------------------------------------------------------
 
@@ -233,32 +266,85 @@ class NvmlSampler:
             count = pynvml.nvmlDeviceGetCount()
         except pynvml.NVMLError as exc:
             raise NoDriverError(f"cannot count GPUs: NVML says {exc}.") from None
-        states = []
-        for index in range(count):
-            try:
+        return [self._open(index) for index in range(count)]
+
+    def _open(self, index: int) -> _GpuState:
+        """The GPU at ``index`` with its identity; marked lost if it cannot be opened."""
+        try:
+            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            uuid = _text(pynvml.nvmlDeviceGetUUID(handle))
+        except pynvml.NVMLError as exc:
+            self.errors[_error_kind(exc)] += 1
+            log.warning("GPU %d cannot be opened (%s); it is reported as lost", index, exc)
+            lost = GpuIdentity(index=index, uuid=f"unknown-gpu-{index}")
+            return _GpuState(identity=lost, handle=None, lost=True, lost_since_s=time.monotonic())
+        state = _GpuState(identity=GpuIdentity(index=index, uuid=uuid), handle=handle)
+        self._identify(state, index, uuid)
+        return state
+
+    def _identify(self, state: _GpuState, index: int, uuid: str) -> None:
+        """Read what does not change while the GPU is up: name, bus id, memory, limit."""
+        handle = state.handle
+        name = self._read(state, "name", pynvml.nvmlDeviceGetName, handle)
+        pci = self._read(state, "pci", pynvml.nvmlDeviceGetPciInfo, handle)
+        mem = self._read(state, "memory", pynvml.nvmlDeviceGetMemoryInfo, handle)
+        limit = self._read(state, "power_limit", pynvml.nvmlDeviceGetEnforcedPowerLimit, handle)
+        state.identity = GpuIdentity(
+            index=index,
+            uuid=uuid,
+            name=None if name is None else _text(name),
+            pci_bus_id=None if pci is None else _text(pci.busId),
+            mem_total_bytes=None if mem is None else int(mem.total),
+            power_limit_watts=None if limit is None else limit / 1000.0,
+        )
+
+    def _rediscover(self, now: float) -> None:
+        """Ask lost GPUs again and look for new ones: one GetCount, plus per lost GPU one
+        handle and one UUID call.  Never raises; NVML errors are counted."""
+        self.rediscoveries += 1
+        for state in self._gpus:
+            if state.lost:
+                self._revive(state, now)
+        try:
+            count = pynvml.nvmlDeviceGetCount()
+        except pynvml.NVMLError as exc:
+            self.errors[_error_kind(exc)] += 1
+            return
+        for index in range(len(self._gpus), count):
+            state = self._open(index)
+            self._gpus.append(state)
+            if not state.lost:
+                log.warning(
+                    "GPU %d (%s) appeared; it is read from now on",
+                    index,
+                    state.identity.uuid,
+                )
+
+    def _revive(self, state: _GpuState, now: float) -> None:
+        """A lost GPU that answers (handle and UUID) is read again from the next tick."""
+        index = state.identity.index
+        known = not state.identity.uuid.startswith("unknown-gpu-")
+        try:
+            if known:
+                handle = pynvml.nvmlDeviceGetHandleByUUID(state.identity.uuid)
+            else:
                 handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-                uuid = _text(pynvml.nvmlDeviceGetUUID(handle))
-            except pynvml.NVMLError as exc:
-                self.errors[_error_kind(exc)] += 1
-                log.warning("GPU %d cannot be opened (%s); it is reported as lost", index, exc)
-                lost = GpuIdentity(index=index, uuid=f"unknown-gpu-{index}")
-                states.append(_GpuState(identity=lost, handle=None, lost=True))
-                continue
-            state = _GpuState(identity=GpuIdentity(index=index, uuid=uuid), handle=handle)
-            name = self._read(state, "name", pynvml.nvmlDeviceGetName, handle)
-            pci = self._read(state, "pci", pynvml.nvmlDeviceGetPciInfo, handle)
-            mem = self._read(state, "memory", pynvml.nvmlDeviceGetMemoryInfo, handle)
-            limit = self._read(state, "power_limit", pynvml.nvmlDeviceGetEnforcedPowerLimit, handle)
-            state.identity = GpuIdentity(
-                index=index,
-                uuid=uuid,
-                name=None if name is None else _text(name),
-                pci_bus_id=None if pci is None else _text(pci.busId),
-                mem_total_bytes=None if mem is None else int(mem.total),
-                power_limit_watts=None if limit is None else limit / 1000.0,
-            )
-            states.append(state)
-        return states
+            uuid = _text(pynvml.nvmlDeviceGetUUID(handle))
+        except pynvml.NVMLError:
+            return  # still gone: not counted again, it was counted when lost
+        state.handle, state.lost = handle, False
+        state.unsupported_until.clear()
+        state.pcie_read_at = float("-inf")
+        if not known or uuid != state.identity.uuid:
+            self._identify(state, index, uuid)
+        since = state.lost_since_s
+        state.lost_since_s = None
+        log.warning(
+            "GPU %d (%s) answers again after %s lost; it is read again",
+            index,
+            uuid,
+            "?" if since is None else f"{now - since:.0f} s",
+        )
 
     @property
     def gpus(self) -> tuple[GpuIdentity, ...]:
@@ -310,6 +396,7 @@ class NvmlSampler:
                 state.identity.uuid,
             )
             self.errors["gpu_is_lost"] += 1
+            state.lost_since_s = time.monotonic()
         state.lost = True
 
     # --- the tick ---------------------------------------------------------------------
@@ -317,6 +404,9 @@ class NvmlSampler:
     def sample(self) -> tuple[GpuSample, ...]:
         """Read every GPU once.  Never raises for a fault confined to one GPU or field."""
         t_s = time.monotonic()
+        if t_s >= self._rediscover_at:
+            self._rediscover_at = t_s + self.rediscover_every_s
+            self._rediscover(t_s)
         return tuple(self._sample_gpu(state, t_s) for state in self._gpus)
 
     def _sample_gpu(self, st: _GpuState, t_s: float) -> GpuSample:
