@@ -25,9 +25,13 @@ from prometheus_client.core import (
     InfoMetricFamily,
     Metric,
 )
+from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector, CollectorRegistry
 
+from gpumon.faces.serve.buildinfo import build_labels
 from gpumon.faces.serve.daemon import ServeState
+from gpumon.faces.serve.http import CONNECTION_ERROR_KINDS, ConnectionStats
+from gpumon.faces.serve.log import REOPEN_REASONS
 from gpumon.model import Cause, Episode, State
 
 GPU = ["gpu", "uuid"]
@@ -69,17 +73,33 @@ METRIC_NAMES = (
     "gpumon_sample_errors_total",
     "gpumon_nvml_errors_total",
     "gpumon_log_write_errors_total",
+    "gpumon_log_reopens_total",
+    "gpumon_http_connection_errors_total",
     "gpumon_scrape_errors_total",
     "gpumon_scrape_duration_seconds",
+    # The daemon's own cost (client_python's ProcessCollector, in the same registry).
+    "process_cpu_seconds_total",
+    "process_resident_memory_bytes",
+    "process_virtual_memory_bytes",
+    "process_start_time_seconds",
+    "process_open_fds",
+    "process_max_fds",
 )
 
 
 class GpumonCollector(Collector):
     """Reads ``ServeState`` under its lock; yields every family of one tick."""
 
-    def __init__(self, state: ServeState) -> None:
+    def __init__(self, state: ServeState, http: ConnectionStats | None = None) -> None:
         self.state = state
+        self.http = http
         self._last_scrape_s: float | None = None
+        nvml = state.monitor.nvml
+        self._build_labels = build_labels(
+            state.version, None if nvml is None else nvml.nvml_version, state.driver_version
+        )
+        # Every known kind at 0 from the first scrape: a panel shows 0, not "No data".
+        self._nvml_kinds = tuple(getattr(nvml, "known_error_kinds", ()))
 
     def describe(self) -> Iterator[Metric]:
         # Registering must not run a scrape (client_python calls collect() when a collector
@@ -125,8 +145,11 @@ class GpumonCollector(Collector):
     # --- groups ----------------------------------------------------------------------------
 
     def _build(self) -> list[Metric]:
-        st = self.state
-        info = InfoMetricFamily("gpumon_build", "gpumon's version.", value={"version": st.version})
+        info = InfoMetricFamily(
+            "gpumon_build",
+            "gpumon's version and commit, the Python it runs on, the NVML library and driver.",
+            value=self._build_labels,
+        )
         return [info]
 
     def _gpus(self) -> list[Metric]:
@@ -340,16 +363,36 @@ class GpumonCollector(Collector):
         nvml = CounterMetricFamily(
             "gpumon_nvml_errors", "NVML calls that failed, by error kind.", labels=["kind"]
         )
-        for kind in sorted(st.nvml_errors):
-            nvml.add_metric([kind], st.nvml_errors[kind])
+        for kind in sorted({*self._nvml_kinds, *st.nvml_errors}):
+            nvml.add_metric([kind], st.nvml_errors.get(kind, 0))
         out.append(nvml)
         out.append(
             CounterMetricFamily(
                 "gpumon_log_write_errors",
-                "Log lines that could not be written (full disk, unwritable file).",
+                "Log lines lost: not written, or cut short and truncated away (full disk, "
+                "unwritable file).",
                 value=st.log.errors_total,
             )
         )
+        reopens = CounterMetricFamily(
+            "gpumon_log_reopens",
+            "Times the log was reopened: signal (SIGHUP, logrotate), removed or replaced "
+            "(found gone or another file at its path).",
+            labels=["reason"],
+        )
+        for reason in REOPEN_REASONS:
+            reopens.add_metric([reason], st.log.reopens.get(reason, 0))
+        out.append(reopens)
+        http = CounterMetricFamily(
+            "gpumon_http_connection_errors",
+            "HTTP connections that failed: timeout (a silent client), reset, tls (a failed "
+            "handshake), overload (no worker free), other.",
+            labels=["kind"],
+        )
+        counts = self.http.snapshot() if self.http is not None else {}
+        for kind in CONNECTION_ERROR_KINDS:
+            http.add_metric([kind], counts.get(kind, 0))
+        out.append(http)
         return out
 
 
@@ -363,8 +406,10 @@ def _add(family: GaugeMetricFamily, labels: list[str], value: float | int | None
         family.add_metric(labels, float(value))
 
 
-def make_registry(state: ServeState) -> CollectorRegistry:
-    """gpumon's own registry: no process/platform collectors, no import-time globals."""
+def make_registry(state: ServeState, http: ConnectionStats | None = None) -> CollectorRegistry:
+    """gpumon's own registry (no import-time globals): gpumon's metrics and the daemon's
+    own ``process_*`` (CPU, memory, open files), so its cost is watched from Prometheus."""
     registry = CollectorRegistry(auto_describe=True)
-    registry.register(GpumonCollector(state))
+    registry.register(GpumonCollector(state, http))
+    ProcessCollector(registry=registry)
     return registry

@@ -1,14 +1,17 @@
 """`gpumon serve`: the node daemon — Prometheus metrics, a JSON-lines log, job labels.
 
-Thin: it reads the configuration, builds the Monitor (the only way to samples), the
-daemon state, the collector and the HTTP server, then paces ticks until SIGTERM/SIGINT.
-SIGHUP reopens the log (logrotate).  Exit status: 0 on a signal, 2 for a bad
+Thin: it reads the configuration (TOML, plus an exporter-toolkit ``--web.config.file``),
+builds the Monitor (the only way to samples), the daemon state, the collector and the
+HTTP server, then paces ticks until SIGTERM/SIGINT.  SIGHUP reopens the log (logrotate).
+Under systemd (``Type=notify``) it says READY=1 once it serves and has sampled, and feeds
+the watchdog while ticks keep completing.  Exit status: 0 on a signal, 2 for a bad
 configuration, 3 without a usable driver, 1 when the port cannot be bound.
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import signal
 import sys
 import threading
@@ -20,7 +23,10 @@ from gpumon.faces.serve import config as serve_config
 from gpumon.monitor import StopFlag, paced
 
 if TYPE_CHECKING:
+    from gpumon.faces.serve.config import ServeConfig
     from gpumon.faces.serve.log import EventLog
+
+LOG_LEVELS = ("debug", "info", "warn", "error")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -37,12 +43,33 @@ def register(sub: argparse._SubParsersAction) -> None:
         help=f"TOML configuration (default {serve_config.DEFAULT_PATH}, used if present)",
     )
     p.add_argument(
+        "--web.listen-address",
         "--listen",
+        dest="listen",
         metavar="HOST:PORT",
-        help=f"address to serve /metrics on (default {serve_config.DEFAULT_ADDRESS}:"
-        f"{serve_config.DEFAULT_PORT})",
+        help=f"address to serve on (default {serve_config.DEFAULT_ADDRESS}:"
+        f"{serve_config.DEFAULT_PORT}; ':PORT' for every address, '[::1]:PORT' for IPv6)",
+    )
+    p.add_argument(
+        "--web.telemetry-path",
+        dest="telemetry_path",
+        metavar="PATH",
+        help=f"path of the metrics (default {serve_config.DEFAULT_TELEMETRY_PATH})",
+    )
+    p.add_argument(
+        "--web.config.file",
+        dest="web_config_file",
+        metavar="FILE",
+        help="exporter-toolkit web configuration (YAML): TLS, basic auth, headers",
     )
     p.add_argument("--log", metavar="FILE", help="JSON-lines event log ('' for none)")
+    p.add_argument(
+        "--log.level",
+        dest="log_level",
+        choices=LOG_LEVELS,
+        default="info",
+        help="what gpumon says on stderr (default info; debug adds failed HTTP clients)",
+    )
     p.add_argument(
         "--interval",
         type=positive_float,
@@ -53,49 +80,89 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def run(args: argparse.Namespace) -> int:
-    from prometheus_client import disable_created_metrics
-
-    from gpumon.faces.common import build_monitor
-    from gpumon.faces.serve.collector import make_registry
-    from gpumon.faces.serve.daemon import ServeState
-    from gpumon.faces.serve.http import MetricsServer
-    from gpumon.faces.serve.log import EventLog
+def load_config(args: argparse.Namespace) -> ServeConfig:
+    """The TOML file, the command line over it, then the web configuration merged in."""
+    from gpumon.faces.serve import webconfig
 
     cfg = serve_config.with_overrides(
         serve_config.load(args.config),
         listen=args.listen,
         log=args.log,
         interval_s=args.interval,
+        telemetry=args.telemetry_path,
+        web_config_file=args.web_config_file,
     )
+    if cfg.web_config_file is not None:
+        cfg = serve_config.with_web_config(cfg, webconfig.load(cfg.web_config_file))
+    return cfg
+
+
+def run(args: argparse.Namespace) -> int:
+    from prometheus_client import disable_created_metrics
+
+    from gpumon.faces.common import build_monitor
+    from gpumon.faces.serve.collector import make_registry
+    from gpumon.faces.serve.daemon import ServeState
+    from gpumon.faces.serve.http import ConnectionStats, MetricsServer, exposure_warning
+    from gpumon.faces.serve.landing import StatePages
+    from gpumon.faces.serve.log import EventLog
+    from gpumon.faces.serve.notify import Notifier, Watchdog, stale_after_s, watchdog_period_s
+
+    _log_to_stderr(args.log_level)
+    cfg = load_config(args)
     disable_created_metrics()
     monitor = build_monitor(interval_s=cfg.interval_s)  # NoDriverError -> exit 3
     log = EventLog(None)
     state = ServeState(monitor, cfg, log)
-    server = MetricsServer(cfg, make_registry(state))  # port in use -> one sentence, exit 1
+    stats = ConnectionStats()
+    server = MetricsServer(  # port in use -> one sentence, exit 1
+        cfg, make_registry(state, stats), pages=StatePages(state), stats=stats
+    )
     log = state.log = EventLog(cfg.log_path)
     stop = StopFlag().install()
     hup_previous = _install_hup(log)
     server.start()
     scheme = "https" if cfg.tls else "http"
+    where = f"{scheme}://{_host(cfg.address)}:{server.port}{cfg.telemetry_path}"
     print(
-        f"gpumon: serving {len(state.gpus)} GPU(s) on {scheme}://{_host(cfg.address)}:"
-        f"{server.port}/metrics every {cfg.interval_s:g} s"
+        f"gpumon: serving {len(state.gpus)} GPU(s) on {where} every {cfg.interval_s:g} s"
+        + (", basic auth" if cfg.basic_auth else "")
         + (f", log {cfg.log_path}" if cfg.log_path else ""),
         file=sys.stderr,
         flush=True,
     )
+    warning = exposure_warning(cfg)
+    if warning is not None:
+        print(warning, file=sys.stderr, flush=True)
     start = state.summary("start")
     start["listen"] = f"{cfg.address}:{server.port}"
     start["interval_s"] = cfg.interval_s
     log.write(start)
+    notifier = Notifier()
+    period = watchdog_period_s()
+    watchdog = (
+        Watchdog(notifier, period, stale_after_s(cfg.interval_s, period))
+        if notifier.enabled and period is not None
+        else None
+    )
+    ready = False
     try:
         for _ in paced(cfg.interval_s, stop.event):
             if log.reopen_wanted:
                 log.reopen()
                 log.write({"time": time.time(), "event": "log_reopened"})
             state.step()
+            if watchdog is not None:
+                watchdog.beat()
+            if not ready:  # serving and sampled once: systemd may call the unit started
+                ready = True
+                notifier.send("READY=1", f"STATUS=serving {len(state.gpus)} GPU(s) on {where}")
+                if watchdog is not None:
+                    watchdog.start()
     finally:
+        notifier.send("STOPPING=1")
+        if watchdog is not None:
+            watchdog.stop()
         stop.restore()
         if hup_previous is not None:
             signal.signal(signal.SIGHUP, hup_previous)
@@ -105,6 +172,20 @@ def run(args: argparse.Namespace) -> int:
         log.close()
     print(f"gpumon: stopped ({reason}) after {state.ticks_total} ticks.", file=sys.stderr)
     return 0
+
+
+def _log_to_stderr(level: str) -> None:
+    """gpumon's own log records (a GPU lost or back, a failed HTTP client at debug) on
+    stderr, each as one line starting with 'gpumon:' like the daemon's other messages."""
+    logger = logging.getLogger("gpumon")
+    if any(getattr(h, "gpumon_serve", False) for h in logger.handlers):
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("gpumon: %(message)s"))
+    handler.gpumon_serve = True  # type: ignore[attr-defined]
+    logger.addHandler(handler)
+    logger.setLevel({"warn": logging.WARNING}.get(level, getattr(logging, level.upper())))
+    logger.propagate = False
 
 
 def _install_hup(log: EventLog) -> Any:

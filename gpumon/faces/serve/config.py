@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from gpumon.errors import ConfigError
+from gpumon.faces.serve.webconfig import CLIENT_AUTH_TYPES, WebConfig
 
 DEFAULT_PATH = Path("/etc/gpumon/gpumon.toml")
 # 9400 is dcgm-exporter's, 9835 nvidia_gpu_exporter's, 8000 nvitop-exporter's; 9977 is
@@ -24,6 +25,9 @@ DEFAULT_PATH = Path("/etc/gpumon/gpumon.toml")
 DEFAULT_PORT = 9977
 DEFAULT_ADDRESS = "127.0.0.1"
 JOB_SOURCES = ("slurm", "kubernetes")
+DEFAULT_TELEMETRY_PATH = "/metrics"
+# Paths the server answers itself; the metrics cannot live there.
+RESERVED_PATHS = ("/", "/-/healthy", "/-/ready")
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +41,16 @@ class ServeConfig:
     tls_client_ca_file: str | None = None
     # With a client CA, clients must present a certificate unless this is set to false.
     tls_client_auth_required: bool = True
+    tls_client_ca_pem: str | None = None  # a client CA given inline (web config client_ca)
+    tls_min_version: str = "TLS12"
+    tls_max_version: str = "TLS13"
+    # From a --web.config.file: (user, bcrypt hash) pairs; response headers; rate limit.
+    basic_auth_users: tuple[tuple[str, str], ...] = ()
+    http_headers: tuple[tuple[str, str], ...] = ()
+    rate_limit_interval_s: float = 0.0
+    rate_limit_burst: int = 0
+    telemetry_path: str = DEFAULT_TELEMETRY_PATH
+    web_config_file: str | None = None
     interval_s: float = 1.0
     log_path: str | None = None
     summary_interval_s: float = 300.0
@@ -52,6 +66,10 @@ class ServeConfig:
     @property
     def tls(self) -> bool:
         return self.tls_cert_file is not None
+
+    @property
+    def basic_auth(self) -> bool:
+        return bool(self.basic_auth_users)
 
 
 # --- value checks: each returns the clean value or raises ValueError(reason) -------------
@@ -106,6 +124,16 @@ def _count(lo: int, hi: int) -> Callable[[Any], int]:
     return check
 
 
+def telemetry_path(v: Any) -> str:
+    """Where the metrics are served: an absolute path of its own (not / or /-/...)."""
+    path = _str(v)
+    if not path.startswith("/") or any(c.isspace() or c in "?#" for c in path):
+        raise ValueError(f"must be a path such as /metrics, not {path!r}")
+    if path in RESERVED_PATHS or path.startswith("/-/"):
+        raise ValueError(f"{path} is gpumon's own page; choose another, such as /metrics")
+    return path
+
+
 def _sources(v: Any) -> tuple[str, ...]:
     if not isinstance(v, list) or not all(isinstance(s, str) for s in v):
         raise ValueError(f"must be a list of strings, not {v!r}")
@@ -124,6 +152,8 @@ SCHEMA: dict[str, dict[str, tuple[str, Callable[[Any], Any]]]] = {
         "tls_key_file": ("tls_key_file", _optional_path),
         "tls_client_ca_file": ("tls_client_ca_file", _optional_path),
         "tls_client_auth_required": ("tls_client_auth_required", _bool),
+        "telemetry_path": ("telemetry_path", telemetry_path),
+        "web_config_file": ("web_config_file", _optional_path),
     },
     "sampling": {
         "interval_s": ("interval_s", _seconds(0.05, 60.0)),
@@ -240,11 +270,16 @@ def parse_listen(text: str) -> tuple[str, int]:
     """``HOST:PORT``, ``:PORT`` (all addresses) or ``[v6addr]:PORT`` -> (host, port)."""
     m = re.fullmatch(r"\[([0-9A-Fa-f:.%a-zA-Z]+)\]:(\d+)|([^:\[\]]*):(\d+)", text.strip())
     if not m:
-        raise ConfigError(f"--listen {text!r}: expected HOST:PORT, e.g. 127.0.0.1:{DEFAULT_PORT}.")
+        raise ConfigError(
+            f"--web.listen-address (--listen) {text!r}: expected HOST:PORT, e.g. "
+            f"127.0.0.1:{DEFAULT_PORT}."
+        )
     host = m.group(1) or m.group(3) or "0.0.0.0"
     port = int(m.group(2) or m.group(4))
     if not 1 <= port <= 65535:
-        raise ConfigError(f"--listen {text!r}: the port must be from 1 to 65535.")
+        raise ConfigError(
+            f"--web.listen-address (--listen) {text!r}: the port must be from 1 to 65535."
+        )
     return host, port
 
 
@@ -254,11 +289,20 @@ def with_overrides(
     listen: str | None = None,
     log: str | None = None,
     interval_s: float | None = None,
+    telemetry: str | None = None,
+    web_config_file: str | None = None,
 ) -> ServeConfig:
     """Command-line options win over the file."""
     if listen is not None:
         host, port = parse_listen(listen)
         cfg = replace(cfg, address=host, port=port)
+    if telemetry is not None:
+        try:
+            cfg = replace(cfg, telemetry_path=telemetry_path(telemetry))
+        except ValueError as exc:
+            raise ConfigError(f"--web.telemetry-path: {exc}.") from None
+    if web_config_file is not None:
+        cfg = replace(cfg, web_config_file=web_config_file or None)
     if log is not None:
         cfg = replace(cfg, log_path=log or None)
     if interval_s is not None:
@@ -267,3 +311,36 @@ def with_overrides(
         except ValueError as exc:
             raise ConfigError(f"--interval: {exc}.") from None
     return cfg
+
+
+def with_web_config(cfg: ServeConfig, web: WebConfig) -> ServeConfig:
+    """The web configuration file's TLS, users, headers and rate limit, merged in.
+
+    TLS set in both files is refused: which of two certificates would be served is not a
+    question a daemon should answer silently.
+    """
+    if web.tls and cfg.tls:
+        raise ConfigError(
+            f"TLS is configured twice, in {cfg.source or 'the configuration'} ([http] "
+            f"tls_cert_file) and in {web.source} (tls_server_config); keep one; gpumon "
+            "serve did not start."
+        )
+    if web.tls:
+        needs_ca, required = CLIENT_AUTH_TYPES[web.client_auth_type]
+        cfg = replace(
+            cfg,
+            tls_cert_file=web.tls_cert_file,
+            tls_key_file=web.tls_key_file,
+            tls_client_ca_file=web.tls_client_ca_file if needs_ca else None,
+            tls_client_ca_pem=web.tls_client_ca_pem if needs_ca else None,
+            tls_client_auth_required=required,
+            tls_min_version=web.tls_min_version,
+            tls_max_version=web.tls_max_version,
+        )
+    return replace(
+        cfg,
+        basic_auth_users=web.basic_auth_users,
+        http_headers=web.headers,
+        rate_limit_interval_s=web.rate_limit_interval_s,
+        rate_limit_burst=web.rate_limit_burst,
+    )

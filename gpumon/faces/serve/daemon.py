@@ -100,6 +100,7 @@ class GpuRuntime:
     jobs: tuple[JobLabels, ...] = ()
     processes: int | None = None
     pids: frozenset[int] = frozenset()
+    lost_since_s: float | None = None  # when its samples started saying lost
 
 
 @dataclass(slots=True)
@@ -238,11 +239,7 @@ class ServeState:
         """The state's part of a tick (under ``lock``): no /proc read, no log write."""
         snap = tick.snapshot
         self.host = snap.host
-        for g in snap.gpus:
-            rt = self.gpus.get(g.gpu)
-            if rt is None:  # a GPU not seen at discovery (should not happen; stay robust)
-                rt = self.gpus[g.gpu] = GpuRuntime(GpuIdentity(index=g.gpu, uuid=g.uuid))
-            rt.sample = g
+        gpu_records = [self._gpu_change(g, snap.t_s) for g in snap.gpus]
         self._attribute(snap, prepared)
         job_updates = self._update_job_table(snap, prepared)
         if tick.update is not None:
@@ -261,7 +258,8 @@ class ServeState:
             if gpu in self.gpus:
                 self.gpus[gpu].bursts.observe(seconds)
         job_updates += self._update_job_detectors(snap)
-        records = self._log_records(update, None)
+        records = [r for r in gpu_records if r is not None and self.log.path is not None]
+        records += self._log_records(update, None)
         for labels, upd in job_updates:
             records += self._log_records(upd, labels)
         self.ticks_total += 1
@@ -274,6 +272,47 @@ class ServeState:
             self._last_summary_mono = now
             records.append(self.summary("summary"))
         return update, records
+
+    # --- GPUs lost, back, new -----------------------------------------------------------------
+
+    def _gpu_change(self, g: GpuSample, t: float) -> dict[str, Any] | None:
+        """Keep the GPU's sample; the log line of a GPU appearing, lost or back, if any."""
+        rt = self.gpus.get(g.gpu)
+        event = None
+        if rt is None:  # found by the sampler's re-enumeration while the daemon runs
+            rt = self.gpus[g.gpu] = GpuRuntime(self._identity_of(g))
+            event = "gpu_appeared"
+        elif rt.identity.uuid != g.uuid:  # lost at start-up, now known by its UUID
+            rt.identity = self._identity_of(g)
+        was_lost = rt.sample is not None and rt.sample.lost
+        rt.sample = g
+        if g.lost and not was_lost:
+            rt.lost_since_s = t
+            event = "gpu_lost"
+        elif was_lost and not g.lost:
+            event = "gpu_recovered"
+        if event is None:
+            return None
+        record: dict[str, Any] = {
+            "time": self.wall_of(t),
+            "event": event,
+            "gpu": g.gpu,
+            "uuid": rt.identity.uuid,
+            "name": rt.identity.name,
+        }
+        if event == "gpu_recovered" and rt.lost_since_s is not None:
+            record["lost_since"] = self.wall_of(rt.lost_since_s)
+            record["lost_s"] = round(t - rt.lost_since_s, 3)
+            rt.lost_since_s = None
+        return record
+
+    def _identity_of(self, g: GpuSample) -> GpuIdentity:
+        """The sampler's identity of the GPU (name, bus id, ...), else index and UUID."""
+        nvml = self.monitor.nvml
+        for ident in () if nvml is None else nvml.gpus:
+            if ident.index == g.gpu and ident.uuid == g.uuid:
+                return ident
+        return GpuIdentity(index=g.gpu, uuid=g.uuid)
 
     # --- jobs --------------------------------------------------------------------------------
 
@@ -519,6 +558,9 @@ class ServeState:
                     "lost": bool(rt and rt.sample and rt.sample.lost),
                 }
             )
+            last, since = self.last_sample_wall_s, rt and self.wall_of(rt.lost_since_s)
+            if last is not None and since is not None:
+                gpus[-1]["lost_for_s"] = round(last - since, 1)
         return {
             "time": self._wall(),
             "event": event,
@@ -531,6 +573,7 @@ class ServeState:
             "ticks": self.ticks_total,
             "nvml_errors": dict(self.nvml_errors),
             "log_write_errors": self.log.errors_total,
+            "log_reopens": dict(self.log.reopens),
         }
 
     def finish(self, reason: str) -> None:
