@@ -19,6 +19,8 @@ from fakenvml import (
     write_scenario,
 )
 
+SYSTEM_DSTAT = Path("/usr/bin/dstat")
+
 
 # --------------------------------------------------------------------------- fake NVML
 @dataclass
@@ -76,3 +78,55 @@ def fake_nvml(tmp_path: Path, fake_nvml_lib: Path) -> Iterator[FakeNvml]:
             os.environ.pop("FAKE_NVML_SCENARIO", None)
         else:
             os.environ["FAKE_NVML_SCENARIO"] = saved
+
+
+# --------------------------------------------------------------------------- home, dstat
+@pytest.fixture
+def tmp_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A fresh, empty $HOME for this test (``Path.home()`` follows it).
+
+    dstat and dool load plugins from ~/.dstat and ~/.dool before any other folder, so a
+    plugin left there by an earlier `gpumon dstat install` would be the one a test runs;
+    and a test that installs into ~ must not leave one behind.
+    """
+    home = tmp_path_factory.mktemp("home")
+    monkeypatch.setenv("HOME", str(home))
+    return home
+
+
+@dataclass(frozen=True)
+class SystemDstat:
+    """/usr/bin/dstat, and why the Python-plugin tests cannot use it (None: they can).
+
+    They need Dag Wieers' dstat 0.7; where /usr/bin/dstat is pcp-dstat (Debian with pcp,
+    RHEL, Fedora) Python plugins do not load: test_dstat_pcp.py covers that one.
+    """
+
+    path: Path
+    unusable: str | None
+
+    def require(self) -> Path:
+        if self.unusable:
+            pytest.skip(self.unusable)
+        return self.path
+
+
+@pytest.fixture(scope="session")
+def system_dstat() -> SystemDstat:
+    from gpumon.faces.dstat.install import _is_pcp_dstat
+
+    why = None
+    if not SYSTEM_DSTAT.exists():
+        why = "dstat is not installed (apt-get install dstat)"
+    elif _is_pcp_dstat(SYSTEM_DSTAT):
+        why = (
+            f"{SYSTEM_DSTAT} is pcp-dstat, which loads ini plugins, not Python ones: these "
+            "tests need Debian's dstat 0.7 (test_dstat_pcp.py covers pcp-dstat)"
+        )
+    return SystemDstat(SYSTEM_DSTAT, why)
+
+
+@pytest.fixture
+def classic_dstat(system_dstat: SystemDstat) -> Path:
+    """/usr/bin/dstat where it is the classic dstat; the test skips, saying why, elsewhere."""
+    return system_dstat.require()

@@ -22,15 +22,18 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 from fakenvml import FakeGPU, Pattern, Process, Scenario, fake_env, missing_library_env
 from fakenvml import write_scenario as write
 
+if TYPE_CHECKING:
+    from conftest import SystemDstat
+
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parent.parent
-DSTAT = Path("/usr/bin/dstat")
 # Ticks for the runs that must reach a verdict: the detector judges the driver's backlog on
 # the second tick; the rest is margin for a loaded machine.
 VERDICT_TICKS = 8
@@ -137,27 +140,32 @@ def _install(args: list[str], env: dict[str, str]) -> subprocess.CompletedProces
     )
 
 
+class Runs(dict[str, Run]):
+    """The fixture's runs; a test asking for one it could not start skips, saying why."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.why_not: dict[str, str] = {}
+
+    def __missing__(self, name: str) -> Run:
+        pytest.skip(self.why_not.get(name, f"run {name!r} was not started"))
+
+
+DSTAT_RUNS = ("steady", "burst", "csv", "lost", "nodriver", "nogpu", "bare", "tty")
+
+
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Run]]:
-    if not DSTAT.exists():
-        pytest.skip("dstat is not installed (apt-get install dstat)")
+def runs(tmp_path_factory: pytest.TempPathFactory, system_dstat: SystemDstat) -> Iterator[Runs]:
     root = tmp_path_factory.mktemp("dstat")
+    # dstat and dool look in ~/.dstat/ and ~/.dool/ first: every run and install gets an
+    # empty HOME, so a plugin an earlier `gpumon dstat install` left in the real one is
+    # never the one that runs, and none is left there.
+    home = root / "home"
+    home.mkdir()
+    henv = {**os.environ, "HOME": str(home)}
 
     def scenario(name: str, scn: Scenario) -> dict[str, str]:
-        return fake_env(write(root / f"{name}.txt", scn))
-
-    # dstat through a symlink, so it finds <root>/bin/plugins/ (installed by --dir).
-    bindir = root / "bin"
-    (bindir / "plugins").mkdir(parents=True)
-    (bindir / "dstat").symlink_to(DSTAT)
-    installed = _install(["--dir", str(bindir / "plugins")], dict(os.environ))
-    assert installed.returncode == 0, installed.stderr
-    dstat = [str(bindir / "dstat")]
-    # A plugin folder holding the bare plugin file, never wired to gpumon.
-    barebin = root / "bare"
-    (barebin / "plugins").mkdir(parents=True)
-    (barebin / "dstat").symlink_to(DSTAT)
-    shutil.copy(REPO / "dstat_plugins" / "dstat_gpu.py", barebin / "plugins")
+        return fake_env(write(root / f"{name}.txt", scn), henv)
 
     steady = Scenario(gpus=[FakeGPU(pattern=Pattern.steady(97), processes=BUSY)])
     burst = Scenario(gpus=[FakeGPU(pattern=Pattern.burst(1.0, 0.3), processes=BUSY)])
@@ -169,61 +177,69 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Run]]:
         ]
     )
     n = str(VERDICT_TICKS)
-    out: dict[str, Run] = {}
-    out["steady"] = _start([*dstat, "--gpu", "1", n], scenario("steady", steady), root)
-    out["burst"] = _start([*dstat, "--gpu", "1", n], scenario("burst", burst), root)
-    csv_path = root / "dstat.csv"
-    out["csv"] = _start(
-        [*dstat, "-c", "--gpu", "--output", str(csv_path), "1", "3"],
-        scenario("csv", two),
-        root,
-        csv_path=csv_path,
-    )
-    lost_env = scenario("lost", two)
-    lost_two = two.with_gpu(1, lost=True)
-    out["lost"] = _start([*dstat, "-f", "--gpu", "1", "8"], lost_env, root)
-    out["nodriver"] = _start([*dstat, "--gpu", "1", "1"], missing_library_env(), root)
-    out["nogpu"] = _start([*dstat, "--gpu", "1", "1"], scenario("nogpu", Scenario(gpus=[])), root)
-    out["bare"] = _start(
-        [str(barebin / "dstat"), "--gpu", "1", "1"], scenario("bare", steady), root
-    )
-    # On a terminal: colours, and extract() every second with only every 2nd line final.
-    out["tty"] = TtyRun([*dstat, "-c", "-f", "--gpu", "2", "3"], scenario("tty", lost_two), root)
+    out = Runs()
+    lost_envs: list[dict[str, str]] = []
+    if system_dstat.unusable is None:
+        # dstat through a symlink, so it finds <root>/bin/plugins/ (installed by --dir).
+        bindir = root / "bin"
+        (bindir / "plugins").mkdir(parents=True)
+        (bindir / "dstat").symlink_to(system_dstat.path)
+        installed = _install(["--dir", str(bindir / "plugins")], henv)
+        assert installed.returncode == 0, installed.stderr
+        dstat = [str(bindir / "dstat")]
+        # A plugin folder holding the bare plugin file, never wired to gpumon.
+        barebin = root / "bare"
+        (barebin / "plugins").mkdir(parents=True)
+        (barebin / "dstat").symlink_to(system_dstat.path)
+        shutil.copy(REPO / "dstat_plugins" / "dstat_gpu.py", barebin / "plugins")
+
+        out["steady"] = _start([*dstat, "--gpu", "1", n], scenario("steady", steady), root)
+        out["burst"] = _start([*dstat, "--gpu", "1", n], scenario("burst", burst), root)
+        csv_path = root / "dstat.csv"
+        out["csv"] = _start(
+            [*dstat, "-c", "--gpu", "--output", str(csv_path), "1", "3"],
+            scenario("csv", two),
+            root,
+            csv_path=csv_path,
+        )
+        lost_envs.append(scenario("lost", two))
+        out["lost"] = _start([*dstat, "-f", "--gpu", "1", "8"], lost_envs[-1], root)
+        nodriver = missing_library_env(henv)
+        out["nodriver"] = _start([*dstat, "--gpu", "1", "1"], nodriver, root)
+        nogpu = scenario("nogpu", Scenario(gpus=[]))
+        out["nogpu"] = _start([*dstat, "--gpu", "1", "1"], nogpu, root)
+        out["bare"] = _start(
+            [str(barebin / "dstat"), "--gpu", "1", "1"], scenario("bare", steady), root
+        )
+        # On a terminal: colours, and extract() every second with only every 2nd line final.
+        tty_env = scenario("tty", two.with_gpu(1, lost=True))
+        out["tty"] = TtyRun([*dstat, "-c", "-f", "--gpu", "2", "3"], tty_env, root)
+    else:
+        out.why_not.update(dict.fromkeys(DSTAT_RUNS, system_dstat.unusable))
 
     dool = _dool()
-    home = root / "home"
-    home.mkdir()
-    dool_lost_env: dict[str, str] | None = None
     if dool is not None:
-        # dool finds ~/.dool/ first: HOME points at a fresh folder.
-        henv = {**os.environ, "HOME": str(home)}
         installed = _install(["--dool"], henv)
         assert installed.returncode == 0, installed.stderr
         assert (home / ".dool" / "dool_gpu.py").exists()
         d = [dool, "--nocolor"]
-        out["dool_mixed"] = _start(
-            [*d, "-f", "--gpu", "1", n], {**scenario("dool_mixed", mixed), "HOME": str(home)}, root
-        )
+        out["dool_mixed"] = _start([*d, "-f", "--gpu", "1", n], scenario("dool_mixed", mixed), root)
         dcsv = root / "dool.csv"
         out["dool_csv"] = _start(
             [*d, "-c", "-f", "--gpu", "--output", str(dcsv), "1", "3"],
-            {**scenario("dool_csv", two), "HOME": str(home)},
+            scenario("dool_csv", two),
             root,
             csv_path=dcsv,
         )
-        dool_lost_env = {**scenario("dool_lost", two), "HOME": str(home)}
-        out["dool_lost"] = _start([*d, "-f", "--gpu", "1", "8"], dool_lost_env, root)
-        out["dool_nodriver"] = _start(
-            [*d, "--gpu", "1", "1"], {**missing_library_env(), "HOME": str(home)}, root
-        )
+        lost_envs.append(scenario("dool_lost", two))
+        out["dool_lost"] = _start([*d, "-f", "--gpu", "1", "8"], lost_envs[-1], root)
+        out["dool_nodriver"] = _start([*d, "--gpu", "1", "1"], missing_library_env(henv), root)
 
     # GPU 1 falls off the bus ~3 s into the lost runs.
     def lose() -> None:
         time.sleep(3.5)
-        lost = two.with_gpu(1, lost=True)
-        write(lost_env["FAKE_NVML_SCENARIO"], lost)
-        if dool_lost_env is not None:
-            write(dool_lost_env["FAKE_NVML_SCENARIO"], lost)
+        for env in lost_envs:
+            write(env["FAKE_NVML_SCENARIO"], two.with_gpu(1, lost=True))
 
     t = threading.Thread(target=lose, daemon=True)
     t.start()
