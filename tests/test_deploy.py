@@ -26,7 +26,6 @@ RULES = DEPLOY / "prometheus" / "gpumon-rules.yml"
 RULE_TESTS = DEPLOY / "prometheus" / "tests"
 SCRAPE = DEPLOY / "prometheus" / "prometheus-scrape.yml"
 DASHBOARD = DEPLOY / "grafana" / "gpumon-dashboard.json"
-DAEMONSET = DEPLOY / "kubernetes" / "gpumon-daemonset.yaml"
 K8S_SCRAPE = DEPLOY / "kubernetes" / "prometheus-scrape-kubernetes.yml"
 EXAMPLE = DEPLOY / "gpumon.toml"
 LOGROTATE = DEPLOY / "logrotate" / "gpumon"
@@ -225,22 +224,7 @@ def test_dashboard_is_valid_and_queries_only_exported_metrics() -> None:
 
 
 # --------------------------------------------------------------------------- Kubernetes
-def test_daemonset_runs_on_gpu_nodes_with_host_pids_and_is_scraped() -> None:
-    docs = {d["kind"]: d for d in load_yaml_all(DAEMONSET)}  # type: ignore[index]
-    assert {"DaemonSet", "ConfigMap", "Service", "ServiceMonitor"} <= set(docs)
-    pod = docs["DaemonSet"]["spec"]["template"]
-    spec = pod["spec"]
-    assert spec["hostPID"] is True
-    assert spec["runtimeClassName"] == "nvidia"
-    c = spec["containers"][0]
-    port = c["ports"][0]["containerPort"]
-    ann = pod["metadata"]["annotations"]
-    assert ann["prometheus.io/scrape"] == "true" and int(ann["prometheus.io/port"]) == port
-    assert c["securityContext"]["allowPrivilegeEscalation"] is False
-    assert "nvidia.com/gpu" not in json.dumps(c.get("resources", {}))  # takes no GPU
-    cfg = parse(docs["ConfigMap"]["data"]["gpumon.toml"], "configmap")
-    assert cfg.port == port and cfg.address == "0.0.0.0"
-    mon = docs["ServiceMonitor"]["spec"]["endpoints"][0]
-    assert mon["honorLabels"] is True
+# The kustomizations are rendered and validated in test_kubernetes.py.
+def test_plain_prometheus_keeps_the_training_pods_labels() -> None:
     scrape = load_yaml_all(K8S_SCRAPE)[0]["scrape_configs"][0]  # type: ignore[index]
     assert scrape["honor_labels"] is True

@@ -13,10 +13,15 @@ from pathlib import Path
 import pytest
 
 from gpumon.cli import main
+from gpumon.faces.deploy.shipped import shipped
 from gpumon.faces.dstat import install as inst
 
 REPO = Path(__file__).resolve().parent.parent
 PYENV = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv")) / "versions"
+
+# The installer's default targets are ~/.dstat and ~/.dool: no test may read or write the
+# real ones (a plugin left there by an earlier install would change what later tests see).
+pytestmark = pytest.mark.usefixtures("tmp_home")
 
 
 def fake_python(tmp: Path, version: tuple[int, int, int], imp: bool) -> Path:
@@ -38,10 +43,8 @@ def program(tmp: Path, shebang: str, name: str = "dstat") -> Path:
 
 
 def test_install_writes_the_plugin_wired_to_this_gpumon(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], classic_dstat: Path
 ) -> None:
-    if not Path("/usr/bin/dstat").exists():
-        pytest.skip("dstat is not installed")
     dest = tmp_path / "plugins"
     assert main(["dstat", "install", "--dir", str(dest)]) == 0
     text = (dest / "dstat_gpu.py").read_text()
@@ -82,23 +85,19 @@ def test_installed_plugin_imports_gpumon_under_the_system_python(tmp_path: Path)
     assert Path(out["gpumon_file"]).resolve().parent == Path(inst.gpumon.__file__).resolve().parent
 
 
-def test_dool_install_goes_to_home_dool(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("HOME", str(tmp_path))
+def test_dool_install_goes_to_home_dool(tmp_path: Path, tmp_home: Path) -> None:
     py = program(tmp_path, sys.executable, "dool")
     assert main(["dstat", "install", "--dool", "--program", str(py)]) == 0
-    text = (tmp_path / ".dool" / "dool_gpu.py").read_text()
+    text = (tmp_home / ".dool" / "dool_gpu.py").read_text()
     assert "dool_plugin = _gpumon_plugin_class(dool," in text
     assert main(["dstat", "uninstall", "--dool"]) == 0
-    assert not (tmp_path / ".dool" / "dool_gpu.py").exists()
+    assert not (tmp_home / ".dool" / "dool_gpu.py").exists()
 
 
-def test_default_dstat_target_is_home_dstat(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("HOME", str(tmp_path))
+def test_default_dstat_target_is_home_dstat(tmp_path: Path, tmp_home: Path) -> None:
     dstat = program(tmp_path, str(fake_python(tmp_path, (3, 11, 2), imp=True)))
     assert main(["dstat", "install", "--program", str(dstat)]) == 0
-    assert (tmp_path / ".dstat" / "dstat_gpu.py").exists()
+    assert (tmp_home / ".dstat" / "dstat_gpu.py").exists()
 
 
 def test_refuses_a_dstat_on_python_312_without_imp(
@@ -207,9 +206,12 @@ def test_pcp_dstat_is_pointed_at_the_ini_plugin(
     assert main(["dstat", "install", "--dir", str(tmp_path / "p"), "--program", str(link)]) == 1
     err = capsys.readouterr().err
     assert "pcp-dstat" in err
-    for named in ("deploy/pcp/dstat/gpumon", "deploy/pcp/gpumon.url", "docs/dstat.md"):
-        assert named in err
-        assert (Path(__file__).resolve().parent.parent / named).is_file(), named
+    # It names files that `gpumon deploy DIR` writes (a pip install has no deploy/ folder).
+    assert "`gpumon deploy DIR`" in err and "docs/dstat.md" in err
+    assert (REPO / "docs" / "dstat.md").is_file()
+    deployed = {str(f.path) for f in shipped()}
+    for named in ("pcp/dstat/gpumon", "pcp/gpumon.url"):
+        assert f"DIR/{named}" in err and named in deployed, named
 
 
 def test_a_failed_write_leaves_no_temporary_file(

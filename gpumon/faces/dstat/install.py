@@ -353,8 +353,9 @@ def run_install(args: argparse.Namespace) -> int:
             if _is_pcp_dstat(program):
                 raise GpumonError(
                     f"{program} is pcp-dstat (Performance Co-Pilot's dstat), which reads ini "
-                    "plugins, not Python: use its plugin deploy/pcp/dstat/gpumon, fed by "
-                    "gpumon serve through deploy/pcp/gpumon.url (see docs/dstat.md)."
+                    "plugins, not Python: `gpumon deploy DIR` writes its plugin "
+                    "DIR/pcp/dstat/gpumon, fed by gpumon serve through DIR/pcp/gpumon.url "
+                    "(see docs/dstat.md)."
                 )
             python = interpreter_of(resolve_program(program))
             check = probe(python, candidate, target.program)
