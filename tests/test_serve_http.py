@@ -1,0 +1,470 @@
+"""`gpumon serve` as an exporter: its pages, flags, web configuration and connection faults.
+
+The daemon runs as a real subprocess against the fake NVML library; requests are real
+HTTP on loopback (``http.client``, raw sockets where a client must misbehave), and a real
+Prometheus scrapes it through basic auth and through TLS.
+"""
+
+from __future__ import annotations
+
+import base64
+import http.client
+import json
+import os
+import shutil
+import socket
+import ssl
+import struct
+import subprocess
+import sys
+import threading
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import pytest
+import test_serve_daemon
+from fakenvml import Scenario
+from test_serve_daemon import (
+    BURSTY,
+    Daemon,
+    _openssl,
+    free_port,
+    make_cert,
+    one,
+    series,
+    start_daemon,
+)
+
+pytestmark = pytest.mark.slow
+daemons = test_serve_daemon.daemons  # the fixture: daemons a test started, stopped after it
+
+# bcrypt of "s3cret" (cost 4 keeps the test quick; the format is the toolkit's).
+PASSWORD = "s3cret"
+
+
+def bcrypt_hash(password: str) -> str:
+    import bcrypt
+
+    return bcrypt.hashpw(password.encode(), bcrypt.gensalt(4)).decode()
+
+
+def request(
+    d: Daemon,
+    path: str,
+    method: str = "GET",
+    headers: dict[str, str] | None = None,
+    ctx: ssl.SSLContext | None = None,
+) -> tuple[int, dict[str, str], bytes]:
+    """One request exactly as given (the path is sent as is, not normalised)."""
+    if d.scheme == "https":
+        conn: http.client.HTTPConnection = http.client.HTTPSConnection(
+            "127.0.0.1", d.port, timeout=10, context=ctx or d._ctx
+        )
+    else:
+        conn = http.client.HTTPConnection("127.0.0.1", d.port, timeout=10)
+    try:
+        conn.request(method, path, headers=headers or {})
+        r = conn.getresponse()
+        return r.status, {k.lower(): v for k, v in r.getheaders()}, r.read()
+    finally:
+        conn.close()
+
+
+def basic(user: str, password: str) -> dict[str, str]:
+    return {"Authorization": "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()}
+
+
+def wait_sampled(d: Daemon, headers: dict[str, str] | None = None, timeout: float = 15) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert d.proc.poll() is None, d.stop()
+        try:
+            if request(d, "/-/ready", headers=headers)[0] == 200:
+                return
+        except OSError:
+            pass
+        time.sleep(0.1)
+    raise AssertionError("never ready")
+
+
+# --------------------------------------------------------------------------- pages
+def test_landing_page_404_head_and_health_endpoints(fake_nvml, tmp_path, daemons) -> None:
+    scn = Scenario.uniform(2, BURSTY)
+    fake_nvml.set(scn)
+    d = start_daemon(fake_nvml.env, tmp_path)
+    daemons.append(d)
+    wait_sampled(d)
+    status, headers, body = request(d, "/")
+    assert status == 200 and headers["content-type"].startswith("text/html")
+    page = body.decode()
+    import gpumon
+
+    assert f"gpumon {gpumon.__version__}" in page and 'href="/metrics"' in page
+    for i in range(2):
+        assert scn.gpus[i].effective_uuid(i) in page
+    assert "unknown" in page or "starved" in page or "healthy" in page  # the verdicts
+    for path in ("/foo", "/healthz", "/metrics/", "/metrics/../../etc/passwd", "/favicon.ico"):
+        status, _, body = request(d, path)
+        assert status == 404, (path, status)
+        assert b"gpumon_" not in body
+    status, headers, body = request(d, "/metrics", method="HEAD")
+    assert status == 200 and body == b"" and int(headers["content-length"]) > 1000
+    assert headers["content-type"].startswith("text/plain")
+    status, headers, _ = request(d, "/metrics", method="POST")
+    assert status == 405 and "GET" in headers["allow"]
+    assert request(d, "/-/healthy")[:1] == (200,)
+    assert request(d, "/-/healthy", method="HEAD")[2] == b""
+    status, _, body = request(d, "/-/ready")
+    assert status == 200 and b"Ready" in body
+    assert d.stop() == 0 and "Traceback" not in d.stderr_text
+
+
+def test_the_scrape_has_build_info_process_metrics_and_errors_at_zero(
+    fake_nvml, tmp_path, daemons
+) -> None:
+    d = start_daemon(fake_nvml.env, tmp_path)
+    daemons.append(d)
+    wait_sampled(d)
+    m = d.metrics()
+    import gpumon
+
+    info = series(m, "gpumon_build_info")
+    (key,) = info
+    for label in ("revision", "python_version", "nvml_version", "driver_version"):
+        assert f'{label}="' in key, key
+    assert f'version="{gpumon.__version__}"' in key
+    assert 'nvml_version="12.550.54.15"' in key and 'driver_version="550.54.15"' in key
+    assert one(m, "process_resident_memory_bytes") > 1e6
+    assert one(m, "process_cpu_seconds_total") > 0
+    assert one(m, "process_open_fds") > 0
+    # No error happened, yet each known kind is there at 0: no "No data" panel.
+    assert one(m, "gpumon_nvml_errors_total", kind="unknown") == 0
+    assert one(m, "gpumon_nvml_errors_total", kind="gpu_is_lost") == 0
+    for kind in ("timeout", "reset", "tls", "overload", "other"):
+        assert one(m, "gpumon_http_connection_errors_total", kind=kind) == 0
+    for reason in ("signal", "removed", "replaced"):
+        assert one(m, "gpumon_log_reopens_total", reason=reason) == 0
+    assert one(m, "gpumon_log_write_errors_total") == 0
+    promtool = shutil.which("promtool")
+    if promtool is not None:
+        res = subprocess.run(
+            [promtool, "check", "metrics"], input=d.text(), text=True, capture_output=True
+        )
+        assert res.returncode == 0 and not (res.stdout + res.stderr).strip(), res.stdout
+    assert d.stop() == 0
+
+
+def test_telemetry_path_flag_moves_the_metrics(fake_nvml, tmp_path, daemons) -> None:
+    d = start_daemon(fake_nvml.env, tmp_path, "--web.telemetry-path", "/gpu/metrics")
+    daemons.append(d)
+    wait_sampled(d)
+    status, _, body = request(d, "/gpu/metrics")
+    assert status == 200 and b"gpumon_build_info" in body
+    assert request(d, "/metrics")[0] == 404
+    assert 'href="/gpu/metrics"' in request(d, "/")[2].decode()
+    assert d.stop() == 0
+    assert f"127.0.0.1:{d.port}/gpu/metrics" in d.stderr_text  # the start line says where
+
+
+def test_ready_says_503_until_sampled_and_when_sampling_is_stale(tmp_path) -> None:
+    """In process: the real WSGI app over a real ServeState, its clock moved forward."""
+    from io import BytesIO
+    from wsgiref.util import setup_testing_defaults
+
+    from gpumon.faces.serve.collector import make_registry
+    from gpumon.faces.serve.config import ServeConfig
+    from gpumon.faces.serve.daemon import ServeState
+    from gpumon.faces.serve.http import WebApp
+    from gpumon.faces.serve.landing import StatePages
+    from gpumon.faces.serve.log import EventLog
+    from gpumon.model import GpuIdentity, GpuSample, Snapshot
+    from gpumon.monitor import Monitor, Tick
+
+    ident = GpuIdentity(index=0, uuid="GPU-x")
+    state = ServeState(Monitor(None), ServeConfig(interval_s=1.0), EventLog(None), gpus=[ident])
+    now = {"t": time.time()}
+    app = WebApp(state.cfg, make_registry(state), StatePages(state, wall=lambda: now["t"]))
+
+    def get(path: str) -> tuple[str, bytes]:
+        env: dict[str, object] = {"PATH_INFO": path, "wsgi.input": BytesIO()}
+        setup_testing_defaults(env)
+        out: list[str] = []
+        body = b"".join(app(env, lambda s, h, e=None: out.append(s)))
+        return out[0], body
+
+    status, body = get("/-/ready")
+    assert status.startswith("503") and b"no sample taken yet" in body
+    t = time.monotonic()
+    state.ingest(Tick(Snapshot(t_s=t, gpus=(GpuSample(t_s=t, gpu=0, uuid="GPU-x"),))))
+    now["t"] = state.last_sample_wall_s + 1.0
+    assert get("/-/ready")[0].startswith("200")
+    now["t"] = state.last_sample_wall_s + 60.0  # the loop stopped ticking a minute ago
+    status, body = get("/-/ready")
+    assert status.startswith("503") and b"60 s old" in body
+    assert get("/-/healthy")[0].startswith("200")  # the process is up all the same
+
+
+# --------------------------------------------------------------------------- connections
+def test_300_concurrent_connections_are_all_answered(fake_nvml, tmp_path, daemons) -> None:
+    d = start_daemon(fake_nvml.env, tmp_path)
+    daemons.append(d)
+    wait_sampled(d)
+    results: list[object] = []
+    go = threading.Event()
+
+    def client() -> None:
+        go.wait()
+        try:
+            with socket.create_connection(("127.0.0.1", d.port), timeout=30) as s:
+                s.sendall(b"GET /-/healthy HTTP/1.0\r\n\r\n")
+                data = b""
+                while chunk := s.recv(4096):
+                    data += chunk
+            results.append(data.split(b"\r\n", 1)[0])
+        except OSError as exc:
+            results.append(exc)
+
+    threads = [threading.Thread(target=client) for _ in range(300)]
+    for t in threads:
+        t.start()
+    go.set()
+    for t in threads:
+        t.join(60)
+    failed = [r for r in results if not (isinstance(r, bytes) and b" 200 " in r)]
+    assert len(results) == 300 and not failed, f"{len(failed)} failed: {failed[:5]}"
+    assert d.stop() == 0 and "Traceback" not in d.stderr_text
+
+
+def test_silent_and_resetting_clients_are_counted_not_tracebacks(
+    fake_nvml, tmp_path, daemons
+) -> None:
+    d = start_daemon(fake_nvml.env, tmp_path)
+    daemons.append(d)
+    wait_sampled(d)
+    silent = [socket.create_connection(("127.0.0.1", d.port)) for _ in range(5)]
+    for _ in range(3):  # a partial request, then a reset (RST, not FIN)
+        s = socket.create_connection(("127.0.0.1", d.port))
+        s.sendall(b"GET /metr")
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        s.close()
+    # Scrapes go on while the silent clients hold their connections.
+    assert b"gpumon_build_info" in request(d, "/metrics")[2]
+    time.sleep(11.0)  # past the 10 s timeout
+    for s in silent:
+        s.close()
+    m = d.metrics()
+    assert one(m, "gpumon_http_connection_errors_total", kind="timeout") == 5
+    assert one(m, "gpumon_http_connection_errors_total", kind="reset") >= 1
+    assert d.stop() == 0
+    assert "Traceback" not in d.stderr_text and "timed out" not in d.stderr_text, d.stderr_text
+
+
+def test_listening_beyond_loopback_without_tls_or_auth_warns(fake_nvml, tmp_path, daemons) -> None:
+    port = free_port()
+    d = start_daemon(fake_nvml.env, tmp_path, "--web.listen-address", f"0.0.0.0:{port}", wait=False)
+    d.port = port  # the later flag wins over the helper's own --listen
+    daemons.append(d)
+    wait_sampled(d)
+    assert d.stop() == 0
+    warning = [ln for ln in d.stderr_text.splitlines() if "warning" in ln]
+    assert (
+        len(warning) == 1
+        and "0.0.0.0" in warning[0]
+        and "without TLS or authentication" in (warning[0])
+    )
+    quiet = start_daemon(fake_nvml.env, tmp_path)  # loopback: no warning
+    daemons.append(quiet)
+    wait_sampled(quiet)
+    assert quiet.stop() == 0 and "warning" not in quiet.stderr_text
+
+
+# --------------------------------------------------------------------------- web config
+def write_web_config(tmp: Path, text: str) -> Path:
+    path = tmp / "web.yml"
+    path.write_text(text)
+    return path
+
+
+def test_basic_auth_refuses_without_and_with_wrong_credentials(fake_nvml, tmp_path, daemons):
+    web = write_web_config(
+        tmp_path,
+        f"basic_auth_users:\n  prometheus: {bcrypt_hash(PASSWORD)}\n"
+        "http_server_config:\n  headers:\n    X-Content-Type-Options: nosniff\n",
+    )
+    d = start_daemon(fake_nvml.env, tmp_path, "--web.config.file", str(web))
+    daemons.append(d)
+    good = basic("prometheus", PASSWORD)
+    wait_sampled(d, headers=good)
+    status, headers, body = request(d, "/metrics")
+    assert status == 401 and headers["www-authenticate"] == "Basic" and b"gpumon_" not in body
+    assert request(d, "/metrics", headers=basic("prometheus", "guess"))[0] == 401
+    assert request(d, "/metrics", headers=basic("nobody", PASSWORD))[0] == 401
+    assert request(d, "/", headers=basic("prometheus", "guess"))[0] == 401
+    status, headers, body = request(d, "/metrics", headers=good)
+    assert status == 200 and b"gpumon_build_info" in body
+    assert headers["x-content-type-options"] == "nosniff"
+    assert d.stop() == 0
+    assert "basic auth" in d.stderr_text and "warning" not in d.stderr_text
+
+
+def test_a_bad_web_config_names_file_line_and_key(fake_nvml, tmp_path) -> None:
+    web = write_web_config(tmp_path, "tls_server_config:\n  cert_file: a.crt\n  keyfile: a.key\n")
+    res = subprocess.run(
+        [
+            *start_cmd(),
+            "--web.config.file",
+            str(web),
+            "--web.listen-address",
+            f"127.0.0.1:{free_port()}",
+        ],
+        env=fake_nvml.env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert res.returncode == 2, res.stderr
+    assert f"{web}:3: tls_server_config.keyfile: unknown key" in res.stderr, res.stderr
+    assert "Traceback" not in res.stderr
+
+
+def start_cmd() -> list[str]:
+    return [sys.executable, "-m", "gpumon", "serve", "--config", os.devnull]
+
+
+def test_web_config_tls_and_mtls_policy(fake_nvml, tmp_path, daemons) -> None:
+    openssl = _openssl()
+    key, crt = make_cert(openssl, tmp_path, "server")
+    ca = make_cert(openssl, tmp_path, "prometheus-ca")
+    ckey, ccrt = make_cert(openssl, tmp_path, "prometheus", ca=ca)
+    web = write_web_config(
+        tmp_path,
+        "tls_server_config:\n"
+        f"  cert_file: {crt.name}\n"  # relative: read beside the web config
+        f"  key_file: {key.name}\n"
+        "  client_auth_type: RequireAndVerifyClientCert\n"
+        f"  client_ca_file: {ca[1].name}\n"
+        "  min_version: TLS12\n",
+    )
+    with_cert = ssl.create_default_context(cafile=str(crt))
+    with_cert.load_cert_chain(str(ccrt), str(ckey))
+    d = start_daemon(
+        fake_nvml.env, tmp_path, "--web.config.file", str(web), scheme="https", ctx=with_cert
+    )
+    daemons.append(d)
+    wait_sampled(d)
+    assert b"gpumon_build_info" in request(d, "/metrics")[2]
+    anonymous = ssl.create_default_context(cafile=str(crt))
+    with pytest.raises((ssl.SSLError, ConnectionError, OSError)):
+        request(d, "/metrics", ctx=anonymous)
+    m = d.metrics()
+    assert one(m, "gpumon_http_connection_errors_total", kind="tls") >= 1
+    assert d.stop() == 0 and "Traceback" not in d.stderr_text
+
+
+# --------------------------------------------------------------------------- Prometheus
+class Prometheus:
+    """A real Prometheus scraping one target every second."""
+
+    def __init__(self, tmp: Path, job: str) -> None:
+        exe = shutil.which("prometheus")
+        if exe is None:
+            pytest.skip("prometheus not installed (apt-get install prometheus)")
+        self.port = free_port()
+        conf = tmp / "prometheus.yml"
+        conf.write_text(
+            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n" + job
+        )
+        self.proc = subprocess.Popen(
+            [
+                exe,
+                f"--config.file={conf}",
+                f"--storage.tsdb.path={tmp / 'tsdb'}",
+                f"--web.listen-address=127.0.0.1:{self.port}",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+
+    def query(self, q: str) -> list[dict[str, object]]:
+        url = f"http://127.0.0.1:{self.port}/api/v1/query?" + urllib.parse.urlencode({"query": q})
+        with urllib.request.urlopen(url, timeout=5) as r:
+            return json.load(r)["data"]["result"]
+
+    def wait_for(self, q: str, timeout: float = 40) -> list[dict[str, object]]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, self.proc.communicate()[1][-2000:]
+            try:
+                result = self.query(q)
+                if result:
+                    return result
+            except OSError:
+                pass
+            time.sleep(0.5)
+        raise AssertionError(f"Prometheus never saw {q}; targets: {self.targets()}")
+
+    def targets(self) -> str:
+        try:
+            url = f"http://127.0.0.1:{self.port}/api/v1/targets"
+            with urllib.request.urlopen(url, timeout=5) as r:
+                return json.dumps(json.load(r)["data"]["activeTargets"])[:2000]
+        except OSError as exc:
+            return str(exc)
+
+    def close(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(timeout=10)
+
+
+def test_real_prometheus_scrapes_through_basic_auth(fake_nvml, tmp_path, daemons) -> None:
+    web = write_web_config(tmp_path, f"basic_auth_users:\n  prom: {bcrypt_hash(PASSWORD)}\n")
+    d = start_daemon(fake_nvml.env, tmp_path, "--web.config.file", str(web))
+    daemons.append(d)
+    secret = tmp_path / "password"
+    secret.write_text(PASSWORD)
+    (tmp_path / "prom").mkdir()
+    good = Prometheus(
+        tmp_path / "prom",
+        "  - job_name: gpumon\n"
+        f"    basic_auth: {{username: prom, password_file: {secret}}}\n"
+        f"    static_configs: [{{targets: ['127.0.0.1:{d.port}']}}]\n"
+        "  - job_name: anonymous\n"
+        f"    static_configs: [{{targets: ['127.0.0.1:{d.port}']}}]\n",
+    )
+    try:
+        result = good.wait_for('gpumon_build_info{job="gpumon"}')
+        assert result[0]["metric"]["instance"] == f"127.0.0.1:{d.port}"  # type: ignore[index]
+        good.wait_for('up{job="anonymous"} == 0')  # refused without credentials
+        assert good.query('up{job="gpumon"} == 1')
+        assert good.query('process_resident_memory_bytes{job="gpumon"}')
+    finally:
+        good.close()
+    assert d.stop() == 0
+
+
+def test_real_prometheus_scrapes_through_tls(fake_nvml, tmp_path, daemons) -> None:
+    openssl = _openssl()
+    key, crt = make_cert(openssl, tmp_path, "server")
+    web = write_web_config(tmp_path, f"tls_server_config:\n  cert_file: {crt}\n  key_file: {key}\n")
+    ctx = ssl.create_default_context(cafile=str(crt))
+    d = start_daemon(
+        fake_nvml.env, tmp_path, "--web.config.file", str(web), scheme="https", ctx=ctx
+    )
+    daemons.append(d)
+    (tmp_path / "prom").mkdir()
+    prom = Prometheus(
+        tmp_path / "prom",
+        "  - job_name: gpumon\n    scheme: https\n"
+        f"    tls_config: {{ca_file: {crt}, server_name: localhost}}\n"
+        f"    static_configs: [{{targets: ['127.0.0.1:{d.port}']}}]\n",
+    )
+    try:
+        result = prom.wait_for('gpumon_gpu_info{job="gpumon"}')
+        assert result[0]["metric"]["uuid"]  # type: ignore[index]
+        assert prom.query('up{job="gpumon"} == 1')
+    finally:
+        prom.close()
+    assert d.stop() == 0
