@@ -339,6 +339,43 @@ def test_gpu_lost_midrun_nvml_errors_and_vanished_processes(fake_nvml, tmp_path,
     assert "fell off the bus" in d.stderr_text
 
 
+def test_a_lost_gpu_is_read_again_and_a_new_gpu_is_found(fake_nvml, tmp_path, daemons) -> None:
+    """Re-enumeration (every 10 s): GPU 1 comes back from the bus, GPU 2 appears."""
+    scn = Scenario.uniform(2, STEADY)
+    fake_nvml.set(scn)
+    d = start_daemon(fake_nvml.env, tmp_path)
+    daemons.append(d)
+    d.wait_for(lambda m: bool(series(m, "gpumon_gpu_utilization_ratio", gpu="1")), 10, "sampling")
+    fake_nvml.set(scn.with_gpu(1, lost=True))
+    d.wait_for(lambda m: one(m, "gpumon_gpu_lost", gpu="1") == 1, 5, "GPU 1 lost")
+    time.sleep(1.0)
+    grown = Scenario.uniform(3, STEADY)
+    fake_nvml.set(grown)  # GPU 1 answers again, and a third GPU is there
+    took = d.wait_for(
+        lambda m: (
+            one(m, "gpumon_gpu_lost", gpu="1") == 0
+            and bool(series(m, "gpumon_gpu_utilization_ratio", gpu="1"))
+            and bool(series(m, "gpumon_gpu_utilization_ratio", gpu="2"))
+        ),
+        15,
+        "GPU 1 back and GPU 2 found",
+    )
+    print(f"GPU back and new GPU found {took:.1f} s after the change (rediscovery every 10 s)")
+    m = d.metrics()
+    assert one(m, "gpumon_gpu_info", gpu="2", uuid=grown.gpus[2].effective_uuid(2)) == 1
+    assert one(m, "gpumon_gpu_state", gpu="2", state="unknown") in (0.0, 1.0)
+    assert d.stop() == 0, d.stderr_text
+    events = {r["event"]: r for r in d.log_records() if str(r["event"]).startswith("gpu_")}
+    assert events["gpu_lost"]["gpu"] == 1
+    back = events["gpu_recovered"]
+    assert back["gpu"] == 1 and 1.0 <= back["lost_s"] <= 15.0 and back["lost_since"] < back["time"]
+    assert events["gpu_appeared"]["gpu"] == 2
+    assert events["gpu_appeared"]["uuid"] == grown.gpus[2].effective_uuid(2)
+    err = d.stderr_text
+    assert "gpumon: GPU 1" in err and "fell off the bus" in err and "answers again after" in err
+    assert "gpumon: GPU 2" in err and "appeared" in err and "Traceback" not in err
+
+
 @pytest.mark.parametrize("where", ["missing-dir", "full-disk"])
 def test_unwritable_log_is_counted_and_sampling_goes_on(
     fake_nvml, tmp_path, daemons, where
