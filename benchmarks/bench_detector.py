@@ -98,6 +98,26 @@ def _final_episodes(opened: list[tuple[float, Episode]], last: list[Episode]) ->
     return out
 
 
+PERIOD_BANDS = (
+    (0.0, 2.0, "<2 s"),
+    (2.0, 10.0, "2-10 s"),
+    (10.0, 30.0, "10-30 s"),
+    (30.0, 1e9, "30-120 s"),
+)
+DUTY_BANDS = ((0.0, 0.5, "<0.5"), (0.5, 0.7, "0.5-0.7"), (0.7, 1.0, "0.7-0.85"))
+
+
+def band_of(ph: Phase) -> str | None:
+    """The (period, duty) band of a starved phase, e.g. ``"10-30 s x 0.7-0.85"``."""
+    p = ph.params
+    if ph.kind != "starved" or "burst_s" not in p:
+        return None
+    period, duty = p["burst_s"] / p["duty"], p["duty"]
+    pb = next(name for lo, hi, name in PERIOD_BANDS if lo <= period < hi)
+    db = next(name for lo, hi, name in DUTY_BANDS if lo <= duty < hi)
+    return f"{pb} x {db}"
+
+
 def score(
     trace: SynthTrace,
     eps: list[Episode],
@@ -105,7 +125,12 @@ def score(
     conf: dict,
     causes: list[int],
     lat: list[tuple[float, float, str]],
+    bands: dict | None = None,
 ) -> None:
+    """Fill the confusion counts, cause counts and latencies (and, per starved (period,
+    duty) band: ``bands[band] = [truth starved s, caught s, predicted starved s, of which
+    right]`` over the traces whose starved phase is in that band)."""
+    trace_band = next((b for ph in trace.phases if (b := band_of(ph)) is not None), None)
     by_gpu: dict[int, list[Episode]] = defaultdict(list)
     for ep in eps:
         by_gpu[ep.gpu].append(ep)  # type: ignore[index]
@@ -139,11 +164,12 @@ def score(
                     if cur is not None and cur.state is lab.state:
                         hit = lab.start_s
                     per = "csv-1s" if trace.period_s is None else f"{trace.period_s:.2f}s"
+                    band = band_of(ph)
                     lat.append(
                         (
                             math.inf if hit is None else hit - lab.start_s,
                             allowance(ph),
-                            f"{trace.name} gpu{gpu} ->{lab.state} (samples {per})",
+                            f"{trace.name} gpu{gpu} ->{lab.state} [{band or '-'}] (samples {per})",
                         )
                     )
             prev = lab
@@ -162,6 +188,12 @@ def score(
             ep = geps[j] if geps and geps[j].start_s <= m < (geps[j].end_s or 0) else None
             pred = ep.state if ep is not None else State.UNKNOWN
             conf[(lab.state, pred)] += 1
+            if bands is not None and trace_band is not None:
+                row = bands.setdefault(trace_band, [0, 0, 0, 0])
+                row[0] += lab.state is State.STARVED
+                row[1] += lab.state is State.STARVED and pred is State.STARVED
+                row[2] += pred is State.STARVED
+                row[3] += pred is State.STARVED and lab.state is State.STARVED
             if lab.state is State.STARVED and pred is State.STARVED and ep is not None:
                 causes[0] += 1
                 causes[1] += int(ep.cause == lab.cause)
@@ -233,6 +265,7 @@ def main() -> int:
     ntr = 0
     per_trace: list[tuple[str, float]] = []
     flaps = [0, 0]  # episodes shorter than 10 s (flapping), all episodes
+    bands: dict[str, list[int]] = {}
     for seed in seeds:
         for sc in scenarios:
             tr = generate(sc, seed)
@@ -247,7 +280,7 @@ def main() -> int:
             )
             flaps[1] += len(eps)
             before = dict(conf)
-            score(tr, eps, opened, conf, causes, lat)
+            score(tr, eps, opened, conf, causes, lat, bands)
             good = sum(
                 v - before.get(k, 0) for k, v in conf.items() if len(k) == 2 and k[0] == k[1]
             )
@@ -305,11 +338,26 @@ def main() -> int:
         "  within target by sample period: "
         + ", ".join(f"{k} {sum(v)}/{len(v)}" for k, v in sorted(by_period.items()))
     )
+    if bands:
+        print("starved by (period, duty) band: recall, precision, latency within target")
+        band_lat: dict[str, list[bool]] = defaultdict(list)
+        for x, a, name in lat:
+            if "->starved [" in name:
+                band_lat[name.split("[", 1)[1].split("]", 1)[0]].append(x <= a)
+        order = [f"{p} x {d}" for _, _, p in PERIOD_BANDS for _, _, d in DUTY_BANDS]
+        for b in sorted(bands, key=order.index):
+            truth, caught, pred, right = bands[b]
+            rec = caught / truth if truth else math.nan
+            prec = right / pred if pred else math.nan
+            ok_l = band_lat.get(b, [])
+            print(
+                f"  {b:<18} recall {rec:.3f}  precision {prec:.3f}  latency "
+                f"{sum(ok_l)}/{len(ok_l)}  ({truth} starved s)"
+            )
     rate = points / det_s if det_s else math.nan
     print(
         f"throughput: {rate:,.0f} points/s in the detector ({det_s:.1f} s); bench wall {wall:.1f} s"
     )
-    speed_line()
     if args.verbose:
         for x, a, name in sorted(lat, key=lambda v: -(v[0] - v[1])):
             if x > a:
@@ -321,6 +369,7 @@ def main() -> int:
             row = {k[1]: v for k, v in conf.items() if len(k) == 2 and k[0] == st}
             if row:
                 print(f"  {st.value:<10} " + ", ".join(f"{p.value}:{v}" for p, v in row.items()))
+    speed_line()
     return 0 if ok else 1
 
 

@@ -40,6 +40,29 @@ class Cause(StrEnum):
     UNKNOWN = "unknown"
 
 
+class Reason(StrEnum):
+    """Why an episode has its state, where that is more than the state itself says.
+
+    Faces decide on these (dstat shows start-up apart, the exporter marks the straggler),
+    never on the note text, which is for people.
+    """
+
+    START_UP = "start-up"  # before the first sustained work
+    NO_PROCESS = "no process"
+    MEMORY_HELD = "memory allocated, no work"
+    NO_WORK = "no work"
+    GPU_LOST = "GPU lost"
+    NO_DATA = "no utilisation data"
+    TOO_LITTLE_DATA = "too little data"
+    COARSE_DATA = "coarse data"
+    SHORT_LOG = "short log"
+    PERIODIC_GAPS = "periodic gaps"
+    STRAGGLER = "straggler"  # its peers wait on it
+    BUSY_WAIT = "busy-wait"  # waits on a peer, reading busy
+    SYNC_PAUSES = "all GPUs pause together"
+    NOT_CLASSIFIED = "no GPU could be classified"
+
+
 @dataclass(frozen=True, slots=True)
 class GpuIdentity:
     """A GPU as discovered once at start-up; keyed by UUID, index kept as a label."""
@@ -208,7 +231,8 @@ class Episode:
     end_s: float | None  # None while the episode is still open
     evidence: Evidence = field(default_factory=dict)
     advice: tuple[str, ...] = ()
-    note: str | None = None  # e.g. "start-up", or why the state is unknown
+    note: str | None = None  # for people: the reason in words, with its numbers
+    reason: Reason | None = None  # for code: why this state (faces decide on it)
 
     @property
     def duration_s(self) -> float | None:
@@ -227,6 +251,7 @@ class GpuVerdict:
     evidence: Evidence = field(default_factory=dict)
     advice: tuple[str, ...] = ()
     note: str | None = None
+    reason: Reason | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -240,3 +265,4 @@ class Verdict:
     evidence: Evidence = field(default_factory=dict)
     advice: tuple[str, ...] = ()
     note: str | None = None
+    reason: Reason | None = None

@@ -22,6 +22,7 @@ from gpumon.model import (
     HostSample,
     ProcessSample,
     ProcTreeSample,
+    Reason,
     Snapshot,
     State,
     UtilPoint,
@@ -482,17 +483,31 @@ def test_no_utilisation_at_all_is_unknown() -> None:
 
 
 def test_unsupported_power_is_not_low_power() -> None:
-    """Peers at ~100 % beside a gappy GPU: a stall with low power, not without power."""
+    """Peers at ~100 % beside a gappy GPU: with power, the peers' low draw shows them
+    waiting; without it, the picture alone (a minority idling while every peer reads
+    pinned) still names the straggler, and says the peers are not *seen* waiting."""
     utils = [square(0.5, 0.5), const(99), const(99)]
     low = stream(utils, 120, power_fn=lambda i, t, u: 300.0 if i == 0 else 110.0)
     det, _, _ = run(low)
     assert det.verdict().state is State.SYNC_STALL
+    assert det.verdict().gpus[1].reason is Reason.BUSY_WAIT
     none = stream(utils, 120, power=False)
     det, _, _ = run(none)
     v = det.verdict()
-    assert v.state is not State.SYNC_STALL
-    assert [g.state for g in v.gpus[1:]] == [State.HEALTHY, State.HEALTHY]
+    assert v.state is State.SYNC_STALL
+    assert v.gpus[0].reason is Reason.STRAGGLER
+    assert "peers read busy" in (v.gpus[0].note or "")
     assert "power_watts" not in v.gpus[1].evidence
+    assert any("separate jobs" in n for n in det.summary().notes)
+
+
+def test_peers_drawing_computing_power_are_not_waiting() -> None:
+    """One starved GPU beside peers that compute at full power: separate work, not a
+    straggler (the peers are seen computing, not spinning)."""
+    utils = [square(0.5, 0.5), const(99), const(99)]
+    det, _, _ = run(stream(utils, 120, power_fn=lambda i, t, u: 300.0))
+    v = det.verdict()
+    assert [g.state for g in v.gpus] == [State.STARVED, State.HEALTHY, State.HEALTHY]
 
 
 # --- multi-GPU ------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ from gpumon.detect import DetectorUpdate
 from gpumon.errors import NoDriverError
 from gpumon.faces.dstat import columns as dc
 from gpumon.faces.dstat.columns import GpuCell, GpuColumns, PluginLoadError, aggregate
-from gpumon.model import Episode, GpuIdentity, GpuSample, State, UtilPoint, Verdict
+from gpumon.model import Episode, GpuIdentity, GpuSample, Reason, State, UtilPoint, Verdict
 from gpumon.monitor import Monitor
 
 REPO = Path(__file__).resolve().parent.parent
@@ -35,23 +35,25 @@ class StubSampler:
 
 
 class StubDetector:
-    """Opens one episode per GPU in its given state on every update, as the detector does
-    once it has judged; ``fail`` hands out an update that cannot be read."""
+    """Has one episode open per GPU in its given state, as the detector does once it has
+    judged; ``fail`` makes the open episodes unreadable."""
 
-    def __init__(self, states: dict[int, tuple[State, str | None]] | None = None) -> None:
+    def __init__(self, states: dict[int, tuple[State, Reason | None]] | None = None) -> None:
         self.states = states or {}
         self.seen = 0
         self.fail = False
 
     def update(self, snapshot: Any) -> Any:
         self.seen += 1
+        return DetectorUpdate()
+
+    def open_episodes(self) -> dict[int | None, Episode]:
         if self.fail:
-            return SimpleNamespace(closed=None, opened=None)  # iterating it raises
-        opened = tuple(
-            Episode(i, f"GPU-{i}", s, None, 0.0, None, note=note)
-            for i, (s, note) in self.states.items()
-        )
-        return DetectorUpdate(opened=opened)
+            raise RuntimeError("broken detector")
+        return {
+            i: Episode(i, f"GPU-{i}", s, None, 0.0, None, reason=reason)
+            for i, (s, reason) in self.states.items()
+        }
 
     def verdict(self) -> Verdict:
         raise AssertionError("the columns need no full verdict per tick")
@@ -129,22 +131,22 @@ def test_memory_percent_and_missing_memory() -> None:
 
 
 @pytest.mark.parametrize(
-    ("state", "note", "util", "word"),
+    ("state", "reason", "util", "word"),
     [
         (State.HEALTHY, None, 90.0, "ok"),
         (State.STARVED, None, 30.0, "STARV"),
         (State.SYNC_STALL, None, 99.0, "SYNC"),
         (State.IDLE, None, 0.0, "idle"),
         (State.UNKNOWN, None, 50.0, "?"),
-        (State.IDLE, "start-up", 97.0, "?"),  # busy but not judged yet: not "idle"
-        (State.IDLE, "start-up", 0.0, "idle"),
+        (State.IDLE, Reason.START_UP, 97.0, "?"),  # busy but not judged yet: not "idle"
+        (State.IDLE, Reason.START_UP, 0.0, "idle"),
     ],
 )
 def test_detector_states_become_short_words(
-    state: State, note: str | None, util: float, word: str
+    state: State, reason: Reason | None, util: float, word: str
 ) -> None:
     now = time.monotonic()
-    det = StubDetector({0: (state, note)})
+    det = StubDetector({0: (state, reason)})
     c, _ = columns(1, [[sample(0, now, [(now - 0.1, util)])]], det)
     assert c.tick()[0].word == word
     assert det.seen == 1  # the detector runs on every tick
@@ -355,7 +357,7 @@ def test_words_followed_through_updates_match_the_full_verdict(scenario: str) ->
     seen: set[str] = set()
     for _ in trace.snapshots:
         cells = c.tick()
-        want = {v.gpu: dc._word(v.state, v.note) for v in det.verdict().gpus}
+        want = {v.gpu: dc._word(v.state, v.reason) for v in det.verdict().gpus}
         for cell in cells:
             if cell.word == "lost":
                 continue

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gpumon.model import Cause, Evidence, State
+from gpumon.model import Cause, Evidence, Reason, State
 
 _GIB = 1024**3
 
@@ -26,9 +26,17 @@ def _memory_advice(ev: Evidence) -> list[str]:
 
 
 def advice_for(
-    state: State, cause: Cause | None, ev: Evidence, note: str | None = None
+    state: State,
+    cause: Cause | None,
+    ev: Evidence,
+    reason: Reason | None = None,
+    host_seen: bool = False,
 ) -> tuple[str, ...]:
-    """Advice strings for one finding; empty for a healthy GPU."""
+    """Advice strings for one finding; empty for a healthy GPU.
+
+    ``host_seen``: the stream carries host data (gpumon watch/record), so the advice never
+    asks the user to record it.
+    """
     out: list[str] = []
     if state is State.STARVED:
         if cause is Cause.CPU:
@@ -56,14 +64,21 @@ def advice_for(
                 "overlap reads with compute: more workers, prefetch_factor >= 2",
             ]
         else:
-            out += [
-                "record host data too (gpumon watch --pid PID) to tell CPU, GIL and I/O apart",
-                "try more DataLoader workers, pin_memory=True and prefetch_factor >= 2",
-            ]
+            if reason is Reason.PERIODIC_GAPS:
+                out.append(
+                    "a regular stall: if it falls at epoch boundaries, keep the DataLoader's "
+                    "workers alive (persistent_workers=True); if it is a checkpoint or an "
+                    "evaluation, make it asynchronous or less frequent"
+                )
+            if not host_seen:
+                out.append(
+                    "record host data too (gpumon watch --pid PID) to tell CPU, GIL and I/O apart"
+                )
+            out.append("try more DataLoader workers, pin_memory=True and prefetch_factor >= 2")
         out.append("pin_memory=True and non_blocking=True copies let transfers overlap compute")
         out += _memory_advice(ev)
     elif state is State.SYNC_STALL:
-        if note and "pause" in note:
+        if reason is Reason.SYNC_PAUSES:
             out += [
                 "checkpoint less often or asynchronously (e.g. torch.distributed."
                 "checkpoint.async_save) and keep host-side sync (.item(), logging) out "
@@ -79,12 +94,12 @@ def advice_for(
             ]
         out += _memory_advice(ev)
     elif state is State.IDLE:
-        if note and "memory allocated" in note:
+        if reason is Reason.MEMORY_HELD:
             out.append(
                 "memory is allocated but no kernels run: the process may be stuck, "
                 "waiting on input, or finished without releasing the GPU"
             )
-    elif state is State.UNKNOWN and note and "coarse" in note:
+    elif state is State.UNKNOWN and reason is Reason.COARSE_DATA:
         out.append(
             "record with gpumon (driver sample buffer, ~6 samples/s) to see "
             "sub-second bursts and gaps"

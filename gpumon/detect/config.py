@@ -34,6 +34,10 @@ class DetectorConfig:
     idle_duty: float = 0.05
     starved_duty: float = 0.75
     healthy_duty: float = 0.82
+    # Hysteresis is for flicker: a duty cycle below ``sustained_duty`` over a whole
+    # ``sustained_window_s`` is starvation even inside the band.
+    sustained_duty: float = 0.8
+    sustained_window_s: float = 60.0
     # Start-up ends at the first window with this duty cycle (and the window full of data):
     # the first sustained work.  Before it a quiet GPU is "start-up", not starved.
     startup_duty: float = 0.2
@@ -90,6 +94,35 @@ class DetectorConfig:
     held_mem_share: float = 0.05
     # Headroom above which a larger batch would likely fit.
     batch_headroom_ratio: float = 0.35
+    # Start-up ends at the first sustained work; a GPU that has not worked after this long
+    # is no longer "starting up" but holding memory (or nothing) with no work.
+    startup_max_s: float = 120.0
+    # Periodic gaps (a loader restarting every epoch, a checkpoint every N steps): gaps of
+    # at least ``rhythm_gap_periods`` driver samples, ``rhythm_min_gaps`` or more of them at
+    # regular intervals (coefficient of variation <= ``rhythm_max_cv``), taking at least
+    # ``rhythm_idle_share`` of the time, are starvation even at a duty cycle up to ~0.88.
+    # (Leaving needs the share below ``rhythm_exit_share``.)  Checkpoints of a healthy
+    # run are rarer: 4 s every 60 s is under 7 %.
+    rhythm_gap_periods: float = 1.5
+    rhythm_min_gaps: int = 3
+    rhythm_max_cv: float = 0.3
+    rhythm_max_ratio: float = 1.6  # ... and no interval 1.6 times another
+    rhythm_max_ratio_2: float = 1.45  # (1.45 when only three gaps make the rhythm)
+    rhythm_idle_share: float = 0.12
+    rhythm_exit_share: float = 0.08
+    rhythm_window_max_s: float = 600.0
+    # A multi-GPU run in which a minority of GPUs works at a starved duty cycle while its
+    # peers read pinned (>= ``pinned_duty``) without drawing computing power is waiting on
+    # that straggler (data-parallel peers spin in the collective).
+    pinned_duty: float = 0.9
+    pinned_window_s: float = 30.0  # ... and have stayed pinned this long
+    computing_power_share: float = 0.8
+    # A stream that ends before its work could be judged (a log of a few samples) is judged
+    # at its end on all it shows, if it has at least this many samples of work.
+    short_log_min_samples: int = 3
     # Ring sizes: bounded memory whatever the stream length.
     ring_events: int = 64  # recent bursts / gaps / cycles kept per GPU for quantiles
     ring_evals: int = 160  # per-eval history (>= window_max_s / eval_interval_s)
+    ring_long: int = 72  # a record every ``long_record_s``: long windows (rhythms)
+    long_record_s: float = 10.0
+    ring_long_gaps: int = 12  # the recent gaps long enough to form a rhythm

@@ -1,9 +1,11 @@
 """The burst/stall detector: snapshots in, episodes out; incremental and bounded.
 
 Per tick, each GPU's driver points are folded into running totals (``gpu.GpuTrack``).
-Once per ``eval_interval_s`` the rules classify every GPU over a window, the run-level
-rules (busy-waiting peers, all-GPU pauses) override where they apply, and hysteresis
-turns candidate states into episodes whose start is backdated to the candidate's onset.
+Once per ``eval_interval_s`` the per-GPU rules (``rules``) propose a state for every GPU
+from its window, the run-level rules (``multi``: busy-waiting peers, all-GPU pauses)
+override where they apply, and hysteresis turns candidates into episodes whose start is
+backdated to the candidate's onset.  Closed episodes feed the run summary (``summary``),
+which every face reads.
 """
 
 from __future__ import annotations
@@ -11,14 +13,16 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from itertools import pairwise
 
 from gpumon.detect.advice import advice_for
 from gpumon.detect.config import DetectorConfig
+from gpumon.detect.evidence import gpu_evidence, host_evidence, multi_evidence
 from gpumon.detect.gpu import GpuTrack, Window
-from gpumon.detect.host import HostTrack
+from gpumon.detect.host import HostTrack, host_cause
+from gpumon.detect.multi import RunContext, apply_run_rules
 from gpumon.detect.pauses import PauseTracker
-from gpumon.detect.rings import quantile
+from gpumon.detect.rules import Candidate, GpuContext, bursty, classify
+from gpumon.detect.summary import AdviceWeights, GpuRun, RunSummary, Tally, notes_for
 from gpumon.model import (
     Cause,
     Episode,
@@ -26,6 +30,7 @@ from gpumon.model import (
     GpuIdentity,
     GpuVerdict,
     Point,
+    Reason,
     Snapshot,
     State,
     Verdict,
@@ -52,18 +57,16 @@ class GpuTotals:
     busy_s: float  # utilisation-weighted busy seconds within them
 
 
-@dataclass(slots=True)
-class _Candidate:
-    state: State
-    cause: Cause | None
-    note: str | None
-    since_s: float
-    backdate_s: float = 0.0
-    clear: bool = False  # far past the threshold: confirm at the next eval
+def note_of(reason: Reason | None, detail: str | None) -> str | None:
+    """The words people read for a reason: ``"straggler: its peers busy-wait on it"``."""
+    if reason is None:
+        return detail
+    return f"{reason.value}: {detail}" if detail else reason.value
 
 
 _ALL_STATES = tuple(State)
 _NO_UPDATE = DetectorUpdate()
+_STARTUP = Candidate(State.IDLE, None, Reason.START_UP)
 
 
 class Detector:
@@ -80,14 +83,16 @@ class Detector:
         self._last_eval: float | None = None
         self._t: float | None = None
         self._episodes: dict[int | None, Episode] = {}
-        self._pending: dict[int | None, _Candidate] = {}
+        self._pending: dict[int | None, Candidate] = {}
         self._evidence: dict[int | None, Evidence] = {}
         self._evidence_age: dict[int | None, int] = {}
-        self._seconds: dict[int | None, dict[State, float]] = {}
+        self._tallies: dict[int | None, Tally] = {}
+        self._advice = AdviceWeights()
         self._lost = 0.0
         self._busywait: set[int] = set()
         self._pauses = PauseTracker(self.cfg)
         self._straggler: int | None = None
+        self._waited_on: dict[int, float] = {}  # GPU -> when last named the straggler
         self._opened: list[Episode] = []
         self._closed: list[Episode] = []
         self._multi_cache: tuple[float, Evidence] | None = None
@@ -146,13 +151,15 @@ class Detector:
         return DetectorUpdate(tuple(self._opened), tuple(self._closed), tuple(bursts), tuple(gaps))
 
     def finish(self) -> DetectorUpdate:
-        """Close every open episode at the last time seen (end of stream)."""
+        """End of stream: judge what never could be (a short log), then close every open
+        episode at the last time seen."""
         self._opened, self._closed = [], []
         t = self._t
         if t is not None:
+            self._judge_short(t)
             for key in list(self._episodes):
                 self._close(key, t)
-        return DetectorUpdate((), tuple(self._closed))
+        return DetectorUpdate(tuple(self._opened), tuple(self._closed))
 
     def verdict(self) -> Verdict:
         """The current view: each GPU's state with fresh evidence and advice, and the run's."""
@@ -163,6 +170,7 @@ class Detector:
             tr = self._tracks[idx]
             state = ep.state if ep else State.UNKNOWN
             cause = ep.cause if ep else None
+            reason = ep.reason if ep else None
             note = ep.note if ep else "no evaluation yet"
             ev = self._gpu_evidence(tr, t) if t is not None else {}
             gv.append(
@@ -173,8 +181,9 @@ class Detector:
                     cause,
                     ep.start_s if ep else None,
                     ev,
-                    advice_for(state, cause, ev, note),
+                    self._advice_for(state, cause, ev, reason),
                     note,
+                    reason,
                 )
             )
         run = self._episodes.get(None)
@@ -186,16 +195,57 @@ class Detector:
             for a in v.advice:
                 if a not in adv:
                     adv.append(a)
-        return Verdict(t, run.state, run.cause, tuple(gv), rev, tuple(adv), run.note)
+        return Verdict(t, run.state, run.cause, tuple(gv), rev, tuple(adv), run.note, run.reason)
+
+    def summary(self) -> RunSummary:
+        """The run so far, as every face reports it (open episodes counted up to now)."""
+        t = self._t
+        tallies = {k: v.copy() for k, v in self._tallies.items()}
+        advice = self._advice.copy()
+        for key, ep in self._episodes.items():
+            if t is None:
+                break
+            tallies.setdefault(key, Tally()).add(ep, t)
+            if key is not None:
+                advice.add(ep, t)
+        run = tallies.get(None, Tally())
+        state, cause = run.verdict()
+        main = run.main_reason(state)
+        gpus = []
+        duties = []
+        for idx in sorted(self._tracks):
+            tr = self._tracks[idx]
+            tally = tallies.get(idx, Tally())
+            gstate, gcause = tally.verdict()
+            duty = tr.cum_busy / tr.cum_cov if tr.cum_cov > 0 else None
+            if duty is not None:
+                duty = min(1.0, max(0.0, duty))
+                duties.append(duty)
+            gpus.append(GpuRun(idx, tr.uuid, gstate, gcause, duty, tr.samples, tally.seconds))
+        coarse = [tr.period_s for tr in self._tracks.values() if tr.period_s is not None]
+        coarse_s = max(coarse) if coarse and max(coarse) >= self.cfg.coarse_period_s else None
+        adv = advice.for_verdict(state, cause) if state is not State.HEALTHY else ()
+        return RunSummary(
+            verdict=state,
+            cause=cause,
+            reason=main[0] if main else None,
+            seconds=dict(run.seconds),
+            startup_s=run.startup_s,
+            duty_cycle=sum(duties) / len(duties) if duties else None,
+            effective_gpus=round(sum(duties), 2) if duties else None,
+            lost_gpu_seconds=self._lost,
+            straggler=self._straggler_of_run(tallies),
+            advice=adv,
+            notes=notes_for(state, run, self._host.seen, coarse_s),
+            gpus=tuple(gpus),
+        )
 
     def seconds_in_state(self) -> dict[int | None, dict[State, float]]:
         """Seconds per state per GPU (None = the run), open episodes counted to now."""
         out: dict[int | None, dict[State, float]] = {}
-        keys = set(self._seconds) | set(self._episodes)
-        for key in keys:
-            d = dict.fromkeys(_ALL_STATES, 0.0)
-            for s, v in self._seconds.get(key, {}).items():
-                d[s] += v
+        for key in set(self._tallies) | set(self._episodes):
+            d = dict(self._tallies[key].seconds) if key in self._tallies else {}
+            d = {s: d.get(s, 0.0) for s in _ALL_STATES}
             ep = self._episodes.get(key)
             if ep is not None and self._t is not None:
                 d[ep.state] += max(0.0, self._t - ep.start_s)
@@ -220,6 +270,10 @@ class Detector:
     def lost_gpu_seconds(self) -> float:
         """GPU-seconds spent idle (or busy-waiting) while a process held the GPU."""
         return self._lost
+
+    def open_episodes(self) -> dict[int | None, Episode]:
+        """The episode each GPU (and the run, key None) is in now."""
+        return dict(self._episodes)
 
     # --- internals -----------------------------------------------------------------------
 
@@ -263,19 +317,34 @@ class Detector:
             return cfg.eval_interval_s * cfg.calm_factor
         return cfg.eval_interval_s
 
+    def _context(self, tr: GpuTrack, w: Window, t: float) -> GpuContext:
+        return GpuContext(tr, w, t, self.cfg, self._cause, self._isolated)
+
     def _evaluate(self, t: float) -> None:
         for tr in self._tracks.values():
             tr.record(t)
         self._host.record(t)
-        cands: dict[int, _Candidate] = {}
+        cands: dict[int, Candidate] = {}
         wins: dict[int, Window] = {}
         for idx, tr in self._tracks.items():
-            span = self._window_s(tr)
-            w = tr.window(t, span)
+            w = tr.window(t, self._window_s(tr))
             wins[idx] = w
-            cands[idx] = self._classify(tr, w, t)
+            cands[idx] = classify(self._context(tr, w, t))
         if len(self._tracks) >= 2:
-            self._run_rules(t, cands, wins)
+            prev = self._last_eval if self._last_eval is not None else t
+            rc = RunContext(
+                t,
+                prev,
+                self._tracks,
+                wins,
+                cands,
+                self._run_peak_watts,
+                self.cfg,
+                self._pauses,
+                self._waited_on,
+            )
+            apply_run_rules(rc)
+            self._busywait, self._straggler = rc.busywait, rc.straggler
         switched: list[float] = []
         for idx, c in cands.items():
             start = self._apply(idx, self._tracks[idx].uuid, c, t)
@@ -283,138 +352,6 @@ class Detector:
                 switched.append(start)
         self._run_state(t, switched)
         self._calm = 0 if (switched or self._pending) else self._calm + 1
-
-    def _classify(self, tr: GpuTrack, w: Window, t: float) -> _Candidate:
-        """The per-GPU rules: one candidate state from this GPU's window alone."""
-        cfg = self.cfg
-        d = w.duty
-        cur = tr.state
-        if tr.lost:
-            return _Candidate(State.UNKNOWN, None, "GPU lost (fell off the bus)", t)
-        if (
-            (d is None or w.coverage < cfg.min_coverage)
-            and not tr.seen_work
-            and tr.samples > 0
-            and tr.first_t is not None
-            and t - tr.first_t < cfg.window_s
-        ):
-            return _Candidate(State.IDLE, None, "start-up", t)  # the stream just began
-        if d is None or w.coverage < cfg.min_coverage:
-            note = (
-                "no utilisation data"
-                if tr.samples == 0
-                else f"too little utilisation data in the last {w.span_s:.0f} s"
-            )
-            return _Candidate(State.UNKNOWN, None, note, t)
-        held = tr.held()
-        if not tr.seen_work:
-            full = tr.first_t is not None and t - tr.first_t >= 0.9 * cfg.window_s
-            if (
-                (
-                    d >= cfg.startup_duty
-                    or w.active >= cfg.startup_active
-                    or w.bursts >= cfg.startup_bursts
-                )
-                and full
-                and w.coverage >= 0.9
-            ):
-                tr.seen_work = True
-                # Later windows never reach back into start-up.
-                # (skipping the first, partial sample of the work).
-                onset = t - w.active * w.span_s
-                if (
-                    tr.was_act
-                    and t - tr.act_on >= max(2.0, 2 * (tr.period_s or 0.0))
-                    and tr.act_on > onset
-                ):
-                    onset = tr.act_on  # continuous work since then: blips before are no work
-                tr.work_start_s = onset + (tr.period_s or 0.0)
-                w = tr.window(t, max(cfg.eval_interval_s * 2, t - tr.work_start_s))
-                d = w.duty if w.duty is not None else d
-                tr.reset_cycles()
-            else:
-                note = "no process" if held is False else "start-up"
-                return _Candidate(State.IDLE, None, note, t)
-        if cur is State.IDLE and tr.resume_armed and tr.run_busy:
-            tr.resume_armed = False
-            # Work resumes after idleness: judge it from this burst on, not with the idle
-            # stretch still in the window (that would read as starvation).
-            tr.work_start_s = tr.run_start
-        per = tr.period_s or 1.0
-        young = 2.0 if per < cfg.coarse_period_s else max(3.0, 1.5 * per)
-        if tr.work_start_s is not None and cur is State.IDLE and t - tr.work_start_s < young:
-            return _Candidate(State.IDLE, None, tr.note, t)  # too little work to judge yet
-        if tr.work_start_s is not None and (
-            cur is State.IDLE or (cur is State.STARVED and t - w.span_s < tr.work_start_s + per)
-        ):
-            # First judgment of new work: its latest samples decide if it is healthy, so a
-            # ramp-up sample or an early work-start estimate does not read as starvation
-            # (nor keep a GPU starved while its window still reaches back to that start).
-            wy = tr.window(t, max(young, 2 * per))
-            if (
-                wy.duty is not None
-                and wy.duty >= cfg.healthy_duty
-                and (wy.gaps == 0 or per >= cfg.coarse_period_s)
-            ):
-                return _Candidate(State.HEALTHY, None, None, t, young)
-        gap = tr.open_gap_s()
-        long_gap = cfg.idle_gap_s if held is False else cfg.dip_max_s
-        if cur is State.STARVED and gap >= long_gap:
-            # A starved GPU's own gaps are long: idleness is a gap well beyond them.
-            p90 = tr.gap_p90_s(t)
-            if p90 is not None:
-                long_gap = max(long_gap, 2.5 * p90)
-        if d >= cfg.idle_duty and gap >= long_gap:
-            # A long gap in progress: judge idleness on the gap itself, not the window.
-            wg = tr.window(t, gap - cfg.eval_interval_s)  # records are per eval
-            if wg.duty is not None and wg.duty < cfg.idle_duty and wg.coverage >= 0.5:
-                d = wg.duty
-        if d < cfg.idle_duty:
-            if (
-                held is not False
-                and cur in (State.HEALTHY, State.SYNC_STALL)
-                and gap < cfg.dip_max_s
-                and self._isolated(tr, t, w)
-            ):
-                return _Candidate(cur, None, tr.note, t)  # a dip: keep the state
-            note = (
-                "no process"
-                if held is False
-                else "memory allocated, no work"
-                if held
-                else "no work"
-            )
-            return _Candidate(State.IDLE, None, note, t, gap)
-        if d >= cfg.healthy_duty or (d >= cfg.starved_duty and cur is not State.STARVED):
-            return _Candidate(State.HEALTHY, None, None, t, w.span_s * 0.5)
-        # In between: starved, unless it is one isolated dip of a healthy GPU.
-        if cur is State.HEALTHY and self._isolated(tr, t, w) and tr.open_gap_s() < cfg.dip_max_s:
-            return _Candidate(cur, None, None, t)
-        coarse = tr.period_s is None or tr.period_s >= cfg.coarse_period_s
-        if coarse and held is not True:
-            per = tr.period_s or 0.0
-            why = "no process information" if held is None else "no visible process"
-            return _Candidate(
-                State.UNKNOWN,
-                None,
-                f"data too coarse (one sample per {per:.1f} s) and {why}: a "
-                "low flat duty cycle could be small work",
-                t,
-            )
-        cause = self._cause(t, w.span_s)
-        note = (
-            f"coarse data (one sample per {tr.period_s:.1f} s): judged on the duty cycle alone"
-            if coarse
-            else None
-        )
-        return _Candidate(
-            State.STARVED,
-            cause,
-            note,
-            t,
-            w.span_s * 0.4,
-            clear=d < cfg.starved_duty - cfg.clear_margin,
-        )
 
     def _isolated(self, tr: GpuTrack, t: float, w: Window) -> bool:
         """A dip, not a pattern: the window's idle time sits in one gap (open or just
@@ -435,119 +372,29 @@ class Detector:
         key = (t, round(span))
         if self._cause_cache is not None and self._cause_cache[0] == key:
             return self._cause_cache[1]
-        cause = self._compute_cause(t, span)
+        cause = host_cause(self._host.window(t, span), self.cfg)
         self._cause_cache = (key, cause)
         return cause
 
-    def _compute_cause(self, t: float, span: float) -> Cause:
-        cfg = self.cfg
-        h = self._host.window(t, span)
-        if not h:
-            return Cause.UNKNOWN
-        wmean = h.get("workers_cpu_pct")
-        nworkers = h.get("workers", 0.0)
-        host_cpu = h.get("host_cpu_pct")
-        main = h.get("main_cpu_pct")
-        iowait = h.get("iowait_pct")
-        read = h.get("read_bytes_per_s")
-        cpu_sat = (
-            wmean is not None and nworkers >= 0.5 and wmean >= cfg.cpu_worker_saturated_pct
-        ) or (host_cpu is not None and host_cpu >= cfg.cpu_host_saturated_pct)
-        io = (iowait is not None and iowait >= cfg.io_iowait_pct) or (
-            read is not None and read >= cfg.io_read_bytes_per_s
-        )
-        if io and not cpu_sat:
-            return Cause.IO
-        if cpu_sat:
-            return Cause.CPU
-        if (
-            main is not None
-            and main >= cfg.gil_main_pct
-            and (wmean is None or nworkers < 0.5 or wmean < cfg.gil_rest_max_pct)
-        ):
-            return Cause.GIL
-        return Cause.UNKNOWN
+    def _advice_for(
+        self, state: State, cause: Cause | None, ev: Evidence, reason: Reason | None
+    ) -> tuple[str, ...]:
+        return advice_for(state, cause, ev, reason, self._host.seen)
 
-    def _run_rules(self, t: float, cands: dict[int, _Candidate], wins: dict[int, Window]) -> None:
-        """Multi-GPU overrides: busy-waiting peers next to a straggler; all-GPU pauses."""
-        cfg = self.cfg
-        busywait: set[int] = set()
-        for idx, w in wins.items():
-            tr = self._tracks[idx]
-            ref = tr.power_ref_watts(self._run_peak_watts)
-            if ref is None or w.power_watts is None:
-                continue  # no power reading: a busy GPU is never taken for a waiting one
-            if (
-                tr.power_watts is None
-                or tr.power_watts > cfg.busywait_power_share * ref
-                or w.duty is None
-                or w.duty * 100 < cfg.busywait_util_pct - 10
-            ):
-                continue  # drawing real power now, or not pinned: not waiting
-            if w.span_s > cfg.busywait_window_s:  # power is a 1 s mean: a short window will do
-                w = tr.window(t, cfg.busywait_window_s)
-            if (
-                w.duty is not None
-                and w.power_watts is not None
-                and ref
-                and tr.seen_work
-                and w.duty * 100 >= cfg.busywait_util_pct
-                and w.power_watts <= cfg.busywait_power_share * ref
-            ):
-                busywait.add(idx)
-        self._busywait = busywait
-        self._straggler = None
-        working = [
-            i
-            for i, tr in self._tracks.items()
-            if tr.seen_work and wins[i].duty is not None and tr.held() is not False
-        ]
-        if busywait:
-            others = [i for i in working if i not in busywait]
-            strag = [i for i in others if (wins[i].duty or 0.0) * 100 < cfg.busywait_util_pct]
-            if strag or len(busywait) == len(working):
-                # Most peers pinned at low power: no borderline case, confirm at once.
-                clear = len(busywait) >= max(1, len(working) // 2)
-                for i in busywait:
-                    cands[i] = _Candidate(
-                        State.SYNC_STALL,
-                        None,
-                        "busy-waiting on a peer (high utilisation, low power)",
-                        t,
-                        wins[i].span_s * 0.5,
-                        clear,
-                    )
-                if strag:
-                    s = min(strag, key=lambda i: wins[i].duty or 0.0)
-                    self._straggler = s
-                    cands[s] = _Candidate(
-                        State.SYNC_STALL,
-                        None,
-                        "straggler: its peers wait on it",
-                        t,
-                        wins[s].span_s * 0.5,
-                        clear,
-                    )
-        # All-GPU pauses (checkpoints, host syncs), eval by eval.
-        prev = self._last_eval if self._last_eval is not None else t
-        if self._pauses.step(t, prev, [self._tracks[i] for i in working], self._run_peak_watts):
-            for i in working:
-                cands[i] = _Candidate(
-                    State.SYNC_STALL,
-                    None,
-                    "all GPUs pause together (checkpoint or host sync)",
-                    t,
-                    max(0.0, t - self._pauses.first_s),
-                )  # first pause on
-
-    def _apply(self, key: int, uuid: str, c: _Candidate, t: float) -> float | None:
+    def _apply(self, key: int, uuid: str, c: Candidate, t: float) -> float | None:
         """Hysteresis: switch the GPU's episode once its candidate has lasted long enough."""
         tr = self._tracks[key]
         ep = self._episodes.get(key)
-        if ep is not None and c.state is ep.state and c.cause == ep.cause:
+        if (
+            ep is not None
+            and c.state is ep.state
+            and c.cause == ep.cause
+            and (c.reason is Reason.START_UP) == (ep.reason is Reason.START_UP)
+        ):
             self._pending.pop(key, None)
             self._refresh_evidence(key, tr, t)
-            tr.note = c.note if c.note is not None else tr.note
+            if c.reason is not None:
+                tr.reason, tr.detail = c.reason, c.detail
             return None
         pend = self._pending.get(key)
         if pend is None or pend.state is not c.state or pend.cause != c.cause:
@@ -569,6 +416,12 @@ class Detector:
         elif tr.first_t is not None:
             start = max(start, tr.first_t)
         self._pending.pop(key, None)
+        self._open(key, uuid, tr, c, start, t)
+        return start
+
+    def _open(
+        self, key: int, uuid: str, tr: GpuTrack, c: Candidate, start: float, t: float
+    ) -> None:
         ev = self._gpu_evidence(tr, t)
         self._evidence[key] = ev
         self._evidence_age[key] = 0
@@ -580,19 +433,21 @@ class Detector:
             start,
             None,
             ev,
-            advice_for(c.state, c.cause, ev, c.note),
-            c.note,
+            self._advice_for(c.state, c.cause, ev, c.reason),
+            note_of(c.reason, c.detail),
+            c.reason,
         )
         self._episodes[key] = new
         self._opened.append(new)
-        tr.state = c.state
-        tr.note = c.note
+        tr.state, tr.cause = c.state, c.cause
+        tr.reason, tr.detail = c.reason, c.detail
         tr.resume_armed = c.state is State.IDLE and tr.seen_work
-        return start
 
-    def _confirm_s(self, ep: Episode, c: _Candidate) -> float:
+    def _confirm_s(self, ep: Episode, c: Candidate) -> float:
         cfg = self.cfg
-        if ep.note == "start-up" and ep.state is State.IDLE:
+        if c.reason is Reason.GPU_LOST:
+            return 0.0  # its readings mean nothing from now on
+        if ep.reason is Reason.START_UP and ep.state is State.IDLE:
             # Work has begun: healthy at once; starved only once it outlasts the ramp-up.
             return cfg.eval_interval_s if c.state is State.HEALTHY else cfg.confirm_s
         if c.clear:
@@ -616,10 +471,11 @@ class Detector:
             if duty is not None:
                 ev["duty_cycle"] = round(duty, 4)  # over the episode, not the last window
         closed = replace(
-            ep, end_s=end, evidence=ev, advice=advice_for(ep.state, ep.cause, ev, ep.note)
+            ep, end_s=end, evidence=ev, advice=self._advice_for(ep.state, ep.cause, ev, ep.reason)
         )
-        secs = self._seconds.setdefault(key, dict.fromkeys(_ALL_STATES, 0.0))
-        secs[ep.state] += end - ep.start_s
+        self._tallies.setdefault(key, Tally()).add(closed, end)
+        if key is not None:
+            self._advice.add(closed, end)
         self._closed.append(closed)
 
     def _refresh_evidence(self, key: int | None, tr: GpuTrack, t: float) -> None:
@@ -638,25 +494,30 @@ class Detector:
             return
         kinds = {ep.state for ep in states}
         cause = None
-        note = None
+        reason = None
         if State.SYNC_STALL in kinds:
             st = State.SYNC_STALL
+            reasons = {ep.reason for ep in states if ep.state is State.SYNC_STALL}
+            for reason in (Reason.STRAGGLER, Reason.SYNC_PAUSES, None):
+                if reason in reasons:
+                    break
         elif State.STARVED in kinds:
             st = State.STARVED
-            cause = Counter(ep.cause for ep in states if ep.state is State.STARVED).most_common(1)[
-                0
-            ][0]
+            starved = [ep for ep in states if ep.state is State.STARVED]
+            cause = Counter(ep.cause for ep in starved).most_common(1)[0][0]
+            reason = Counter(ep.reason for ep in starved).most_common(1)[0][0]
         elif State.HEALTHY in kinds:
             st = State.HEALTHY
         elif kinds == {State.IDLE}:
             st = State.IDLE
-            if all(ep.note == "start-up" for ep in states):
-                note = "start-up"
+            reasons = {ep.reason for ep in states}
+            if len(reasons) == 1:
+                reason = reasons.pop()  # start-up, memory held, no process: all alike
         else:
             st = State.UNKNOWN
-            note = "no GPU could be classified"
+            reason = Reason.NOT_CLASSIFIED
         cur = self._episodes.get(None)
-        if cur is not None and cur.state is st and cur.cause == cause:
+        if cur is not None and cur.state is st and cur.cause == cause and cur.reason is reason:
             return
         start = min(switched) if switched else t
         if cur is not None:
@@ -666,61 +527,90 @@ class Detector:
             start = min(ep.start_s for ep in states)
         ev = self._run_evidence(t)
         self._evidence[None] = ev
-        new = Episode(None, None, st, cause, start, None, ev, advice_for(st, cause, ev, note), note)
+        detail = None
+        if reason is not None and reason is not Reason.START_UP:
+            detail = next((ep.note for ep in states if ep.reason is reason), None)
+            detail = detail.split(": ", 1)[1] if detail and ": " in detail else None
+        new = Episode(
+            None,
+            None,
+            st,
+            cause,
+            start,
+            None,
+            ev,
+            self._advice_for(st, cause, ev, reason),
+            note_of(reason, detail),
+            reason,
+        )
         self._episodes[None] = new
         self._opened.append(new)
+
+    def _straggler_of_run(self, tallies: dict[int | None, Tally]) -> int | None:
+        """The GPU that spent the most time as the straggler, if any did."""
+        best, most = None, 0.0
+        for key, tally in tallies.items():
+            if key is None:
+                continue
+            row = tally.reasons.get((State.SYNC_STALL, Reason.STRAGGLER))
+            if row and row[0] > most:
+                best, most = key, row[0]
+        return best
+
+    # --- the end of a short stream -------------------------------------------------------
+
+    def _judge_short(self, t: float) -> None:
+        """A stream that ends before its work could be judged is judged on all it shows
+        after its first activity: start-up is only the stretch before work begins."""
+        cfg = self.cfg
+        switched = []
+        for idx, tr in self._tracks.items():
+            ep = self._episodes.get(idx)
+            if ep is None or ep.state is not State.IDLE or ep.reason is not Reason.START_UP:
+                continue
+            base = tr.first_active_totals
+            if base is None or tr.first_active_t is None:
+                continue
+            cov = tr.cum_cov - base[0]
+            per = tr.period_s or 1.0
+            n = round(cov / per)
+            if n < cfg.short_log_min_samples or cov <= 0:
+                continue
+            duty = min(1.0, max(0.0, (tr.cum_busy - base[1]) / cov))
+            gaps, bursts = tr.cum_gaps - base[2], tr.cum_bursts - base[3]
+            w = Window(cov, 1.0, duty, gaps + (0 if tr.run_busy else 1), bursts, None, 1.0)
+            detail = f"judged at its end on {n} samples ({cov:.0f} s of work)"
+            if duty < cfg.idle_duty:
+                continue
+            if duty >= cfg.healthy_duty:
+                c = Candidate(State.HEALTHY, None, Reason.SHORT_LOG, detail, t)
+            elif (
+                tr.held() is not True
+                and not bursty(w)
+                and (tr.period_s is None or tr.period_s >= cfg.coarse_period_s)
+            ):
+                c = Candidate(State.UNKNOWN, None, Reason.SHORT_LOG, detail, t)
+            else:
+                cause = self._cause(t, t - tr.first_active_t)
+                c = Candidate(State.STARVED, cause, Reason.SHORT_LOG, detail, t)
+            start = max(ep.start_s, tr.first_active_t)
+            self._close(idx, start)
+            self._pending.pop(idx, None)
+            self._open(idx, tr.uuid, tr, c, start, t)
+            switched.append(start)
+        if switched:
+            self._run_state(t, switched)
 
     # --- evidence ------------------------------------------------------------------------
 
     def _gpu_evidence(self, tr: GpuTrack, t: float | None) -> Evidence:
-        cfg = self.cfg
-        ev: Evidence = {}
         if t is None:
-            return ev
+            return {}
         span = self._window_s(tr)
         w = tr.window(t, span)
-        if w.duty is not None:
-            ev["duty_cycle"] = round(w.duty, 4)
-        ev["window_s"] = round(w.span_s, 2)
-        coarse = tr.period_s is None or tr.period_s >= cfg.coarse_period_s
-        if not coarse:
-            b, g = tr.bursts.values(), tr.gaps.values()
-            for name, vals in (("burst", b), ("gap", g)):
-                p50, p90 = quantile(vals, 0.5), quantile(vals, 0.9)
-                if p50 is not None and p90 is not None:
-                    ev[f"{name}_p50_s"] = round(p50, 3)
-                    ev[f"{name}_p90_s"] = round(p90, 3)
-            per = tr.cycle_period_s()
-            if per is not None:
-                ev["period_s"] = round(per, 3)
-        if tr.period_s is not None:
-            ev["sample_period_s"] = round(tr.period_s, 3)
-        ev["samples"] = tr.samples
-        if w.power_watts is not None:
-            ev["power_watts"] = round(w.power_watts, 1)
-            ref = tr.power_ref_watts(self._run_peak_watts)
-            if tr.power_peak_watts is not None:
-                ev["power_peak_watts"] = round(tr.power_peak_watts, 1)
-            if ref:
-                ev["power_share_of_peak"] = round(w.power_watts / ref, 3)
-        if tr.power_limit_watts is not None:
-            ev["power_limit_watts"] = tr.power_limit_watts
-        used, total = tr.mem_used_bytes, tr.mem_total_bytes
-        if used is not None:
-            ev["mem_used_bytes"] = used
-        if total:
-            ev["mem_total_bytes"] = total
-            if used is not None:
-                head = 1.0 - used / total
-                ev["mem_headroom_ratio"] = round(head, 3)
-                ev["larger_batch_fits"] = "yes" if head >= cfg.batch_headroom_ratio else "no"
-        if tr.processes is not None:
-            ev["processes"] = tr.processes
-        h = self._host.window(t, span)
-        for k, v in h.items():
-            ev[k] = round(v, 1) if k != "read_bytes_per_s" else round(v)
-        if self._host.cpu_count is not None:
-            ev["cpu_count"] = self._host.cpu_count
+        ev = gpu_evidence(
+            tr, w, self.cfg, self._run_peak_watts, self._host.window(t, span), self._host.cpu_count
+        )
         if tr.index == self._straggler:
             ev["straggler_gpu"] = tr.index
         if len(self._tracks) >= 2:
@@ -731,28 +621,9 @@ class Detector:
         """Run-wide numbers (computed once per eval, shared by every GPU's evidence)."""
         if self._multi_cache is not None and self._multi_cache[0] == t:
             return self._multi_cache[1]
-        ev = self._compute_multi(t)
-        self._multi_cache = (t, ev)
-        return ev
-
-    def _compute_multi(self, t: float) -> Evidence:
-        ev: Evidence = {}
         duties = [tr.window(t, self._window_s(tr)).duty for tr in self._tracks.values()]
-        known = [d for d in duties if d is not None]
-        if known:
-            ev["effective_gpus"] = round(sum(known), 2)
-        if self._straggler is not None:
-            ev["straggler_gpu"] = self._straggler
-        spans = list(self._pauses.pauses)
-        if spans:
-            ev["pauses"] = len(spans)
-            ev["pause_p50_s"] = round(quantile([b - a for a, b in spans], 0.5) or 0.0, 2)
-            if len(spans) >= 2:
-                starts = [a for a, _ in spans]
-                gaps = [b - a for a, b in pairwise(starts)]
-                ev["pause_interval_p50_s"] = round(quantile(gaps, 0.5) or 0.0, 2)
-        if self._pauses.skew_s is not None:
-            ev["skew_s"] = round(self._pauses.skew_s, 3)
+        ev = multi_evidence(duties, self._straggler, self._pauses)
+        self._multi_cache = (t, ev)
         return ev
 
     def _run_evidence(self, t: float | None) -> Evidence:
@@ -762,7 +633,5 @@ class Detector:
         if self._tracks:
             ev.update(self._multi_evidence(t))
         ev["lost_gpu_seconds"] = round(self._lost, 1)
-        h = self._host.window(t, self.cfg.window_s * 2)
-        for k, v in h.items():
-            ev[k] = round(v, 1) if k != "read_bytes_per_s" else round(v)
+        ev.update(host_evidence(self._host.window(t, self.cfg.window_s * 2)))
         return ev

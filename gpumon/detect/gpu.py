@@ -8,10 +8,11 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from dataclasses import dataclass
+from itertools import pairwise
 
 from gpumon.detect.config import DetectorConfig
 from gpumon.detect.rings import History, Ring, quantile
-from gpumon.model import GpuSample, State
+from gpumon.model import Cause, GpuSample, Reason, State
 
 # Indices into a History record (running totals at one eval).
 H_T, H_COV, H_BUSY, H_GAPS, H_PW, H_PWCOV, H_BURSTS, H_ACT = range(8)
@@ -28,6 +29,18 @@ class Window:
     bursts: int
     power_watts: float | None
     active: float  # share of covered time with any activity (util >= 5 %), 0-1
+
+
+@dataclass(frozen=True, slots=True)
+class Rhythm:
+    """Gaps that recur at a regular interval: the signature of a periodic stall."""
+
+    period_s: float  # median start-to-start interval
+    gap_s: float  # median gap length
+    gaps: int  # how many recent gaps form it
+    first_start_s: float  # when the first of them began
+    last_end_s: float  # when the latest one ended
+    cv: float  # coefficient of variation of the intervals
 
 
 class GpuTrack:
@@ -61,6 +74,13 @@ class GpuTrack:
         self.gaps = Ring(cfg.ring_events)
         self.cycles = Ring(cfg.ring_events)
         self.cycle_ends = Ring(cfg.ring_events)
+        self.long_gaps: Ring = Ring(cfg.ring_long_gaps)  # (start, end) of rhythm-sized gaps
+        self._rh_key: object = None
+        self._rh_val: Rhythm | None = None
+        self.first_active_t: float | None = None  # first sample with any activity
+        # (covered, busy, gaps, bursts) totals just before it: a short log's work is
+        # judged from there on.
+        self.first_active_totals: tuple[float, float, int, int] | None = None
         self._cp_key = -1
         self._cp_t = 0.0
         self._cp_val: float | None = None
@@ -78,11 +98,16 @@ class GpuTrack:
         self.lost = False  # NVML said GpuIsLost on the latest tick
         self.last_tick_t: float | None = None
         self.hist = History(cfg.ring_evals)
+        self.hist_long = History(cfg.ring_long)
+        self._long_t = float("-inf")
         # Classification state (owned by the detector's rules).
         self.state = State.IDLE
-        self.note: str | None = "start-up"
+        self.cause: Cause | None = None
+        self.reason: Reason | None = Reason.START_UP
+        self.detail: str | None = None
         self.seen_work = False
-        self.work_start_s: float | None = None
+        self.work_start_s: float | None = None  # start of the current stretch of work
+        self.work_began_s: float | None = None  # the first work after start-up
         self.resume_armed = False  # idle after work: the next burst restarts the window
         self.first_t: float | None = None
 
@@ -195,7 +220,7 @@ class GpuTrack:
                 continue  # NaN or out of range is no reading; it must not poison the sums
             b = u >= thr
             if dt > hole:  # a hole in the data: close the run, count one period only
-                events.append((run_busy, last_t - run_start))
+                events.append((run_busy, last_t - run_start, last_t))
                 last_t = t - period
                 dt = period
                 run_busy = b
@@ -207,10 +232,18 @@ class GpuTrack:
                 if not was_act:
                     act_on = last_t
                     was_act = True
+                    if self.first_active_t is None:
+                        self.first_active_t = last_t
+                        self.first_active_totals = (
+                            self.cum_cov + cov - dt,
+                            self.cum_busy + (busy - dt * u) * 0.01,
+                            self.cum_gaps,
+                            self.cum_bursts,
+                        )
             elif was_act:
                 was_act = False
             if b is not run_busy:
-                events.append((run_busy, last_t - run_start))
+                events.append((run_busy, last_t - run_start, last_t))
                 run_busy = b
                 run_start = last_t
             last_t = t
@@ -228,12 +261,12 @@ class GpuTrack:
 
     def _events(self, events: list, out_bursts: list, out_gaps: list) -> None:
         """Completed bursts and gaps into the rings (and out to the update)."""
-        end = self.run_start
         idx = self.index
         last_burst = self.last_burst
         bursts, gaps = self.bursts.append, self.gaps.append
+        long_min = self.cfg.rhythm_gap_periods * (self.period_s or 1.0)
         nb = ng = 0
-        for was_busy, length in events:
+        for was_busy, length, end in events:
             if length <= 0.0:
                 continue
             if was_busy:
@@ -247,6 +280,8 @@ class GpuTrack:
                 if last_burst is not None:
                     self.cycles.append(last_burst + length)
                     self.cycle_ends.append(end)
+                if length >= long_min:
+                    self.long_gaps.append((end - length, end))
                 out_gaps.append((idx, length))
         self.last_burst = last_burst
         self.cum_bursts += nb
@@ -255,23 +290,35 @@ class GpuTrack:
     # --- windows -------------------------------------------------------------------------
 
     def record(self, t: float) -> None:
-        """Push the running totals at an eval time (one record per eval)."""
-        self.hist.push(
-            (
-                t,
-                self.cum_cov,
-                self.cum_busy,
-                self.cum_gaps,
-                self.cum_pw,
-                self.cum_pw_cov,
-                self.cum_bursts,
-                self.cum_act,
-            )
+        """Push the running totals at an eval time (one record per eval), and every
+        ``long_record_s`` into the long history that long windows read."""
+        rec = (
+            t,
+            self.cum_cov,
+            self.cum_busy,
+            self.cum_gaps,
+            self.cum_pw,
+            self.cum_pw_cov,
+            self.cum_bursts,
+            self.cum_act,
         )
+        self.hist.push(rec)
+        if t - self._long_t >= self.cfg.long_record_s or self.hist_long.n == 0:
+            self.hist_long.push(rec)
+            self._long_t = t
 
     def window(self, t: float, span_s: float) -> Window:
-        """Totals over the last ``span_s`` seconds before ``t`` (after ``record(t)``)."""
-        old = self.hist.at_or_before(t - span_s)
+        """Totals over the last ``span_s`` seconds before ``t`` (after ``record(t)``).
+
+        Spans the per-eval history no longer reaches are read from the long history
+        (a record every ``long_record_s``): a rhythm of minutes needs minutes of window.
+        """
+        cut = t - span_s
+        old = self.hist.at_or_before(cut)
+        if old is not None and old[H_T] > cut + self.cfg.eval_interval_s and self.hist_long.n:
+            far = self.hist_long.at_or_before(cut)
+            if far is not None and far[H_T] < old[H_T]:
+                old = far
         if old is None:
             return Window(span_s, 0.0, None, 0, 0, None, 0.0)
         span = t - old[H_T]
@@ -300,6 +347,24 @@ class GpuTrack:
             c = 1.0
         return Window(span, c, duty, gaps, self.cum_bursts - int(old[H_BURSTS]), pw, act)
 
+    def rhythm(self) -> Rhythm | None:
+        """The recent long gaps, if they recur at a regular interval (cached per gap).
+
+        A gap in progress counts once it is long enough: the rhythm is seen when its third
+        gap begins, not when it ends.
+        """
+        gaps = list(self.long_gaps)
+        long_min = self.cfg.rhythm_gap_periods * (self.period_s or 1.0)
+        open_long = not self.run_busy and self.open_gap_s() >= long_min
+        key = (self.cum_gaps, self.run_start if open_long else None)
+        if key == self._rh_key:
+            return self._rh_val
+        self._rh_key = key
+        if open_long:
+            gaps.append((self.run_start, self.last_t))
+        self._rh_val = find_rhythm(gaps, self.cfg)
+        return self._rh_val
+
     def open_gap_s(self) -> float:
         """Length of the gap in progress (0 while busy)."""
         if self.run_busy or self.last_t is None:
@@ -324,7 +389,9 @@ class GpuTrack:
         """Forget the cycle pattern (start-up blips are no pattern)."""
         self.cycles = Ring(self.cfg.ring_events)
         self.cycle_ends = Ring(self.cfg.ring_events)
+        self.long_gaps = Ring(self.cfg.ring_long_gaps)
         self._cp_key = -1
+        self._rh_key = None
 
     def _cycle_period(self, t: float | None, recent_s: float) -> float | None:
         vals = self.cycles.values()
@@ -383,3 +450,30 @@ class GpuTrack:
             alt = self.cfg.power_ref_of_limit * lim
             ref = alt if ref is None or alt > ref else ref
         return ref
+
+
+def find_rhythm(gaps: list[tuple[float, float]], cfg: DetectorConfig) -> Rhythm | None:
+    """Regular recurrence among ``(start, end)`` gaps, newest last: the longest recent run
+    of at least ``rhythm_min_gaps`` gaps whose start-to-start intervals agree."""
+    n_min = cfg.rhythm_min_gaps
+    if len(gaps) < n_min:
+        return None
+    best: Rhythm | None = None
+    # Grow the run backwards from the newest gap while the intervals stay regular.
+    for k in range(n_min, len(gaps) + 1):
+        run = gaps[-k:]
+        starts = [a for a, _ in run]
+        iv = [b - a for a, b in pairwise(starts)]
+        mean = sum(iv) / len(iv)
+        if mean <= 0:
+            break
+        var = sum((x - mean) ** 2 for x in iv) / len(iv)
+        cv = var**0.5 / mean
+        # Two intervals are thin evidence: they must agree closely.
+        ratio = cfg.rhythm_max_ratio if len(iv) > 2 else cfg.rhythm_max_ratio_2
+        if cv > cfg.rhythm_max_cv or max(iv) > ratio * min(iv):
+            break
+        lens = sorted(b - a for a, b in run)
+        iv.sort()
+        best = Rhythm(iv[len(iv) // 2], lens[len(lens) // 2], k, run[0][0], run[-1][1], cv)
+    return best

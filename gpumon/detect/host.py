@@ -6,8 +6,9 @@ window's mean is "CPU during the gaps" (what starves the GPU), not CPU during co
 
 from __future__ import annotations
 
+from gpumon.detect.config import DetectorConfig
 from gpumon.detect.rings import History
-from gpumon.model import HostSample, ProcTreeSample
+from gpumon.model import Cause, HostSample, ProcTreeSample
 
 # Quantities tracked, in evidence-key names.
 KEYS = (
@@ -91,3 +92,37 @@ class HostTrack:
                 x = self.cum_wx[k] - (old[1 + NK + k] if old is not None else 0.0)
                 out[KEYS[k]] = x / w
         return out
+
+
+def host_cause(h: dict[str, float], cfg: DetectorConfig) -> Cause:
+    """Why a starved GPU waits, from host readings averaged over its gaps.
+
+    Storage when iowait or reads are high and the CPUs are not saturated; the CPU when the
+    workers (or all cores) are saturated; the GIL when the main process is pinned at one
+    core while the workers (if any) idle; unknown otherwise, or without host data.
+    """
+    if not h:
+        return Cause.UNKNOWN
+    wmean = h.get("workers_cpu_pct")
+    nworkers = h.get("workers", 0.0)
+    host_cpu = h.get("host_cpu_pct")
+    main = h.get("main_cpu_pct")
+    iowait = h.get("iowait_pct")
+    read = h.get("read_bytes_per_s")
+    cpu_sat = (wmean is not None and nworkers >= 0.5 and wmean >= cfg.cpu_worker_saturated_pct) or (
+        host_cpu is not None and host_cpu >= cfg.cpu_host_saturated_pct
+    )
+    io = (iowait is not None and iowait >= cfg.io_iowait_pct) or (
+        read is not None and read >= cfg.io_read_bytes_per_s
+    )
+    if io and not cpu_sat:
+        return Cause.IO
+    if cpu_sat:
+        return Cause.CPU
+    if (
+        main is not None
+        and main >= cfg.gil_main_pct
+        and (wmean is None or nworkers < 0.5 or wmean < cfg.gil_rest_max_pct)
+    ):
+        return Cause.GIL
+    return Cause.UNKNOWN

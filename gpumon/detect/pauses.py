@@ -88,7 +88,7 @@ class PauseTracker:
         self.first_s = first
         span = min(cfg.sync_window_s, max(cfg.sync_min_span_s, t - first))
         if working:
-            span = min(span, t - min((tr.first_t or t) for tr in working))
+            span = min(span, t - min(t if tr.first_t is None else tr.first_t for tr in working))
         if span <= 0:
             return False
         share = sum(min(b, t) - max(a, lo) for a, b in spans) / span

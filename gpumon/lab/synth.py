@@ -43,6 +43,7 @@ SCENARIOS = (
     "finished",
     "coarse_starved",
     "coarse_healthy",
+    "starved_periodic",
 )
 # Driver sample periods of real products (1/6 s .. 1 s) and a coarser one.
 PERIODS = (1 / 6, 0.2, 0.25, 0.5, 1.0, 2.0)
@@ -331,6 +332,18 @@ def _phases(rng: random.Random, scenario: str, n: int, dur: float) -> list[Phase
 
     if scenario == "healthy":
         return [startup, Phase("healthy", dur)]
+    if scenario == "starved_periodic":
+        # Long-period and high-duty starvation: a loader stalling once per epoch, a slow
+        # step every N: periods of 2 s to 2 min, duty cycles up to 0.85.
+        period = math.exp(rng.uniform(math.log(2.0), math.log(120.0)))
+        duty = rng.uniform(0.3, 0.85)
+        ph = Phase(
+            "starved",
+            max(dur, 7.0 * period),
+            rng.choice((Cause.CPU, Cause.GIL, Cause.IO)),
+            params={"burst_s": period * duty, "duty": duty},
+        )
+        return [startup, ph]
     if scenario.startswith("starved_"):
         return [startup, starved(dur, Cause(scenario.split("_", 1)[1]))]
     if scenario == "healthy_then_starved":

@@ -14,7 +14,7 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from gpumon.detect import Detector, DetectorConfig
+from gpumon.detect import Detector, DetectorConfig, RunSummary
 from gpumon.model import Cause, Episode, Snapshot, State, TraceHeader, Verdict
 
 BLOCKS = " ▁▂▃▄▅▆▇█"
@@ -180,15 +180,11 @@ class AnalysisResult:
     header: TraceHeader
     gpus: dict[int, GpuSummary]
     run_episodes: list[Episode]
-    verdict: Verdict
-    seconds: dict[int | None, dict[State, float]]
-    lost_gpu_seconds: float
+    verdict: Verdict  # the detector's view at the end ("now")
+    summary: RunSummary  # the run as a whole: what every face reports
     start_s: float | None
     end_s: float | None
     ticks: int
-    state: State = State.UNKNOWN  # overall, over the whole stream (see ``overall``)
-    cause: Cause | None = None
-    advice: list[str] = field(default_factory=list)
     # (time, what) of a tick whose values the detector could not take (a string where a
     # number belongs, in a hand-edited file): the analysis stopped before it.
     bad_tick: tuple[float, str] | None = None
@@ -199,49 +195,21 @@ class AnalysisResult:
             return 0.0
         return self.end_s - self.start_s
 
+    @property
+    def state(self) -> State:
+        return self.summary.verdict
 
-# Share of the working time (healthy + starved + sync stall) a problem must take to become
-# the overall verdict of a run: a few minutes of starvation in a day-long healthy run are
-# episodes worth listing, not the verdict.
-PROBLEM_SHARE = 0.1
+    @property
+    def cause(self) -> Cause | None:
+        return self.summary.cause
 
+    @property
+    def advice(self) -> tuple[str, ...]:
+        return self.summary.advice
 
-def overall(
-    seconds: dict[State, float] | None, episodes: Iterable[Episode]
-) -> tuple[State, Cause | None]:
-    """The state that sums up a whole run (or GPU), and the cause by seconds if starved.
-
-    The detector's verdict is the state *now*; a file is better summed up by what took
-    its time: the bigger problem if problems took ``PROBLEM_SHARE`` of the working time,
-    else healthy if it worked at all, else idle or unknown.
-    """
-    sec = seconds or {}
-    work = sum(sec.get(x, 0.0) for x in (State.HEALTHY, State.STARVED, State.SYNC_STALL))
-    starved, stall = sec.get(State.STARVED, 0.0), sec.get(State.SYNC_STALL, 0.0)
-    if work > 0 and max(starved, stall) >= PROBLEM_SHARE * work:
-        if stall >= starved:
-            return State.SYNC_STALL, None
-        by_cause: dict[Cause, float] = {}
-        for ep in episodes:
-            if ep.state is State.STARVED and ep.end_s is not None:
-                c = ep.cause or Cause.UNKNOWN
-                by_cause[c] = by_cause.get(c, 0.0) + ep.end_s - ep.start_s
-        return State.STARVED, max(by_cause, key=by_cause.__getitem__, default=Cause.UNKNOWN)
-    if sec.get(State.HEALTHY, 0.0) > 0:
-        return State.HEALTHY, None
-    if sec.get(State.IDLE, 0.0) >= sec.get(State.UNKNOWN, 0.0) and sec.get(State.IDLE, 0.0) > 0:
-        return State.IDLE, None
-    return State.UNKNOWN, None
-
-
-def _advice_over(episodes: Iterable[Episode], state: State, cause: Cause | None) -> list[str]:
-    """Advice of the episodes that made the overall verdict, most time first."""
-    weight: dict[str, float] = {}
-    for ep in episodes:
-        if ep.state is state and (cause is None or ep.cause == cause) and ep.end_s is not None:
-            for a in ep.advice:
-                weight[a] = weight.get(a, 0.0) + ep.end_s - ep.start_s
-    return sorted(weight, key=lambda a: -weight[a])
+    @property
+    def lost_gpu_seconds(self) -> float:
+        return self.summary.lost_gpu_seconds
 
 
 def analyze_snapshots(
@@ -328,27 +296,16 @@ def analyze_snapshots(
     if end is not None:
         flush(end)
     verdict = det.verdict()
-    seconds = det.seconds_in_state()
     take(det.finish().closed)
-    run_list = list(run_eps)
-    state, cause = overall(seconds.get(None), run_list)
-    every = [ep for g in gpus.values() for ep in g.episodes]
-    advice = _advice_over(every, state, cause) or list(verdict.advice)
-    if state is State.HEALTHY:
-        advice = []
     return AnalysisResult(
         header,
         dict(sorted(gpus.items())),
-        run_list,
+        list(run_eps),
         verdict,
-        seconds,
-        det.lost_gpu_seconds(),
+        det.summary(),
         start,
         end,
         ticks,
-        state,
-        cause,
-        advice,
         bad_tick,
     )
 
@@ -425,14 +382,18 @@ def render_text(result: AnalysisResult, max_episodes: int = 12) -> str:
     line = f"Verdict: {verdict}"
     if v.state is not result.state:
         line += f" · now {_label(v.state, v.cause)}"
-    eff = v.evidence.get("effective_gpus")
-    if isinstance(eff, int | float) and len(result.gpus) > 1:
+    eff = result.summary.effective_gpus
+    if eff is not None and len(result.gpus) > 1:
         line += f" · {len(result.gpus)} GPUs deliver {eff:.1f} GPUs of work"
+    if result.summary.straggler is not None and result.state is State.SYNC_STALL:
+        line += f" · straggler GPU {result.summary.straggler}"
     if result.lost_gpu_seconds > 0:
         line += f" · {result.lost_gpu_seconds:.0f} GPU-seconds lost waiting"
     out.append(line)
-    if v.note:
-        out.append(f"  note: {v.note}")
+    for note in result.summary.notes:
+        out.append(f"  note: {note}")
+    if v.note and v.state is not result.state:
+        out.append(f"  now: {v.note}")
     out.append("")
     legend = ", ".join(f"{c} {s.value}" for s, c in STATE_CHAR.items())
     for s in result.gpus.values():
@@ -479,7 +440,7 @@ def render_text(result: AnalysisResult, max_episodes: int = 12) -> str:
                 out.append(f"{'':22}→ {ep.advice[0]}")
         out.append("")
     out.append(f"legend: {legend}")
-    secs = result.seconds.get(None) or {}
+    secs = result.summary.seconds
     spent = ", ".join(f"{st.value} {_clock(x, 0)}" for st, x in secs.items() if x >= 0.5)
     if spent:
         out.append(f"time per state (run): {spent}")
@@ -500,6 +461,7 @@ def _episode_json(ep: Episode, end_default: float | None) -> dict:
         "state": ep.state.value,
         "cause": ep.cause.value if ep.cause else None,
         "note": ep.note,
+        "reason": ep.reason.value if ep.reason is not None else None,
         "evidence": dict(ep.evidence),
         "advice": list(ep.advice),
     }
@@ -512,11 +474,15 @@ def _seconds_json(d: dict[State, float] | None) -> dict[str, float]:
 def to_json(result: AnalysisResult) -> dict:
     """The JSON object of `gpumon analyze --json` (issue 3), JSON-serialisable as is."""
     v = result.verdict
+    summ = result.summary
+    runs = {g.gpu: g for g in summ.gpus}
     gpus = []
     for s in result.gpus.values():
         gv = next((g for g in v.gpus if g.gpu == s.gpu), None)
         duty = s.duty_cycle
-        gstate, gcause = overall(result.seconds.get(s.gpu), s.episodes)
+        run = runs.get(s.gpu)
+        gstate = run.verdict if run is not None else State.UNKNOWN
+        gcause = run.cause if run is not None else None
         gpus.append(
             {
                 "gpu": s.gpu,
@@ -526,9 +492,10 @@ def to_json(result: AnalysisResult) -> dict:
                 "state_now": gv.state.value if gv else State.UNKNOWN.value,
                 "cause_now": gv.cause.value if gv and gv.cause else None,
                 "note": gv.note if gv else None,
+                "reason_now": gv.reason.value if gv and gv.reason else None,
                 "duty_cycle": None if duty is None else round(min(1.0, max(0.0, duty)), 4),
                 "samples": s.samples,
-                "seconds": _seconds_json(result.seconds.get(s.gpu)),
+                "seconds": _seconds_json(run.seconds if run is not None else None),
                 "bursts": {
                     "count": s.bursts.n,
                     "p50_s": s.bursts.quantile(0.5),
@@ -556,6 +523,9 @@ def to_json(result: AnalysisResult) -> dict:
     return {
         "verdict": result.state.value,
         "cause": result.cause.value if result.cause is not None else None,
+        "reason": summ.reason.value if summ.reason is not None else None,
+        "notes": list(summ.notes),
+        "straggler": summ.straggler,
         "verdict_now": v.state.value,
         "cause_now": v.cause.value if v.cause is not None else None,
         "note": v.note,
@@ -566,9 +536,11 @@ def to_json(result: AnalysisResult) -> dict:
         "started_wall_s": result.header.started_wall_s,
         "gpus": gpus,
         "advice": list(result.advice),
-        "seconds": _seconds_json(result.seconds.get(None)),
+        "seconds": _seconds_json(summ.seconds),
+        "startup_s": round(summ.startup_s, 3),
+        "duty_cycle": None if summ.duty_cycle is None else round(summ.duty_cycle, 4),
         "lost_gpu_seconds": round(result.lost_gpu_seconds, 1),
-        "effective_gpus": v.evidence.get("effective_gpus"),
+        "effective_gpus": summ.effective_gpus,
         "evidence": dict(v.evidence),
         "episodes": [_episode_json(ep, result.end_s) for ep in result.run_episodes],
     }

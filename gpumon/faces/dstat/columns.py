@@ -27,10 +27,10 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
-from gpumon.model import Episode, GpuSample, State
+from gpumon.model import GpuSample, Reason, State
 
 if TYPE_CHECKING:
-    from gpumon.detect import Detector, DetectorUpdate
+    from gpumon.detect import Detector
     from gpumon.monitor import Monitor
 
 # The state words of the dstat column (5 characters at most: the column is 5 wide).
@@ -62,13 +62,13 @@ COLUMNS: tuple[tuple[str, int], ...] = (("util", 4), ("mem", 3), ("state", 5))
 BAND_WIDTH = sum(w for _, w in COLUMNS) + len(COLUMNS) - 1
 
 
-# Internal marker for the detector's start-up (state idle, note "start-up").
+# Internal marker for the detector's start-up (state idle, reason start-up).
 STARTUP = "start-up"
 STARTUP_BUSY_PCT = 5.0
 
 
-def _word(state: State, note: str | None) -> str:
-    if state is State.IDLE and note == STARTUP:
+def _word(state: State, reason: Reason | None) -> str:
+    if state is State.IDLE and reason is Reason.START_UP:
         return STARTUP
     return WORDS.get(state, "?")
 
@@ -118,8 +118,6 @@ class GpuColumns:
         self.cells: tuple[GpuCell, ...] = ()
         # Utilisation points since the last definitive tick, per GPU index.
         self._points: dict[int, list[float]] = {}
-        # The detector's open episode per GPU index (what its verdict would report).
-        self._open: dict[int, Episode] = {}
         self._window_start = float("-inf")
         self._warned: set[str] = set()
 
@@ -152,7 +150,7 @@ class GpuColumns:
     def _tick(self, final: bool) -> tuple[GpuCell, ...]:
         assert self.monitor is not None, "start() first"
         tick = self.monitor.tick()  # samples, then feeds the detector
-        words = self._words(tick.update)
+        words = self._words()
         cells = []
         for g in tick.snapshot.gpus:
             cells.append(self._cell(g, words.get(g.gpu, "?")))
@@ -161,25 +159,21 @@ class GpuColumns:
             self._window_start = tick.snapshot.t_s
         return tuple(cells)
 
-    def _words(self, update: DetectorUpdate | None) -> dict[int, str]:
-        """Each GPU's word from its open episode, followed through the detector's updates:
-        only state and note are shown, so no full verdict (evidence, advice) per tick."""
+    def _words(self) -> dict[int, str]:
+        """Each GPU's word from the episode the detector has open for it (state and
+        reason only: no full verdict, with evidence and advice, per tick)."""
         detector = self.monitor.detector if self.monitor is not None else None
         if detector is None:
             return {}
         try:
-            if update is not None:
-                for ep in update.closed:
-                    cur = self._open.get(ep.gpu)
-                    if cur is not None and cur.start_s == ep.start_s:
-                        del self._open[ep.gpu]
-                for ep in update.opened:
-                    if ep.gpu is not None:  # the run's own episode: not a column
-                        self._open[ep.gpu] = ep
+            return {
+                gpu: _word(ep.state, ep.reason)
+                for gpu, ep in detector.open_episodes().items()
+                if gpu is not None  # the run's own episode: not a column
+            }
         except Exception as exc:  # keep the numbers coming even if the detector breaks
             self.warn_once("verdict", f"dstat_gpu: the detector failed: {exc!r}")
             return {}
-        return {gpu: _word(ep.state, ep.note) for gpu, ep in self._open.items()}
 
     def _cell(self, g: GpuSample, word: str) -> GpuCell:
         if g.lost:

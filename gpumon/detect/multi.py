@@ -1,0 +1,190 @@
+"""The run-level rules: what several GPUs show together overrides what each shows alone.
+
+Each rule reads every working GPU's window and may replace their candidates:
+
+- ``busy_wait``: GPUs pinned at high utilisation while drawing little power spin in a
+  collective (NCCL busy-wait), waiting on a peer that works less -- the straggler.
+- ``pinned_peers``: without power to tell, a minority of GPUs at a starved duty cycle
+  while all their peers read pinned is the same picture in data-parallel training.
+- ``waited_on_rhythm``: a GPU whose periodic gaps its peers wait through (they were seen
+  waiting on it during its latest gap) is a straggler on a rhythm -- rank 0 writing a
+  checkpoint every N steps -- not a starved GPU, even between its gaps.
+- ``all_gpu_pauses``: every GPU pausing together for seconds, repeatedly, is a sync stall
+  (a checkpoint, an evaluation, a host-side sync).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from gpumon.detect.config import DetectorConfig
+from gpumon.detect.gpu import GpuTrack, Window
+from gpumon.detect.pauses import PauseTracker
+from gpumon.detect.rules import Candidate
+from gpumon.model import Reason, State
+
+
+@dataclass(slots=True)
+class RunContext:
+    """All GPUs at one eval: their tracks, windows and candidates (rules rewrite these)."""
+
+    t: float
+    prev_eval_s: float
+    tracks: dict[int, GpuTrack]
+    wins: dict[int, Window]
+    cands: dict[int, Candidate]
+    run_peak_watts: float | None
+    cfg: DetectorConfig
+    pauses: PauseTracker
+    # When each GPU was last seen waited on (named the straggler): kept across evals.
+    waited_on_s: dict[int, float] = field(default_factory=dict)
+    busywait: set[int] = field(default_factory=set)  # out: GPUs spinning on a peer
+    straggler: int | None = None  # out: the GPU the others wait on
+
+    def working(self) -> list[int]:
+        """GPUs past start-up, with data, and not known to be free of processes."""
+        return [
+            i
+            for i, tr in self.tracks.items()
+            if tr.seen_work and self.wins[i].duty is not None and tr.held() is not False
+        ]
+
+
+RunRule = Callable[[RunContext], None]
+
+
+def _stall(c: RunContext, i: int, reason: Reason, detail: str | None, clear: bool) -> None:
+    c.cands[i] = Candidate(
+        State.SYNC_STALL, None, reason, detail, c.t, c.wins[i].span_s * 0.5, clear
+    )
+
+
+def busy_wait(c: RunContext) -> None:
+    """High utilisation at low power is a GPU waiting on a peer, not computing; the peer
+    with the lowest duty cycle among those not waiting is the straggler."""
+    cfg, t = c.cfg, c.t
+    waiting: set[int] = set()
+    for idx, w in c.wins.items():
+        tr = c.tracks[idx]
+        ref = tr.power_ref_watts(c.run_peak_watts)
+        if ref is None or w.power_watts is None:
+            continue  # no power reading: a busy GPU is never taken for a waiting one
+        if (
+            tr.power_watts is None
+            or tr.power_watts > cfg.busywait_power_share * ref
+            or w.duty is None
+            or w.duty * 100 < cfg.busywait_util_pct - 10
+        ):
+            continue  # drawing real power now, or not pinned: not waiting
+        if w.span_s > cfg.busywait_window_s:  # power is a 1 s mean: a short window will do
+            w = tr.window(t, cfg.busywait_window_s)
+        if (
+            w.duty is not None
+            and w.power_watts is not None
+            and tr.seen_work
+            and w.duty * 100 >= cfg.busywait_util_pct
+            and w.power_watts <= cfg.busywait_power_share * ref
+        ):
+            waiting.add(idx)
+    c.busywait = waiting
+    if not waiting:
+        return
+    working = c.working()
+    others = [i for i in working if i not in waiting]
+    strag = [i for i in others if (c.wins[i].duty or 0.0) * 100 < cfg.busywait_util_pct]
+    if not (strag or len(waiting) == len(working)):
+        return
+    # Most peers pinned at low power: no borderline case, confirm at once.
+    clear = len(waiting) >= max(1, len(working) // 2)
+    for i in waiting:
+        _stall(c, i, Reason.BUSY_WAIT, "high utilisation, low power", clear)
+    if strag:
+        s = min(strag, key=lambda i: c.wins[i].duty or 0.0)
+        c.straggler = s
+        _stall(c, s, Reason.STRAGGLER, "its peers busy-wait on it", clear)
+
+
+def pinned_peers(c: RunContext) -> None:
+    """A minority of GPUs at a starved duty cycle while every peer reads pinned, and no
+    peer is seen drawing computing power: in data-parallel training the peers wait in the
+    collective for the slow ones."""
+    if c.straggler is not None or c.busywait:
+        return
+    cfg = c.cfg
+    working = c.working()
+    if len(working) < 2:
+        return
+    low = [i for i in working if (c.wins[i].duty or 0.0) < cfg.starved_duty]
+    high = [i for i in working if (c.wins[i].duty or 0.0) >= cfg.pinned_duty]
+    if not low or not high or len(low) + len(high) != len(working):
+        return
+    if len(low) > len(working) // 2:
+        return  # most GPUs are slow: they are starved, not waiting on each other
+    # The peers must stay pinned over a long window, with no long gaps of their own:
+    # GPUs starving independently also take turns being busy.
+    span = cfg.pinned_window_s
+    for i in low:
+        rh = c.tracks[i].rhythm()
+        if rh is not None:
+            span = max(span, 2.5 * rh.period_s)
+    for i in high:
+        tr, w = c.tracks[i], c.wins[i]
+        ref = tr.power_ref_watts(c.run_peak_watts)
+        if w.power_watts is not None and ref and w.power_watts >= cfg.computing_power_share * ref:
+            return  # a peer draws computing power: separate work, not waiting
+        wl = tr.window(c.t, min(span, cfg.rhythm_window_max_s))
+        if wl.duty is None or wl.duty < cfg.pinned_duty:
+            return
+        if tr.long_gaps and tr.long_gaps[-1][1] > c.t - span:
+            return
+    s = min(low, key=lambda i: c.wins[i].duty or 0.0)
+    c.straggler = s
+    clear = (c.wins[s].duty or 0.0) < cfg.starved_duty - cfg.clear_margin
+    for i in low:
+        _stall(c, i, Reason.STRAGGLER, "its peers read busy while it idles", clear)
+    for i in high:
+        _stall(c, i, Reason.BUSY_WAIT, f"reads busy while GPU {s} idles", clear)
+
+
+def waited_on_rhythm(c: RunContext) -> None:
+    """Periodic gaps that the peers wait through are a straggler's, not starvation."""
+    if c.straggler is not None:
+        c.waited_on_s[c.straggler] = c.t
+    for i, cand in c.cands.items():
+        if cand.state is not State.STARVED or cand.reason is not Reason.PERIODIC_GAPS:
+            continue
+        rh = c.tracks[i].rhythm()
+        seen = c.waited_on_s.get(i)
+        if rh is None or seen is None or seen < rh.last_end_s - rh.gap_s - c.cfg.eval_interval_s:
+            continue
+        detail = f"its peers wait through its {rh.gap_s:.0f} s gaps every {rh.period_s:.0f} s"
+        c.cands[i] = Candidate(
+            State.SYNC_STALL, None, Reason.STRAGGLER, detail, c.t, cand.backdate_s
+        )
+        if c.straggler is None:
+            c.straggler = i
+
+
+def all_gpu_pauses(c: RunContext) -> None:
+    """Every working GPU pausing together, for seconds at a time and often enough, is a
+    sync stall: a checkpoint, an evaluation, or a host-side sync."""
+    working = c.working()
+    if not c.pauses.step(c.t, c.prev_eval_s, [c.tracks[i] for i in working], c.run_peak_watts):
+        return
+    since = max(0.0, c.t - c.pauses.first_s)  # from the first pause on
+    for i in working:
+        if c.cands[i].reason is Reason.STRAGGLER:
+            continue  # its peers pause for it: it stays the straggler
+        c.cands[i] = Candidate(
+            State.SYNC_STALL, None, Reason.SYNC_PAUSES, "checkpoint or host sync", c.t, since
+        )
+
+
+RUN_RULES: tuple[RunRule, ...] = (busy_wait, pinned_peers, waited_on_rhythm, all_gpu_pauses)
+
+
+def apply_run_rules(c: RunContext) -> None:
+    """Each rule in turn; a later rule overrides what an earlier one decided."""
+    for rule in RUN_RULES:
+        rule(c)

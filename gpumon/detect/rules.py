@@ -1,0 +1,353 @@
+"""The per-GPU rules: each reads one GPU's window and returns a candidate state, or None.
+
+``classify`` asks them in order; the first that answers decides.  Each rule is one
+statement a person could make about a GPU ("a GPU that fell off the bus is unknown", "gaps
+that recur at a regular interval are starvation even at a high duty cycle"), and each is
+tested on data alone (tests/test_rules.py).  The rules never change the track, except
+``enter_work``, which moves a GPU out of start-up (and is called, once per eval, between
+the rules that need no work and those that judge it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from gpumon.detect.config import DetectorConfig
+from gpumon.detect.gpu import GpuTrack, Window
+from gpumon.model import Cause, Reason, State
+
+
+@dataclass(slots=True)
+class Candidate:
+    """A state a rule proposes, with why; hysteresis decides whether it becomes an episode."""
+
+    state: State
+    cause: Cause | None = None
+    reason: Reason | None = None
+    detail: str | None = None  # numbers for the note ("a 4.5 s gap every 27 s")
+    since_s: float = 0.0
+    backdate_s: float = 0.0  # how far before ``since_s`` the state began
+    clear: bool = False  # far past the threshold: confirm at the next eval
+
+
+@dataclass(slots=True)
+class GpuContext:
+    """What the rules read about one GPU at one eval (built once, shared by the rules)."""
+
+    tr: GpuTrack
+    w: Window
+    t: float
+    cfg: DetectorConfig
+    cause_of: Callable[[float, float], Cause]  # host cause over (t, span)
+    isolated: Callable[[GpuTrack, float, Window], bool]  # one dip, not a pattern
+    duty: float | None = None
+    held: bool | None = None
+    period_s: float = 1.0
+    coarse: bool = False
+
+    def __post_init__(self) -> None:
+        self.duty = self.w.duty
+        self.held = self.tr.held()
+        self.period_s = self.tr.period_s or 1.0
+        self.coarse = self.tr.period_s is None or self.tr.period_s >= self.cfg.coarse_period_s
+
+    def keep(self) -> Candidate:
+        """The GPU's current state, unchanged (a dip, or too soon to tell)."""
+        tr = self.tr
+        return Candidate(tr.state, tr.cause, tr.reason, tr.detail, self.t)
+
+
+Rule = Callable[[GpuContext], Candidate | None]
+
+
+# --- rules that need no work ------------------------------------------------------------
+
+
+def lost_gpu(c: GpuContext) -> Candidate | None:
+    """A GPU that fell off the bus is unknown at once: its last readings mean nothing."""
+    if c.tr.lost:
+        return Candidate(State.UNKNOWN, None, Reason.GPU_LOST, "fell off the bus", c.t, 0, True)
+    return None
+
+
+def stream_begins(c: GpuContext) -> Candidate | None:
+    """Too little data in the first seconds of a stream: start-up, not unknown."""
+    tr, cfg = c.tr, c.cfg
+    if (
+        (c.duty is None or c.w.coverage < cfg.min_coverage)
+        and not tr.seen_work
+        and tr.samples > 0
+        and tr.first_t is not None
+        and c.t - tr.first_t < cfg.window_s
+    ):
+        return Candidate(State.IDLE, None, Reason.START_UP, None, c.t)
+    return None
+
+
+def no_data(c: GpuContext) -> Candidate | None:
+    """No reading, or readings covering too little of the window: unknown, never idle."""
+    if c.duty is not None and c.w.coverage >= c.cfg.min_coverage:
+        return None
+    if c.tr.samples == 0:
+        return Candidate(State.UNKNOWN, None, Reason.NO_DATA, None, c.t)
+    return Candidate(
+        State.UNKNOWN,
+        None,
+        Reason.TOO_LITTLE_DATA,
+        f"too few samples in the last {c.w.span_s:.0f} s",
+        c.t,
+    )
+
+
+# --- start-up ---------------------------------------------------------------------------
+
+
+def enter_work(c: GpuContext) -> None:
+    """Move the GPU out of start-up at its first sustained work, or restart its window when
+    work resumes after idleness (so the idle stretch does not read as starvation)."""
+    tr, cfg, t, w = c.tr, c.cfg, c.t, c.w
+    d = c.duty
+    assert d is not None
+    if not tr.seen_work:
+        full = tr.first_t is not None and t - tr.first_t >= 0.9 * cfg.window_s
+        working = d >= cfg.startup_duty or w.active >= cfg.startup_active
+        if not ((working or w.bursts >= cfg.startup_bursts) and full and w.coverage >= 0.9):
+            return
+        tr.seen_work = True
+        # The work began where the window's activity did; continuous work since a later
+        # point means the blips before it were no work.
+        onset = t - w.active * w.span_s
+        if tr.was_act and t - tr.act_on >= max(2.0, 2 * (tr.period_s or 0.0)) and tr.act_on > onset:
+            onset = tr.act_on
+        tr.work_start_s = onset + (tr.period_s or 0.0)  # skip the first, partial sample
+        tr.work_began_s = tr.work_start_s
+        c.w = tr.window(t, max(cfg.eval_interval_s * 2, t - tr.work_start_s))
+        c.duty = c.w.duty if c.w.duty is not None else d
+        tr.reset_cycles()  # start-up blips are no pattern
+        return
+    if tr.state is State.IDLE and tr.resume_armed and tr.run_busy:
+        tr.resume_armed = False
+        tr.work_start_s = tr.run_start
+
+
+def before_work(c: GpuContext) -> Candidate | None:
+    """Until its first sustained work a GPU is starting up; after ``startup_max_s`` without
+    work it is just idle: holding memory with nothing running, or held by no one."""
+    tr = c.tr
+    if tr.seen_work:
+        return None
+    if c.held is False:
+        return Candidate(State.IDLE, None, Reason.NO_PROCESS, None, c.t)
+    if tr.first_t is not None and c.t - tr.first_t >= c.cfg.startup_max_s:
+        # No work came: it was never starting up, just idle (backdated to the start).
+        reason = Reason.MEMORY_HELD if c.held else Reason.NO_WORK
+        return Candidate(State.IDLE, None, reason, None, c.t, c.t - tr.first_t)
+    return Candidate(State.IDLE, None, Reason.START_UP, None, c.t)
+
+
+def _young_s(c: GpuContext) -> float:
+    """How much work a first judgment needs: 2 s of fine samples, 1.5 coarse ones."""
+    return 2.0 if c.period_s < c.cfg.coarse_period_s else max(3.0, 1.5 * c.period_s)
+
+
+def too_young(c: GpuContext) -> Candidate | None:
+    """Work that has just begun is not judged yet: the GPU stays as it was."""
+    tr = c.tr
+    if (
+        tr.work_start_s is not None
+        and tr.state is State.IDLE
+        and c.t - tr.work_start_s < _young_s(c)
+    ):
+        return c.keep()
+    return None
+
+
+def first_judgment(c: GpuContext) -> Candidate | None:
+    """New work is healthy if its latest samples are (a ramp-up sample or an early start
+    estimate must not read as starvation, nor keep a GPU starved while its window still
+    reaches back to that start)."""
+    tr, cfg = c.tr, c.cfg
+    if tr.work_start_s is None:
+        return None
+    cur = tr.state
+    if not (
+        cur is State.IDLE
+        or (cur is State.STARVED and c.t - c.w.span_s < tr.work_start_s + c.period_s)
+    ):
+        return None
+    young = _young_s(c)
+    wy = tr.window(c.t, max(young, 2 * c.period_s))
+    if (
+        wy.duty is not None
+        and wy.duty >= cfg.healthy_duty
+        and (wy.gaps == 0 or c.period_s >= cfg.coarse_period_s)
+    ):
+        return Candidate(State.HEALTHY, None, None, None, c.t, young)
+    return None
+
+
+# --- judging work -----------------------------------------------------------------------
+
+
+def idle(c: GpuContext) -> Candidate | None:
+    """Almost no activity over the window -- or a gap in progress longer than any dip or
+    than this GPU's own starvation gaps -- is idleness; one short dip of a healthy GPU is
+    not a state change."""
+    tr, cfg, t = c.tr, c.cfg, c.t
+    d = c.duty
+    assert d is not None
+    gap = tr.open_gap_s()
+    long_gap = cfg.idle_gap_s if c.held is False else cfg.dip_max_s
+    if tr.state is State.STARVED and gap >= long_gap:
+        p90 = tr.gap_p90_s(t)
+        if p90 is not None:
+            long_gap = max(long_gap, 2.5 * p90)
+        rh = tr.rhythm()
+        if rh is not None:
+            long_gap = max(long_gap, 2.0 * rh.gap_s + 2 * c.period_s)
+    if d >= cfg.idle_duty and gap >= long_gap:
+        wg = tr.window(t, gap - cfg.eval_interval_s)  # records are per eval
+        if wg.duty is not None and wg.duty < cfg.idle_duty and wg.coverage >= 0.5:
+            d = wg.duty
+    if d >= cfg.idle_duty:
+        return None
+    if (
+        c.held is not False
+        and tr.state in (State.HEALTHY, State.SYNC_STALL)
+        and gap < cfg.dip_max_s
+        and c.isolated(tr, t, c.w)
+    ):
+        return c.keep()  # a dip: keep the state
+    if tr.state is State.STARVED and gap < long_gap and tr.rhythm() is not None:
+        return c.keep()  # inside one of the rhythm's own gaps
+    reason = (
+        Reason.NO_PROCESS if c.held is False else Reason.MEMORY_HELD if c.held else Reason.NO_WORK
+    )
+    return Candidate(State.IDLE, None, reason, None, t, gap)
+
+
+def periodic_gaps(c: GpuContext) -> Candidate | None:
+    """Gaps that recur at a regular interval and take a real share of the time are
+    starvation even at a duty cycle up to ~0.88: a DataLoader restarting its workers every
+    epoch, or a checkpoint or evaluation every N steps."""
+    tr, cfg, t = c.tr, c.cfg, c.t
+    rh = tr.rhythm()
+    if rh is None:
+        return None
+    gap = tr.open_gap_s()
+    if gap > 2.0 * rh.gap_s + 2 * c.period_s:
+        return None  # a gap far longer than the rhythm's own: idleness (the next rule)
+    since_gap = 0.0 if gap > 0 else t - rh.last_end_s
+    if since_gap > 1.5 * rh.period_s:
+        return None  # no gap where the next was due: the pattern has stopped
+    # Over the rhythm itself: from its first gap on (its share of idle time is its own).
+    span = min(cfg.rhythm_window_max_s, max(t - rh.first_start_s, c.w.span_s))
+    if tr.work_began_s is not None:  # never back into start-up (resumes are the rhythm's)
+        span = min(span, max(c.w.span_s, t - tr.work_began_s))
+    wl = tr.window(t, span)
+    if wl.duty is None or wl.coverage < cfg.min_coverage:
+        return None
+    need = cfg.rhythm_exit_share if tr.state is State.STARVED else cfg.rhythm_idle_share
+    if 1.0 - wl.duty < need or wl.duty < cfg.idle_duty:
+        return None
+    long_period = rh.period_s >= 10.0
+    detail = f"a {rh.gap_s:.1f} s gap every {rh.period_s:.0f} s" if long_period else None
+    return Candidate(
+        State.STARVED,
+        c.cause_of(t, span),
+        Reason.PERIODIC_GAPS if long_period else None,
+        detail,
+        t,
+        max(0.0, t - rh.first_start_s),
+        clear=wl.duty < cfg.starved_duty - cfg.clear_margin,
+    )
+
+
+def healthy(c: GpuContext) -> Candidate | None:
+    """A duty cycle at the healthy level (or above the starved line for a GPU that is not
+    starved: hysteresis) is healthy."""
+    d, cfg = c.duty, c.cfg
+    assert d is not None
+    if d >= cfg.healthy_duty:
+        return Candidate(State.HEALTHY, None, None, None, c.t, c.w.span_s * 0.5)
+    if d < cfg.starved_duty or c.tr.state is State.STARVED:
+        return None
+    # In the band between: hysteresis keeps a GPU healthy -- unless the duty cycle has
+    # stayed below the line for a long window: that is no borderline flicker.
+    wl = c.tr.window(c.t, cfg.sustained_window_s)
+    if wl.duty is not None and wl.coverage >= 0.9 and wl.duty < cfg.sustained_duty:
+        return None
+    return Candidate(State.HEALTHY, None, None, None, c.t, c.w.span_s * 0.5)
+
+
+def healthy_dip(c: GpuContext) -> Candidate | None:
+    """One isolated dip of a healthy GPU (a checkpoint, a hand-over) keeps it healthy."""
+    tr = c.tr
+    if tr.state is State.HEALTHY and c.isolated(tr, c.t, c.w) and tr.open_gap_s() < c.cfg.dip_max_s:
+        return Candidate(tr.state, None, None, None, c.t)
+    return None
+
+
+def bursty(w: Window) -> bool:
+    """Bursts and gaps both seen in the window: work that stops and starts."""
+    return w.bursts >= 2 and w.gaps >= 2
+
+
+def coarse_unjudgeable(c: GpuContext) -> Candidate | None:
+    """On coarse data a low *flat* duty cycle with no sign that a process holds the GPU
+    could be small work; bursts and gaps are starvation's signature whatever the rest."""
+    if not c.coarse or c.held is True or bursty(c.w):
+        return None
+    why = "no process information" if c.held is None else "no visible process"
+    return Candidate(
+        State.UNKNOWN,
+        None,
+        Reason.COARSE_DATA,
+        f"one sample per {c.period_s:.1f} s and {why}; a low flat duty cycle could be small work",
+        c.t,
+    )
+
+
+def starved(c: GpuContext) -> Candidate | None:
+    """What is left -- a working GPU below the healthy duty cycle -- waits on its input."""
+    d, cfg = c.duty, c.cfg
+    assert d is not None
+    detail = f"one sample per {c.period_s:.1f} s, judged on the duty cycle alone"
+    return Candidate(
+        State.STARVED,
+        c.cause_of(c.t, c.w.span_s),
+        Reason.COARSE_DATA if c.coarse else None,
+        detail if c.coarse else None,
+        c.t,
+        c.w.span_s * 0.4,
+        clear=d < cfg.starved_duty - cfg.clear_margin,
+    )
+
+
+BEFORE_WORK: tuple[Rule, ...] = (lost_gpu, stream_begins, no_data)
+ON_WORK: tuple[Rule, ...] = (
+    before_work,
+    too_young,
+    first_judgment,
+    periodic_gaps,
+    idle,
+    healthy,
+    healthy_dip,
+    coarse_unjudgeable,
+    starved,
+)
+
+
+def classify(c: GpuContext) -> Candidate:
+    """The first rule that answers decides (``starved`` always answers)."""
+    for rule in BEFORE_WORK:
+        found = rule(c)
+        if found is not None:
+            return found
+    enter_work(c)
+    for rule in ON_WORK:
+        found = rule(c)
+        if found is not None:
+            return found
+    raise AssertionError("the last rule always answers")

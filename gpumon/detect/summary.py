@@ -1,0 +1,215 @@
+"""The one run summary: what a whole run (or one GPU of it) amounts to, for every face.
+
+The detector's verdict is the state *now*; a run is summed up by what took its time.
+``gpumon analyze``, the watch summary, ``gpumon demo``, the daemon's stop line and the
+dstat plugin all read this one summary, so one run never gets two answers.
+
+The rule, in words: a problem (starved, sync stall) is the verdict once it takes at least
+``PROBLEM_SHARE`` of the working time (healthy + starved + sync stall; start-up and idle
+are not work) -- the bigger problem if both do; else healthy if the GPUs worked at all;
+else idle, or unknown if nothing could be classified.  A starved verdict's cause is the
+cause that held most of the starved time.
+
+Everything is kept as running totals over closed episodes (bounded, however long the
+run); open episodes are counted up to "now" when a summary is asked for.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from gpumon.model import Cause, Episode, Reason, State
+
+# Share of the working time a problem must take to become a run's verdict: a few minutes
+# of starvation in a day-long healthy run are episodes worth listing, not the verdict.
+PROBLEM_SHARE = 0.1
+WORK = (State.HEALTHY, State.STARVED, State.SYNC_STALL)
+_MAX_ADVICE = 64  # distinct advice texts weighed (they carry numbers, so they vary)
+
+
+def run_verdict(
+    seconds: Mapping[State, float], by_cause: Mapping[Cause, float] | None = None
+) -> tuple[State, Cause | None]:
+    """The state (and cause) that sums up a run or one GPU, by the rule above."""
+    work = sum(seconds.get(s, 0.0) for s in WORK)
+    starved, stall = seconds.get(State.STARVED, 0.0), seconds.get(State.SYNC_STALL, 0.0)
+    if work > 0 and max(starved, stall) >= PROBLEM_SHARE * work:
+        if stall >= starved:
+            return State.SYNC_STALL, None
+        causes = by_cause or {}
+        return State.STARVED, max(causes, key=causes.__getitem__, default=Cause.UNKNOWN)
+    if seconds.get(State.HEALTHY, 0.0) > 0:
+        return State.HEALTHY, None
+    idle, unknown = seconds.get(State.IDLE, 0.0), seconds.get(State.UNKNOWN, 0.0)
+    if idle > 0 and idle >= unknown:
+        return State.IDLE, None
+    return State.UNKNOWN, None
+
+
+@dataclass(slots=True)
+class Tally:
+    """Running totals over one key's episodes (the run's, or one GPU's)."""
+
+    seconds: dict[State, float] = field(default_factory=lambda: dict.fromkeys(State, 0.0))
+    starved_by_cause: dict[Cause, float] = field(default_factory=dict)
+    # (state, reason) -> [seconds, longest duration, that episode's note]
+    reasons: dict[tuple[State, Reason], list] = field(default_factory=dict)
+    startup_s: float = 0.0
+    episodes: int = 0
+
+    def add(self, ep: Episode, end_s: float) -> None:
+        dur = max(0.0, end_s - ep.start_s)
+        self.episodes += 1
+        self.seconds[ep.state] += dur
+        if ep.state is State.STARVED:
+            c = ep.cause or Cause.UNKNOWN
+            self.starved_by_cause[c] = self.starved_by_cause.get(c, 0.0) + dur
+        if ep.reason is Reason.START_UP:
+            self.startup_s += dur
+        if ep.reason is not None:
+            row = self.reasons.setdefault((ep.state, ep.reason), [0.0, -1.0, None])
+            row[0] += dur
+            if dur > row[1]:
+                row[1], row[2] = dur, ep.note
+
+    def copy(self) -> Tally:
+        return Tally(
+            dict(self.seconds),
+            dict(self.starved_by_cause),
+            {k: list(v) for k, v in self.reasons.items()},
+            self.startup_s,
+            self.episodes,
+        )
+
+    def verdict(self) -> tuple[State, Cause | None]:
+        return run_verdict(self.seconds, self.starved_by_cause)
+
+    def main_reason(self, state: State) -> tuple[Reason, str | None] | None:
+        """The reason that held most of ``state``'s time, with its longest note."""
+        rows = [(v[0], r, v[2]) for (s, r), v in self.reasons.items() if s is state and v[0] > 0]
+        if not rows:
+            return None
+        _, reason, note = max(rows, key=lambda x: x[0])
+        return reason, note
+
+
+@dataclass(slots=True)
+class AdviceWeights:
+    """Seconds behind each advice text, per (state, cause): the verdict's advice is the
+    advice of the episodes that made it, most time first."""
+
+    weights: dict[tuple[State, Cause | None], dict[str, float]] = field(default_factory=dict)
+
+    def add(self, ep: Episode, end_s: float) -> None:
+        if not ep.advice:
+            return
+        dur = max(0.0, end_s - ep.start_s)
+        row = self.weights.setdefault((ep.state, ep.cause), {})
+        for a in ep.advice:
+            row[a] = row.get(a, 0.0) + dur
+        if len(row) > _MAX_ADVICE:
+            for a in sorted(row, key=row.__getitem__)[: len(row) - _MAX_ADVICE]:
+                del row[a]
+
+    def copy(self) -> AdviceWeights:
+        return AdviceWeights({k: dict(v) for k, v in self.weights.items()})
+
+    def for_verdict(self, state: State, cause: Cause | None) -> tuple[str, ...]:
+        merged: dict[str, float] = {}
+        for (s, c), row in self.weights.items():
+            if s is state and (cause is None or c == cause):
+                for a, w in row.items():
+                    merged[a] = merged.get(a, 0.0) + w
+        return tuple(sorted(merged, key=lambda a: -merged[a]))
+
+
+@dataclass(frozen=True, slots=True)
+class GpuRun:
+    """One GPU over the run."""
+
+    gpu: int
+    uuid: str
+    verdict: State
+    cause: Cause | None
+    duty_cycle: float | None  # busy share of all its samples, 0-1
+    samples: int
+    seconds: dict[State, float]
+
+
+@dataclass(frozen=True, slots=True)
+class RunSummary:
+    """What the run amounts to: the verdict every face reports, with its numbers."""
+
+    verdict: State
+    cause: Cause | None
+    reason: Reason | None  # the verdict's main reason (periodic gaps, straggler, ...)
+    seconds: dict[State, float]  # the run's time per state
+    startup_s: float  # of the idle time, the start-up before the first work
+    duty_cycle: float | None  # mean over the GPUs
+    effective_gpus: float | None  # GPUs of work delivered (sum of duty cycles)
+    lost_gpu_seconds: float
+    straggler: int | None
+    advice: tuple[str, ...]
+    notes: tuple[str, ...]  # what the verdict rests on, and what it cannot tell
+    gpus: tuple[GpuRun, ...]
+
+    @property
+    def working_s(self) -> float:
+        return sum(self.seconds.get(s, 0.0) for s in WORK)
+
+    def share(self, states: Iterable[State]) -> float:
+        """Share of all classified time spent in ``states`` (0 when nothing classified)."""
+        total = sum(self.seconds.values())
+        return 0.0 if total <= 0 else sum(self.seconds.get(s, 0.0) for s in states) / total
+
+
+# Alternatives a person should weigh when the verdict cannot tell them apart alone.
+_ALTERNATIVES = {
+    Reason.PERIODIC_GAPS: (
+        "a regular gap like this is either the input pipeline stalling once per epoch (a "
+        "DataLoader restarting its workers: persistent_workers=True fixes it) or a "
+        "checkpoint or evaluation every N steps; host data tells them apart (gpumon watch "
+        "--pid: a loader restart shows workers starting, a checkpoint shows disk writes)"
+    ),
+    Reason.SYNC_PAUSES: (
+        "all GPUs pausing together is a checkpoint, an evaluation, a host-side sync -- or "
+        "an input pipeline stalling on every rank at once (e.g. at epoch boundaries); "
+        "host data tells them apart (disk writes for a checkpoint, workers starting for "
+        "a loader restart)"
+    ),
+}
+
+
+def notes_for(
+    verdict: State, tally: Tally, host_seen: bool, coarse_period_s: float | None
+) -> tuple[str, ...]:
+    """What the verdict rests on and what it cannot tell, in sentences."""
+    out: list[str] = []
+    main = tally.main_reason(verdict)
+    if main is not None:
+        reason, note = main
+        if reason is Reason.SHORT_LOG and note:
+            out.append(f"{note}: too few to be sure")
+        elif reason in _ALTERNATIVES:
+            if note:
+                out.append(note)
+            if not host_seen:
+                out.append(_ALTERNATIVES[reason])
+        elif (
+            reason is Reason.STRAGGLER
+            and note
+            and "read busy" in note
+            and verdict is State.SYNC_STALL
+        ):
+            out.append(
+                "the straggler's peers read busy while it idles (no power reading shows "
+                "them waiting): in data-parallel training they wait on it; if these GPUs "
+                "run separate jobs, it is simply starved"
+            )
+    if coarse_period_s is not None and verdict in (State.STARVED, State.HEALTHY):
+        out.append(
+            f"one sample per {coarse_period_s:.1f} s: bursts and gaps shorter than that are "
+            "not seen, the verdict rests on the duty cycle"
+        )
+    return tuple(out)
