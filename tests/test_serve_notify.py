@@ -149,3 +149,36 @@ def test_a_sampling_loop_stuck_in_nvml_stops_the_pings(
     assert d.metrics()["gpumon_samples_total"] == ticks_then  # and the loop is really stuck
     d.proc.kill()
     d.stop()
+
+
+# --------------------------------------------------------------------------- the unit
+UNIT = Path(__file__).resolve().parent.parent / "deploy" / "systemd" / "gpumon.service"
+DOCS = Path(__file__).resolve().parent.parent / "docs" / "serve.md"
+
+
+def unit_settings() -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for line in UNIT.read_text().splitlines():
+        if "=" in line and not line.lstrip().startswith(("#", ";", "[")):
+            k, v = line.split("=", 1)
+            out.setdefault(k.strip(), []).append(v.strip())
+    return out
+
+
+def test_the_unit_waits_for_ready_and_keeps_a_watchdog() -> None:
+    s = unit_settings()
+    assert s["Type"] == ["notify"] and s["NotifyAccess"] == ["main"]
+    period = s["WatchdogSec"][0]
+    assert period.endswith("s") and 10 <= int(period[:-1]) <= 120
+    # The default interval (1 s) leaves the loop far inside the watchdog's patience.
+    assert stale_after_s(1.0, float(period[:-1])) < float(period[:-1])
+    assert s["UMask"] == ["0027"]  # a reopened log is 0640, as logrotate creates it
+
+
+def test_the_docs_list_every_capability_the_unit_keeps() -> None:
+    caps = unit_settings()["CapabilityBoundingSet"][0].split()
+    docs = DOCS.read_text()
+    missing = [c for c in caps if f"`{c}`" not in docs]
+    assert not missing, f"docs/serve.md does not list {missing}"
+    for word in ("Type=notify", "WatchdogSec", "UMask=0027"):
+        assert word in docs, word
