@@ -221,7 +221,10 @@ class Detector:
             if duty is not None:
                 duty = min(1.0, max(0.0, duty))
                 duties.append(duty)
-            gpus.append(GpuRun(idx, tr.uuid, gstate, gcause, duty, tr.samples, tally.seconds))
+            lost_s = tally.reason_s(State.UNKNOWN, Reason.GPU_LOST)
+            gpus.append(
+                GpuRun(idx, tr.uuid, gstate, gcause, duty, tr.samples, tally.seconds, lost_s)
+            )
         coarse = [tr.period_s for tr in self._tracks.values() if tr.period_s is not None]
         coarse_s = max(coarse) if coarse and max(coarse) >= self.cfg.coarse_period_s else None
         adv = advice.for_verdict(state, cause) if state is not State.HEALTHY else ()

@@ -454,26 +454,38 @@ class GpuTrack:
 
 def find_rhythm(gaps: list[tuple[float, float]], cfg: DetectorConfig) -> Rhythm | None:
     """Regular recurrence among ``(start, end)`` gaps, newest last: the longest recent run
-    of at least ``rhythm_min_gaps`` gaps whose start-to-start intervals agree."""
+    of at least ``rhythm_min_gaps`` gaps whose start-to-start intervals agree.
+
+    One pass backwards from the newest gap with running sums (it runs whenever a gap
+    completes, which on a starved stream is several times a second).
+    """
     n_min = cfg.rhythm_min_gaps
-    if len(gaps) < n_min:
+    n = len(gaps)
+    if n < n_min:
         return None
-    best: Rhythm | None = None
-    # Grow the run backwards from the newest gap while the intervals stay regular.
-    for k in range(n_min, len(gaps) + 1):
-        run = gaps[-k:]
-        starts = [a for a, _ in run]
-        iv = [b - a for a, b in pairwise(starts)]
-        mean = sum(iv) / len(iv)
-        if mean <= 0:
+    best_k = 0
+    best_cv = 0.0
+    total = total_sq = 0.0
+    lo, hi = float("inf"), 0.0
+    for k in range(2, n + 1):  # the run is gaps[-k:]; its newest interval joins each step
+        iv = gaps[n - k + 1][0] - gaps[n - k][0]
+        if iv <= 0:
             break
-        var = sum((x - mean) ** 2 for x in iv) / len(iv)
-        cv = var**0.5 / mean
-        # Two intervals are thin evidence: they must agree closely.
-        ratio = cfg.rhythm_max_ratio if len(iv) > 2 else cfg.rhythm_max_ratio_2
-        if cv > cfg.rhythm_max_cv or max(iv) > ratio * min(iv):
+        total += iv
+        total_sq += iv * iv
+        lo, hi = min(lo, iv), max(hi, iv)
+        m = k - 1  # intervals in the run
+        if k < n_min:
+            continue
+        mean = total / m
+        cv = max(0.0, total_sq / m - mean * mean) ** 0.5 / mean
+        ratio = cfg.rhythm_max_ratio if m > 2 else cfg.rhythm_max_ratio_2
+        if cv > cfg.rhythm_max_cv or hi > ratio * lo:
             break
-        lens = sorted(b - a for a, b in run)
-        iv.sort()
-        best = Rhythm(iv[len(iv) // 2], lens[len(lens) // 2], k, run[0][0], run[-1][1], cv)
-    return best
+        best_k, best_cv = k, cv
+    if not best_k:
+        return None
+    run = gaps[n - best_k :]
+    ivs = sorted(b[0] - a[0] for a, b in pairwise(run))
+    lens = sorted(b - a for a, b in run)
+    return Rhythm(ivs[len(ivs) // 2], lens[len(lens) // 2], best_k, run[0][0], run[-1][1], best_cv)

@@ -235,6 +235,8 @@ def periodic_gaps(c: GpuContext) -> Candidate | None:
     rh = tr.rhythm()
     if rh is None:
         return None
+    if rh.period_s < cfg.window_s and c.duty is not None and c.duty < cfg.starved_duty:
+        return None  # a short rhythm well below the line: plain starvation (``starved``)
     gap = tr.open_gap_s()
     if gap > 2.0 * rh.gap_s + 2 * c.period_s:
         return None  # a gap far longer than the rhythm's own: idleness (the next rule)

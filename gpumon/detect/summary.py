@@ -85,6 +85,10 @@ class Tally:
     def verdict(self) -> tuple[State, Cause | None]:
         return run_verdict(self.seconds, self.starved_by_cause)
 
+    def reason_s(self, state: State, reason: Reason) -> float:
+        row = self.reasons.get((state, reason))
+        return row[0] if row else 0.0
+
     def main_reason(self, state: State) -> tuple[Reason, str | None] | None:
         """The reason that held most of ``state``'s time, with its longest note."""
         rows = [(v[0], r, v[2]) for (s, r), v in self.reasons.items() if s is state and v[0] > 0]
@@ -135,6 +139,7 @@ class GpuRun:
     duty_cycle: float | None  # busy share of all its samples, 0-1
     samples: int
     seconds: dict[State, float]
+    lost_s: float = 0.0  # time it was off the bus (unknown, GPU lost)
 
 
 @dataclass(frozen=True, slots=True)
