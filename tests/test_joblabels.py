@@ -296,3 +296,52 @@ def test_without_the_socket_mounted_nothing_is_asked(tmp_path: Path) -> None:
         pytest.skip("this machine runs a kubelet")
     assert r.pod_resources is None
     assert JobResolver(["slurm"], procfs=str(tmp_path)).pod_resources is None
+
+
+# --------------------------------------------------------------------------- the daemon
+class _OneTick:
+    """A Monitor whose every tick is the one given."""
+
+    nvml = None
+
+    def __init__(self, tick: object) -> None:
+        self._tick = tick
+
+    def tick(self) -> object:
+        return self._tick
+
+
+def test_the_daemon_exports_the_kubelets_names(kubelet: Kubelet, tmp_path: Path) -> None:
+    """gpumon serve's own path: a GPU's process list in, the job-info series out."""
+    from prometheus_client import generate_latest
+
+    from gpumon.faces.serve.collector import make_registry
+    from gpumon.faces.serve.config import ServeConfig
+    from gpumon.faces.serve.daemon import ServeState
+    from gpumon.faces.serve.log import EventLog
+    from gpumon.model import GpuIdentity, GpuProcess, GpuSample, HostSample, Snapshot
+    from gpumon.monitor import Monitor, Tick
+
+    fake_proc(tmp_path / "proc", 4242, IN_POD)
+    idents = (GpuIdentity(0, GPU_A), GpuIdentity(1, GPU_B))
+    state = ServeState(
+        Monitor(None),
+        ServeConfig(process_trees=False),
+        EventLog(""),
+        resolver=resolver(kubelet.socket, tmp_path / "proc"),
+        gpus=idents,
+    )
+    gpus = tuple(
+        GpuSample(t_s=1.0, gpu=g.index, uuid=g.uuid, util_pct=90.0,
+                  processes=(GpuProcess(4242),) if g.index == 0 else ())
+        for g in idents
+    )  # fmt: skip
+    snap = Snapshot(t_s=1.0, gpus=gpus, host=HostSample(t_s=1.0, cpu_pct=10.0))
+    state.monitor = _OneTick(Tick(snap, sample_duration_s=0.001))  # type: ignore[assignment]
+    state.step()
+    assert state.tick_errors_total == 0
+    text = generate_latest(make_registry(state)).decode()  # type: ignore[arg-type]
+    info = [ln for ln in text.splitlines() if ln.startswith("gpumon_gpu_job_info{")]
+    assert len(info) == 1, info
+    for label in ('gpu="0"', 'pod="bert-0"', 'namespace="ml"', 'container="trainer"'):
+        assert label in info[0], info[0]

@@ -334,7 +334,8 @@ class ServeState:
             pids = frozenset(p.pid for p in g.processes)
             all_pids.update(pids)
             if rt is None or pids != rt.pids:
-                labels = {self.resolver.labels(pid) for pid in sorted(pids)}
+                # The GPU's UUID lets the kubelet's pod-resources socket name the pod.
+                labels = {self.resolver.labels(pid, g.uuid) for pid in sorted(pids)}
                 jobs = tuple(
                     sorted(
                         (lb for lb in labels if lb.known),
