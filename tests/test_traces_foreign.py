@@ -12,10 +12,11 @@ import pytest
 
 from gpumon.errors import TraceFormatError
 from gpumon.model import GpuIdentity, GpuSample, Snapshot, TraceHeader
-from gpumon.traces import dmon, nvsmi_csv, nvsmi_table, simple_csv
-from gpumon.traces._common import num, nvsmi_time
+from gpumon.traces import dmon, nvsmi_table, tabular
+from gpumon.traces._common import num
 from gpumon.traces.jsonl import TraceWriter
 from gpumon.traces.sniff import open_trace, read_lines
+from gpumon.traces.timefmt import date_time
 
 LOGS = Path(__file__).parent / "data" / "logs"
 MIB = 1 << 20
@@ -72,8 +73,8 @@ def test_garbage_cell_raises() -> None:
 
 
 def test_nvsmi_timestamp() -> None:
-    assert nvsmi_time("2024/05/01 12:00:00.123") == pytest.approx(1714564800.123)
-    assert nvsmi_time(" 2024/05/02 00:00:01.000") == pytest.approx(1714608001.0)
+    assert date_time("2024/05/01 12:00:00.123") == pytest.approx(1714564800.123)
+    assert date_time(" 2024/05/02 00:00:01.000") == pytest.approx(1714608001.0)
 
 
 # --- nvidia-smi CSV ---------------------------------------------------------------------
@@ -401,7 +402,13 @@ def test_unrecognised_file_lists_formats_tried() -> None:
         load("bad_unknown.txt")
     msg = str(err.value)
     assert err.value.line == 1 and "'hello'" in msg
-    for fmt in ("gpumon trace", "dmon", "--query-gpu CSV", "nvidia-smi tables", "time column"):
+    for fmt in (
+        "gpumon trace",
+        "dmon",
+        "--query-gpu CSV",
+        "nvidia-smi tables",
+        "named in its header",
+    ):
         assert fmt in msg
 
 
@@ -443,7 +450,7 @@ def test_readers_are_lazy() -> None:
     _, _, snaps = read_lines(lines(), "nvidia-smi-csv")
     first = next(snaps)
     assert len(first.gpus) == 2
-    assert consumed <= nvsmi_csv.PREFIX_ROWS + 10
+    assert consumed <= tabular.PREFIX_LINES + 10
 
 
 def test_gpumon_trace_through_open_trace(tmp_path: Path) -> None:
@@ -465,14 +472,14 @@ def test_gpumon_trace_through_open_trace(tmp_path: Path) -> None:
 
 def test_readers_are_pure_functions_of_lines() -> None:
     for reader, name in (
-        (nvsmi_csv, "nvsmi_units_index.csv"),
+        (tabular, "nvsmi_units_index.csv"),
         (dmon, "dmon_default.txt"),
         (nvsmi_table, "table_470.txt"),
-        (simple_csv, "simple.csv"),
+        (tabular, "simple.csv"),
     ):
         lines = (LOGS / name).read_text().splitlines(keepends=True)
         header, snaps = reader.read(lines, path=name)
-        assert header.source == reader.FORMAT
+        assert header.source in (reader.FORMAT, tabular.NVSMI)
         assert len(list(snaps)) > 10
 
 

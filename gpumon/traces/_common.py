@@ -1,18 +1,17 @@
-"""What the readers of foreign logs (nvidia-smi CSV, dmon, tables, home-made CSV) share.
+"""What the readers of foreign logs share: cells to numbers, errors naming the line, and the
+assembler that groups per-GPU rows into one ``Snapshot`` per tick.
 
-Pure helpers: cell parsing where "no reading" becomes ``None`` (never 0), timestamp
-parsing cached per day, inference of the GPU count when a log has no index column, and
-the assembler that groups per-GPU rows into one ``Snapshot`` per tick -- or, for
-sub-second logs, per ~1 s window with one point per row, which is how gpumon's own
-sampler hands the detector the driver's utilisation buffer.
+Pure helpers.  "No reading" becomes ``None``, never 0.  Every parser here is linear in its
+input (no regular expression that can backtrack): the cells come from files people send.
+Sub-second logs are gathered into ~1 s windows with one utilisation point per row, which is
+how gpumon's own sampler hands the detector the driver's utilisation buffer.
 """
 
 from __future__ import annotations
 
-import calendar
 import itertools
-import re
 from collections.abc import Callable, Iterable, Sequence
+from math import isfinite
 from typing import Any
 
 from gpumon.errors import TraceFormatError
@@ -25,61 +24,144 @@ MIB = 1 << 20
 SUB_SECOND_S = 0.9
 WINDOW_S = 1.0
 
+# The cells every tool writes for "no reading", lower-cased.
+_NO_READING = frozenset(
+    (
+        "-",
+        "--",
+        "n/a",
+        "na",
+        "nan",
+        "none",
+        "null",
+        "??",
+        "?",
+        "err!",
+        "unknown",
+        "not supported",
+        "notsupported",
+        "not active",
+    )
+)
+_NUMBER_CHARS = frozenset("0123456789.,+-eE")
+_UNIT_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ%°'/ µ")
+# Unit -> factor to MiB for memory cells (nvidia-smi and gpustat "MB" are MiB).
+_MEMORY_UNITS = {
+    "": 1.0,
+    "mib": 1.0,
+    "mb": 1.0,
+    "m": 1.0,
+    "gib": 1024.0,
+    "gb": 1024.0,
+    "g": 1024.0,
+    "kib": 1 / 1024,
+    "kb": 1 / 1024,
+    "k": 1 / 1024,
+    "b": 1 / MIB,
+    "bytes": 1 / MIB,
+    "tib": 1024.0 * 1024,
+    "tb": 1024.0 * 1024,
+}
+
+
+def is_no_reading(cell: str) -> bool:
+    s = cell.strip().lower()
+    return not s or s in _NO_READING or s[0] == "[" or s.startswith(("n/a", "err"))
+
+
+def split_number(cell: str) -> tuple[float, str] | None:
+    """``"150.20 W"`` -> ``(150.2, "w")``; ``None`` for a no-reading cell.
+
+    Accepts units glued or spaced (``34C``, ``45'C``, ``80°C``, ``4MiB``), a decimal comma
+    (``12,5``), surrounding quotes.  Raises ``ValueError`` naming the cell for anything else.
+    One pass over the cell: linear whatever it holds.
+    """
+    s = cell.strip().strip('"').strip()
+    if not s:
+        return None
+    try:
+        v = float(s)
+    except ValueError:
+        pass
+    else:
+        if isfinite(v):
+            return v, ""
+        if v != v:
+            return None  # "nan": no reading
+        raise ValueError(f"{s!r} is not a finite number")
+    if is_no_reading(s):
+        return None
+    end = 0
+    n = len(s)
+    while end < n and s[end] in _NUMBER_CHARS:
+        end += 1
+    # An exponent letter followed by no digit belongs to the unit ("12e", "5 E:").
+    while end > 0 and s[end - 1] in "eE+-,.":
+        end -= 1
+    unit = s[end:].strip()
+    if end == 0 or len(unit) > 16 or any(c not in _UNIT_CHARS for c in unit):
+        raise ValueError(f"{s!r} is not a number")
+    text = s[:end]
+    if "," in text:
+        text = text.replace(",", ".") if "." not in text else text.replace(",", "")
+    try:
+        v = float(text)
+    except ValueError:
+        raise ValueError(f"{s!r} is not a number") from None
+    if not isfinite(v):
+        raise ValueError(f"{s!r} is not a finite number")
+    return v, unit.lower()
+
 
 def num(cell: str) -> float | None:
     """A numeric cell with or without its unit (``92 %``, ``150.20 W``, ``34C``).
 
-    ``[N/A]``, ``N/A``, ``[Not Supported]``, ``-``, ``ERR!`` and empty cells are no reading.
-    Anything else that is not a number raises ``ValueError`` (the caller names the line).
+    ``[N/A]``, ``N/A``, ``[Not Supported]``, ``??``, ``-``, ``ERR!``, ``nan`` and empty cells
+    are no reading.  Anything else that is not a number raises ``ValueError`` saying so.
     """
+    got = split_number(cell)
+    return None if got is None else got[0]
+
+
+def fnum(cell: str) -> float | None:
+    """``num`` with a fast path for the common ``92``, ``49140 MiB``, ``150.20 W``."""
+    try:
+        v = float(cell.rstrip(" %WMiBHzC\r\n"))
+    except ValueError:
+        return num(cell)
+    return v if isfinite(v) else num(cell)  # "nan" is no reading, "inf" an error
+
+
+def mem_mib(cell: str, default_scale: float = 1.0) -> float | None:
+    """A memory cell in MiB, whatever unit it carries (``24 GiB``, ``7982 MB``, ``512``);
+    a bare number is scaled by ``default_scale`` (the unit named in the header)."""
     s = cell.strip()
-    if not s:
+    if s.endswith(" MiB"):  # nvidia-smi's own: the common case, without the general parser
+        try:
+            return float(s[:-4])
+        except ValueError:
+            pass
+    got = split_number(s)
+    if got is None:
         return None
-    c = s[0]
-    if c == "[" or c == "N" or c == "E" or c == "U" or s == "-" or c == "n":
-        return None
-    end = s.find(" ")
-    if end > 0:
-        s = s[:end]
-    while s and not (s[-1].isdigit() or s[-1] == "."):
-        s = s[:-1]  # trailing unit glued to the number: 34C, 61W, 4MiB, 0%
-    return float(s)
+    value, unit = got
+    if not unit:
+        return value * default_scale
+    factor = _MEMORY_UNITS.get(unit)
+    if factor is None:
+        raise ValueError(f"{cell.strip()!r} is not an amount of memory")
+    return value * factor
 
 
 def mib_bytes(value: float | None) -> int | None:
     return None if value is None else int(value * MIB)
 
 
-# --- timestamps -------------------------------------------------------------------------
-
-_day_cache: dict[str, int] = {}
-
-
-def nvsmi_time(cell: str) -> float:
-    """``2024/05/01 12:00:00.123`` (nvidia-smi's CSV timestamp) as Unix seconds.
-
-    nvidia-smi writes the logging machine's local time without a zone; it is read as UTC
-    (the header says so), which keeps durations right and results reproducible.  The
-    per-day epoch is cached: parsing must stay cheap for millions of rows.
-    """
-    s = cell.strip()
-    day = s[:10]
-    base = _day_cache.get(day)
-    if base is None:
-        y, m, d = int(day[0:4]), int(day[5:7]), int(day[8:10])
-        base = calendar.timegm((y, m, d, 0, 0, 0, 0, 0, 0))
-        _day_cache[day] = base
-    return base + int(s[11:13]) * 3600 + int(s[14:16]) * 60 + float(s[17:])
-
-
-NVSMI_TIME_RE = re.compile(r"^\s*\d{4}/\d{2}/\d{2} \d{2}:\d{2}:\d{2}(\.\d+)?\s*$")
-
-
-# --- GPU count inference ----------------------------------------------------------------
+# --- GPU count from row times (used when rows carry no GPU column) ----------------------
 
 
 def split_threshold(times: Sequence[float]) -> tuple[int, float] | None:
-    """From row times of a log without a GPU column: (GPUs per tick, split threshold).
+    """From row times of a log without a GPU column: (rows per tick, split threshold).
 
     The rows of one tick are close together (often equal); ticks are one interval apart.
     The threshold sits in the widest ratio gap of the sorted deltas.  None when every delta
@@ -89,73 +171,42 @@ def split_threshold(times: Sequence[float]) -> tuple[int, float] | None:
     if len(deltas) < 2:
         return None
     best_ratio, split = 0.0, None
+    # 1 ms of slack: nvidia-smi stamps have ms resolution, so 0 and 2 ms apart are alike.
     for a, b in itertools.pairwise(deltas):
-        ratio = (b + 1e-6) / (a + 1e-6)
+        if a < 0:
+            continue
+        ratio = (b + 1e-3) / (a + 1e-3)
         if ratio > best_ratio:
             best_ratio, split = ratio, (a + b) / 2
     if split is None or best_ratio < 4.0:
         return None
-    runs: list[int] = []
-    run = 1
-    for a, b in itertools.pairwise(times):
-        if b - a > split:
-            runs.append(run)
-            run = 1
-        else:
-            run += 1
-    # Complete ticks only (the prefix may end mid-tick); a rare long pause in a one-GPU
-    # log also makes a "gap", but then the runs do not agree on one length.
-    if len(runs) < 3:
+    runs = tick_runs(times, split)
+    # Complete ticks only (the prefix may start and end mid-tick); a rare long pause in a
+    # one-GPU log also makes a "gap", but then the runs do not agree on one length.
+    inner = runs[1:-1] if len(runs) > 4 else runs
+    if len(inner) < 3:
         return None
     counts: dict[int, int] = {}
-    for r in runs:
+    for r in inner:
         counts[r] = counts.get(r, 0) + 1
     n = max(counts, key=lambda k: (counts[k], k))
-    if n < 2 or n > 64 or counts[n] < 0.6 * len(runs):
+    if n < 2 or n > 64 or counts[n] < 0.75 * len(inner):
         return None
     return n, split
 
 
-def repeat_period(keys: Sequence[object], max_gpus: int = 16) -> int | None:
-    """The smallest p such that row i and row i+p agree (≥ 90 %) on slow-moving values.
-
-    Used when a log has neither a GPU column nor usable times: a GPU's memory use and
-    power cap barely change from tick to tick, so the per-GPU pattern repeats.  None when
-    nothing repeats.
-    """
-    n = len(keys)
-    for p in range(1, min(max_gpus, n // 3) + 1):
-        pairs = n - p
-        same = sum(1 for i in range(pairs) if keys[i] == keys[i + p])
-        if same >= 0.9 * pairs:
-            return p
-    return None
-
-
-class Positional:
-    """GPU index by position within a tick, for logs that print GPUs as consecutive rows."""
-
-    __slots__ = ("_n", "_pos", "_split", "_t")
-
-    def __init__(self, n: int, split: float | None):
-        self._n = n
-        self._split = split
-        self._pos = -1
-        self._t = float("-inf")
-
-    def gpu(self, t: float | None) -> int:
-        pos = self._pos + 1
-        if pos >= self._n or (
-            t is not None and self._split is not None and t - self._t > self._split
-        ):
-            pos = 0
-        if pos == 0 and t is not None:
-            self._t = t
-        self._pos = pos
-        return pos
-
-    def reset(self) -> None:
-        self._pos = -1
+def tick_runs(times: Sequence[float], split: float) -> list[int]:
+    """Lengths of the runs of rows whose successive times are within ``split``."""
+    runs: list[int] = []
+    run = 1
+    for a, b in itertools.pairwise(times):
+        if b - a > split or b < a:
+            runs.append(run)
+            run = 1
+        else:
+            run += 1
+    runs.append(run)
+    return runs
 
 
 # --- grouping rows into snapshots -------------------------------------------------------
@@ -166,6 +217,8 @@ class Positional:
 # utilisation are parsed only for the rows that become samples, and a ValueError or
 # IndexError doing so becomes the error naming that line.
 Builder = Callable[[int, float, float | None, tuple[Point, ...], tuple[Any, ...]], GpuSample]
+# host(payload, t) -> HostSample | None for the snapshot a tick closes (logs with a CPU column).
+HostBuilder = Callable[[tuple[Any, ...], float], Any]
 
 
 class Assembler:
@@ -178,7 +231,13 @@ class Assembler:
     read raises ``TraceFormatError`` naming its line in ``path``.
     """
 
-    def __init__(self, build: Builder, interval_s: float | None, path: str):
+    def __init__(
+        self,
+        build: Builder,
+        interval_s: float | None,
+        path: str,
+        host: HostBuilder | None = None,
+    ):
         self.windowed = interval_s is not None and interval_s < SUB_SECOND_S
         split = 0.5 * interval_s if interval_s else 0.5
         # gpu -> [util points (windowed) or None, (t, util, payload) of its last row]
@@ -192,6 +251,7 @@ class Assembler:
             done, rows = rows, {}
             samples = []
             t_max = float("-inf")
+            last_payload: tuple[Any, ...] | None = None
             for gpu in sorted(done):
                 points, (t, util, payload) = done[gpu]
                 try:
@@ -201,7 +261,15 @@ class Assembler:
                     raise bad_line(path, no, line, f"malformed value ({exc})") from None
                 if t > t_max:
                     t_max = t
-            return Snapshot(t_s=t_max, gpus=tuple(samples))
+                    last_payload = payload
+            host_sample = None
+            if host is not None and last_payload is not None:
+                try:
+                    host_sample = host(last_payload, t_max)
+                except (ValueError, IndexError) as exc:
+                    no, line = last_payload[-2:]
+                    raise bad_line(path, no, line, f"malformed value ({exc})") from None
+            return Snapshot(t_s=t_max, gpus=tuple(samples), host=host_sample)
 
         def add_windowed(t: float, gpu: int, util: float | None, payload: Any) -> Snapshot | None:
             nonlocal start
@@ -238,14 +306,16 @@ def median_interval(times: Iterable[float]) -> float | None:
     deltas = sorted(b - a for a, b in itertools.pairwise(distinct) if b > a)
     if not deltas:
         return None
-    return deltas[len(deltas) // 2]
+    return round(deltas[len(deltas) // 2], 6)
+
+
+def shown(line: str, width: int = 80) -> str:
+    text = line.rstrip("\r\n")
+    return text if len(text) <= width else text[: width - 3] + "..."
 
 
 def bad_line(path: str, line_no: int, line: str, why: str) -> TraceFormatError:
-    shown = line.rstrip("\r\n")
-    if len(shown) > 80:
-        shown = shown[:77] + "..."
-    return TraceFormatError(f"{why}: {shown!r}", path=path, line=line_no)
+    return TraceFormatError(f"{why}: {shown(line)!r}", path=path, line=line_no)
 
 
 def is_cut_short(line: str) -> bool:
@@ -255,3 +325,11 @@ def is_cut_short(line: str) -> bool:
 
 def cut_short_warning(path: str, line_no: int) -> str:
     return f"{path}:{line_no}: last line is incomplete (the logger stopped mid-write); ignored"
+
+
+def add_note(extra: dict[str, object], note: str) -> None:
+    """A sentence ``gpumon analyze`` prints as ``gpumon: note: ...`` (header ``extra``)."""
+    notes = extra.setdefault("notes", [])
+    assert isinstance(notes, list)
+    if note not in notes:
+        notes.append(note)

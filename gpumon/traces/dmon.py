@@ -24,6 +24,7 @@ from gpumon.traces._common import (
     is_cut_short,
     median_interval,
 )
+from gpumon.traces.source import Source, as_source
 
 FORMAT = "dmon"
 PREFIX_ROWS = 200
@@ -165,14 +166,14 @@ class _Clock:
 
 
 def read(
-    lines: Iterable[str],
+    lines: Iterable[str] | Source,
     path: str = "<input>",
     warnings: list[str] | None = None,
     interval_s: float | None = None,
 ) -> tuple[TraceHeader, Iterator[Snapshot]]:
     """Parse a dmon log: the header now, the snapshots lazily."""
     warns = warnings if warnings is not None else []
-    numbered = enumerate(lines, 1)
+    numbered = enumerate(as_source(lines, path).lines(), 1)
     prefix: list[tuple[int, str]] = []
     cols: Columns | None = None
     rows: list[list[str]] = []

@@ -237,25 +237,35 @@ class TraceReader:
     how a crash is supposed to look.
     """
 
-    def __init__(self, path: str | os.PathLike[str]):
+    def __init__(self, path: str | os.PathLike[str], lines: Iterator[str] | None = None):
         self.path = os.fspath(path)
         self.warnings: list[str] = []
         self.events: list[dict[str, Any]] = []
         self.line: int | None = None  # line of the snapshot last yielded
+        self._stream: IO[str] | None = None
+        if lines is None:
+            try:
+                self._stream = _open_text(self.path)
+            except OSError as exc:
+                raise TraceFormatError(
+                    f"cannot read the trace ({exc.strerror or exc})", path=self.path
+                ) from None
+            lines = iter(self._stream)
+        self._lines = lines
         try:
-            self._stream = _open_text(self.path)
-        except OSError as exc:
-            raise TraceFormatError(
-                f"cannot read the trace ({exc.strerror or exc})", path=self.path
-            ) from None
-        try:
-            self.header = decode_header(json.loads(self._stream.readline()))
-        except (ValueError, TypeError, KeyError, OSError, EOFError) as exc:
-            self._stream.close()
-            raise TraceFormatError(str(exc), path=self.path, line=1) from None
+            self.header = decode_header(json.loads(next(lines, "")))
+        except (ValueError, TypeError, KeyError, AttributeError, OSError, EOFError) as exc:
+            self.close()
+            raise TraceFormatError(_describe(exc), path=self.path, line=1) from None
+
+    @classmethod
+    def from_lines(cls, lines: Iterator[str], path: str) -> TraceReader:
+        """A trace already open as lines (stdin, a decompressed stream)."""
+        return cls(path, lines)
 
     def close(self) -> None:
-        self._stream.close()
+        if self._stream is not None:
+            self._stream.close()
 
     def __enter__(self) -> TraceReader:
         return self
@@ -265,8 +275,8 @@ class TraceReader:
 
     def __iter__(self) -> Iterator[Snapshot]:
         line_no = 1
-        with self._stream:
-            for line in self._stream:
+        try:
+            for line in self._lines:
                 line_no += 1
                 if not line.strip():
                     continue
@@ -288,6 +298,8 @@ class TraceReader:
                     ) from None
                 self.line = line_no
                 yield snapshot
+        finally:
+            self.close()
 
 
 def _describe(exc: Exception) -> str:

@@ -1,8 +1,10 @@
 """Open any trace or log gpumon reads, recognising its format by content, not by name.
 
-The one place that touches files for the readers: gzip (by magic bytes), UTF-8 or UTF-16
-(by BOM, or by the zero bytes of BOM-less UTF-16), LF or CRLF.  The readers themselves
-take lines and return ``(TraceHeader, Iterator[Snapshot])``.
+The one place that touches files for the readers: a path or ``-`` (stdin); gzip (by magic
+bytes, a stream cut short read up to where it ends); UTF-8 or UTF-16 (by BOM, or by the zero
+bytes of BOM-less UTF-16); LF, CRLF or CR.  The first ``HEAD_CHARS`` are read for sniffing,
+then the reader takes bounded lines (or chunks) from a ``Source``; every reader returns
+``(TraceHeader, Iterator[Snapshot])``.
 
     with open_trace("run.csv") as trace:
         result = analyze(trace.header, trace)      # iterates lazily
@@ -13,34 +15,80 @@ from __future__ import annotations
 
 import gzip
 import io
+import json
 import os
+import sys
+import zlib
 from collections.abc import Callable, Iterable, Iterator
-from itertools import chain
 from typing import IO, Any
 
 from gpumon.errors import GpumonError, TraceFormatError
 from gpumon.model import Snapshot, TraceHeader
-from gpumon.traces import dmon, nvsmi_csv, nvsmi_table, simple_csv
+from gpumon.traces import (
+    dcgmi,
+    dmon,
+    gpustat,
+    gpustat_json,
+    nvsmi_table,
+    prometheus,
+    tabular,
+    wandb,
+)
+from gpumon.traces._common import shown
 from gpumon.traces.jsonl import FORMAT_NAME, TraceReader
+from gpumon.traces.source import Source
 
 # Names accepted by ``--format``, in the order content detection tries them.
-FORMATS: tuple[str, ...] = ("gpumon", "dmon", "nvidia-smi-csv", "nvidia-smi-table", "csv")
+FORMATS: tuple[str, ...] = (
+    "gpumon",
+    "prometheus",
+    "gpustat-json",
+    "wandb",
+    "dcgmi",
+    "dmon",
+    "gpustat",
+    "nvidia-smi-table",
+    "nvidia-smi-csv",
+    "wandb-csv",
+    "csv",
+)
 _DESCRIPTIONS = {
     "gpumon": 'gpumon trace (JSON lines with a "format": "gpumon-trace" header)',
+    "prometheus": "Prometheus api/v1/query_range JSON (dcgm-exporter, nvidia_gpu_exporter, "
+    "gpumon series)",
+    "gpustat-json": "gpustat --json output",
+    "wandb": "W&B system metrics (wandb-events.jsonl with system.gpu.N.* keys)",
+    "dcgmi": "dcgmi dmon output ('#Entity ...' header, 'GPU 0 ...' rows)",
     "dmon": "nvidia-smi dmon output ('# gpu ...' and '# Idx ...' header lines)",
+    "gpustat": "gpustat text ('[0] NVIDIA ... | 45'C,  30 % | 7564 / 7982 MB | ...')",
+    "nvidia-smi-table": "plain nvidia-smi tables ('| N/A 34C P0 61W / 400W | ...' rows)",
     "nvidia-smi-csv": "nvidia-smi --query-gpu CSV (a header of query names, or rows "
     "starting with a 'YYYY/MM/DD hh:mm:ss' timestamp)",
-    "nvidia-smi-table": "plain nvidia-smi tables ('| N/A 34C P0 61W / 400W | ...' rows)",
-    "csv": "CSV with a time column and a GPU utilisation column named in its header",
+    "wandb-csv": "a W&B CSV export of system metrics (system/gpu.N.* columns)",
+    "csv": "CSV or tab/space-separated table with GPU columns named in its header "
+    "(gpu_util, utilization, power, memory, time, ...)",
 }
 Reader = Callable[..., tuple[TraceHeader, Iterator[Snapshot]]]
-_READERS: dict[str, tuple[Callable[[list[str]], bool], Reader]] = {
+Sniffer = Callable[[list[str]], bool]
+
+
+def _tab_sniffer(label: str) -> Sniffer:
+    return lambda head: tabular.sniff_format(head) == label
+
+
+_READERS: dict[str, tuple[Sniffer, Reader]] = {
+    "prometheus": (prometheus.sniff, prometheus.read),
+    "gpustat-json": (gpustat_json.sniff, gpustat_json.read),
+    "wandb": (wandb.sniff, wandb.read),
+    "dcgmi": (dcgmi.sniff, dcgmi.read),
     "dmon": (dmon.sniff, dmon.read),
-    "nvidia-smi-csv": (nvsmi_csv.sniff, nvsmi_csv.read),
+    "gpustat": (gpustat.sniff, gpustat.read),
     "nvidia-smi-table": (nvsmi_table.sniff, nvsmi_table.read),
-    "csv": (simple_csv.sniff, simple_csv.read),
+    "nvidia-smi-csv": (_tab_sniffer(tabular.NVSMI), tabular.read),
+    "wandb-csv": (_tab_sniffer(tabular.WANDB), tabular.read),
+    "csv": (_tab_sniffer(tabular.FORMAT), tabular.read),
 }
-HEAD_LINES = 80  # enough to reach the first GPU row of an nvidia-smi table
+SNIFF_LINE = 4096  # sniffers see at most this much of each head line
 
 
 class OpenedTrace:
@@ -82,15 +130,45 @@ class OpenedTrace:
         self.close()
 
 
-def open_text(path: str) -> IO[str]:
-    """The file as text lines, whatever its compression, encoding and line endings."""
-    raw: IO[bytes] = open(path, "rb")  # noqa: SIM115
+class _UntilCutShort(io.RawIOBase):
+    """A gzip stream that ends where a file cut short ends, instead of raising EOFError
+    (losing what was decompressed); ``cut_short`` says it happened."""
+
+    def __init__(self, inner: gzip.GzipFile):
+        self._inner = inner
+        self.cut_short = False
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b: Any) -> int:
+        if self.cut_short:
+            return 0
+        try:
+            data = self._inner.read(len(b))
+        except (EOFError, zlib.error, gzip.BadGzipFile, OSError):
+            self.cut_short = True
+            return 0
+        b[: len(data)] = data
+        return len(data)
+
+    def close(self) -> None:
+        self._inner.close()
+        super().close()
+
+
+def _open(path: str) -> tuple[IO[str], _UntilCutShort | None]:
+    """The file (``-``: stdin) as text, whatever its compression, encoding and line endings;
+    and the guard that knows whether a gzip stream was cut short."""
+    raw: IO[bytes] = sys.stdin.buffer if path == "-" else open(path, "rb")  # noqa: SIM115
     try:
-        buffered = io.BufferedReader(raw) if not isinstance(raw, io.BufferedReader) else raw
+        buffered = raw if isinstance(raw, io.BufferedReader) else io.BufferedReader(raw)  # type: ignore[arg-type]
         head = buffered.peek(4)[:4]
         stream: io.BufferedReader = buffered
+        guard = None
         if head[:2] == b"\x1f\x8b":
-            stream = io.BufferedReader(gzip.GzipFile(fileobj=buffered))  # type: ignore[arg-type]
+            guard = _UntilCutShort(gzip.GzipFile(fileobj=buffered))  # type: ignore[arg-type]
+            stream = io.BufferedReader(guard)
             head = stream.peek(4)[:4]
         if head[:3] == b"\xef\xbb\xbf":
             encoding = "utf-8-sig"
@@ -104,36 +182,72 @@ def open_text(path: str) -> IO[str]:
             encoding = "utf-8"
         # Undecodable bytes become U+FFFD: in a number they make that line malformed (and
         # named); in a GPU name they are harmless.
-        return io.TextIOWrapper(stream, encoding=encoding, errors="replace", newline=None)
+        text = io.TextIOWrapper(stream, encoding=encoding, errors="replace", newline=None)
+        return text, guard
     except BaseException:
-        raw.close()
+        if raw is not sys.stdin.buffer:
+            raw.close()
         raise
+
+
+def open_text(path: str) -> IO[str]:
+    """The file (``-``: stdin) as text, whatever its compression, encoding and line endings."""
+    return _open(path)[0]
 
 
 def sniff(head: list[str]) -> str | None:
     """The format these first lines are in, or None."""
-    first = next((ln for ln in head if ln.strip()), "")
+    lines = [ln[:SNIFF_LINE] for ln in head]
+    first = next((ln for ln in lines if ln.strip()), "")
     if first.lstrip("\ufeff").startswith("{") and FORMAT_NAME in first:
         return "gpumon"
     for name, (test, _read) in _READERS.items():
-        if test(head):
+        if test(lines):
             return name
     return None
 
 
-def _head_and_format(lines: Iterator[str], fmt: str, path: str) -> tuple[list[str], str]:
-    """The first HEAD_LINES lines, taken from ``lines``, and the format they are in."""
-    head = []
-    for line in lines:
-        head.append(line)
-        if len(head) >= HEAD_LINES:
-            break
+def read_source(
+    src: Source,
+    fmt: str = "auto",
+    warnings: list[str] | None = None,
+    interval_s: float | None = None,
+) -> tuple[str, TraceHeader, Iterator[Snapshot]]:
+    """Sniff (unless ``fmt`` says) and read a Source: (format, header, snapshots)."""
+    fmt, header, snapshots, _line = _read(src, fmt, warnings, interval_s)
+    return fmt, header, snapshots
+
+
+def _read(
+    src: Source, fmt: str, warnings: list[str] | None, interval_s: float | None
+) -> tuple[str, TraceHeader, Iterator[Snapshot], Callable[[], int | None]]:
+    path = src.path
     if fmt == "auto":
-        found = sniff(head)
+        found = sniff(src.head)
         if found is None:
-            raise _unrecognised(head, path)
+            raise _unrecognised(src.head, path)
         fmt = found
-    return head, fmt
+    if fmt == "gpumon":
+        _check_gpumon(src.head, path)
+        reader = TraceReader.from_lines(src.lines(), path)
+        if warnings is not None:
+            reader.warnings = warnings
+        return fmt, reader.header, iter(reader), lambda: reader.line
+    if fmt not in _READERS:
+        raise TraceFormatError(f"unknown format {fmt!r}; one of {', '.join(FORMATS)}", path=path)
+    test, read = _READERS[fmt]
+    if not test([ln[:SNIFF_LINE] for ln in src.head]):
+        found = sniff(src.head)
+        hint = f" (it looks like {found})" if found else ""
+        first = next((ln for ln in src.head if ln.strip()), "")
+        raise TraceFormatError(
+            f"not {_DESCRIPTIONS[fmt]}{hint}: it starts {shown(first.strip())!r}; leave out "
+            "--format to let gpumon detect the format",
+            path=path,
+            line=1,
+        )
+    header, snapshots = read(src, path=path, warnings=warnings, interval_s=interval_s)
+    return fmt, header, snapshots, lambda: None
 
 
 def read_lines(
@@ -141,64 +255,88 @@ def read_lines(
     fmt: str = "auto",
     path: str = "<input>",
     warnings: list[str] | None = None,
+    interval_s: float | None = None,
 ) -> tuple[str, TraceHeader, Iterator[Snapshot]]:
-    """Parse foreign-log lines already in memory or on a stream (tests, pipes).
-
-    Lines keep their line endings.  gpumon traces are read from files only (``open_trace``).
-    """
-    it = iter(lines)
-    head, fmt = _head_and_format(it, fmt, path)
-    if fmt == "gpumon":
-        raise TraceFormatError("gpumon traces are read with open_trace(path)", path=path)
-    if fmt not in _READERS:
-        raise TraceFormatError(f"unknown format {fmt!r}; one of {', '.join(FORMATS)}", path=path)
-    header, snapshots = _READERS[fmt][1](chain(head, it), path=path, warnings=warnings)
-    return fmt, header, snapshots
+    """Parse log lines already in memory or on a stream (tests, pipes); lines keep their
+    line endings."""
+    return read_source(Source.from_lines(lines, path), fmt, warnings, interval_s)
 
 
-def open_trace(path: str | os.PathLike[str], fmt: str = "auto") -> OpenedTrace:
-    """Open a gpumon trace or a foreign GPU log, detecting its format by content.
+def _check_gpumon(head: list[str], path: str) -> None:
+    first = next((ln for ln in head if ln.strip()), "")
+    try:
+        obj = json.loads(first)
+    except ValueError:
+        raise TraceFormatError(
+            f"not a gpumon trace: its first line is not JSON ({shown(first.strip())!r}); "
+            "leave out --format to let gpumon detect the format",
+            path=path,
+            line=1,
+        ) from None
+    if not isinstance(obj, dict) or obj.get("format") != FORMAT_NAME:
+        raise TraceFormatError(
+            f'not a gpumon trace: its first line lacks "format": "{FORMAT_NAME}"; leave out '
+            "--format to let gpumon detect the format",
+            path=path,
+            line=1,
+        )
+
+
+def open_trace(
+    path: str | os.PathLike[str], fmt: str = "auto", interval_s: float | None = None
+) -> OpenedTrace:
+    """Open a gpumon trace or a foreign GPU log (``-``: stdin), detecting its format.
 
     Raises ``TraceFormatError`` (naming the line) for a file no reader recognises or
     whose first lines are malformed; later malformed lines raise it during iteration,
     after every valid snapshot before them.
     """
     name = os.fspath(path)
+    label = "<stdin>" if name == "-" else name
+    warnings: list[str] = []
     try:
-        text = open_text(name)
+        text, guard = _open(name)
     except OSError as exc:
-        raise GpumonError(f"{name}: cannot read ({exc.strerror or exc})") from None
+        raise GpumonError(f"{label}: cannot read ({exc.strerror or exc})") from None
     try:
-        head, fmt = _head_and_format(text, fmt, name)
-        if fmt == "gpumon":
-            utf8 = text.encoding == "utf-8"
-            text.close()
-            if not utf8:
-                raise TraceFormatError(
-                    "gpumon traces are UTF-8 (plain or gzip): re-encode it first", path=name
-                )
-            reader = TraceReader(name)
-            return OpenedTrace(
-                name, fmt, reader.header, iter(reader), reader.warnings, None, lambda: reader.line
-            )
-        warnings: list[str] = []
-        _fmt, header, snapshots = read_lines(chain(head, text), fmt, name, warnings)
-        return OpenedTrace(name, fmt, header, snapshots, warnings, text)
-    except (OSError, EOFError, gzip.BadGzipFile) as exc:
-        text.close()
-        raise GpumonError(f"{name}: cannot read ({exc})") from None
+        src = Source.from_stream(text, label)
+        fmt, header, snapshots, line_of_last = _read(src, fmt, warnings, interval_s)
+        if guard is not None:
+            snapshots = _noting_cut(snapshots, guard, label, warnings)
+        return OpenedTrace(
+            label, fmt, header, snapshots, warnings, None if name == "-" else text, line_of_last
+        )
+    except (OSError, EOFError) as exc:
+        _close(text, name)
+        raise GpumonError(f"{label}: cannot read ({exc})") from None
     except BaseException:
-        text.close()
+        _close(text, name)
         raise
+
+
+def _noting_cut(
+    snapshots: Iterator[Snapshot], guard: _UntilCutShort, path: str, warnings: list[str]
+) -> Iterator[Snapshot]:
+    """The snapshots, then a warning if the gzip stream they came from was cut short."""
+    try:
+        yield from snapshots
+    finally:
+        if guard.cut_short:
+            warnings.append(
+                f"{path}: the gzip stream ends early (the file was cut short); read what it holds"
+            )
+
+
+def _close(text: IO[str], name: str) -> None:
+    if name != "-":
+        text.close()
 
 
 def _unrecognised(head: list[str], path: str) -> TraceFormatError:
     first_no, first = next(((i, ln) for i, ln in enumerate(head, 1) if ln.strip()), (1, ""))
-    shown = first.strip().lstrip("\ufeff")
-    if len(shown) > 80:
-        shown = shown[:77] + "..."
+    text = first.strip().lstrip("\ufeff")
     tried = "; ".join(_DESCRIPTIONS[f] for f in FORMATS)
-    found = f"found {shown!r}" if shown else "the file is empty"
+    found = f"found {shown(text)!r}" if text else "the file is empty"
     return TraceFormatError(
         f"not a format gpumon reads ({found}). Tried: {tried}", path=path, line=first_no
     )

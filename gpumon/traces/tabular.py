@@ -1,0 +1,1092 @@
+"""Every comma/tab/semicolon-separated GPU log: nvidia-smi --query-gpu CSV, W&B CSV exports,
+home-made loggers -- one reader, three vocabularies (``columns.py``).
+
+The header names the columns (any order, any subset; repeated mid-file when nvidia-smi was
+restarted or logs were concatenated, re-mapped when it changes).  Without a header the
+columns are named from their values' units (``92 %``, ``49140 MiB``).  Times in any form
+``timefmt`` reads, or none (then rows are ``--interval`` apart, 1 s unless said).  Rows
+carry one GPU each (an index, uuid or bus id column -- or none, and ``identity`` finds the
+cycle), or every GPU at once (a wide file: ``gpu0_util, gpu1_util``).  A ``CPU`` column
+becomes the host sample.
+
+Per row only the time, the GPU and the utilisation are parsed; other fields only for the
+rows that become samples (the last of each GPU in a tick or ~1 s window): 4 M rows stay
+within seconds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from itertools import chain
+from math import isfinite
+from typing import Any
+
+from gpumon.errors import TraceFormatError
+from gpumon.model import GpuIdentity, GpuSample, HostSample, Point, Snapshot, TraceHeader
+from gpumon.traces import identity as ident
+from gpumon.traces._common import (
+    MIB,
+    Assembler,
+    add_note,
+    bad_line,
+    cut_short_warning,
+    fnum,
+    is_cut_short,
+    median_interval,
+    mem_mib,
+    num,
+    shown,
+    split_number,
+)
+from gpumon.traces.columns import Layout, is_nvsmi_name, resolve
+from gpumon.traces.source import Source, as_source
+from gpumon.traces.table import (
+    WS,
+    join_quoted,
+    open_quote,
+    sniff_delimiter,
+    split_plain,
+    split_quoted,
+)
+from gpumon.traces.timefmt import TimeParser, date_only, day_first_date, pick
+
+FORMAT = "csv"
+NVSMI = "nvidia-smi-csv"
+WANDB = "wandb-csv"
+PREFIX_LINES = 600  # lines read ahead to name the columns, the GPUs and the interval
+
+GPU_FIELDS = (
+    "util",
+    "mem_util",
+    "mem_used",
+    "mem_total",
+    "mem_free",
+    "mem_pct",
+    "mem_used_bytes",
+    "power",
+    "power_limit",
+    "power_pct",
+    "temp",
+    "sm_clock",
+)
+
+
+# --- recognising a table -----------------------------------------------------------------
+
+
+def _content(lines: Iterable[str]) -> list[str]:
+    return [ln for ln in lines if ln.strip() and not ln.lstrip().startswith("#")]
+
+
+def _cells(line: str, delim: str) -> list[str]:
+    return split_quoted(line, delim) if '"' in line else split_plain(line.rstrip("\r\n"), delim)
+
+
+def _is_value(cell: str) -> bool:
+    """A number (or a no-reading mark) or a time, not a name."""
+    s = cell.strip().strip('"').strip()
+    if not s:
+        return True
+    try:
+        split_number(s)
+    except ValueError:
+        return pick([s]) is not None
+    return True
+
+
+def is_header(cells: list[str]) -> bool:
+    """A row of names: no cell reads as a value, and some cell names a field we know."""
+    if not any(c.strip() for c in cells):
+        return False
+    for c in cells:
+        s = c.strip().strip('"').strip()
+        if s and _is_value(s) and not s[:1].isalpha():
+            return False
+    lay = resolve(cells)
+    return bool(lay.at or lay.wide or lay.series or lay.time_at is not None) or all(
+        is_nvsmi_name(c) for c in cells if c.strip()
+    )
+
+
+def _gpu_fields(lay: Layout) -> bool:
+    return bool(lay.wide or lay.series or any(f in lay.at for f in GPU_FIELDS))
+
+
+def sniff_format(head: list[str]) -> str | None:
+    """nvidia-smi-csv / wandb-csv / csv when these lines are such a table, else None."""
+    lines = _content(head)
+    if not lines:
+        return None
+    delim = sniff_delimiter(lines) or ","
+    first = _cells(lines[0].lstrip("\ufeff"), delim)
+    if is_header(first):
+        lay = resolve(first)
+        if not _gpu_fields(lay):
+            return None
+        if len(first) < 2 and len(lines) < 2:
+            return None
+        return _label(first, lay)
+    if len(lines) >= 2 and delim != WS and guess_layout([_cells(ln, delim) for ln in lines[:64]]):
+        return NVSMI
+    if len(first) > 1 and _nvsmi_stamp(first[0]):
+        return NVSMI  # nvidia-smi rows without header or units: read() says how to re-run
+    return None
+
+
+def _nvsmi_stamp(cell: str) -> bool:
+    s = cell.strip()
+    return len(s) >= 19 and s[4] == "/" and s[7] == "/" and s[10] == " " and s[13] == ":"
+
+
+def _label(cells: list[str], lay: Layout) -> str:
+    if all(is_nvsmi_name(c) for c in cells if c.strip()):
+        return NVSMI
+    if any(c.label and "system" in c.label.lower() and c.gpu is not None for c in lay.columns):
+        return WANDB
+    return FORMAT
+
+
+# --- no header: name the columns from the units of their values --------------------------
+
+
+def _unit(cell: str) -> str | None:
+    try:
+        got = split_number(cell)
+    except ValueError:
+        return None
+    return None if got is None else got[1]
+
+
+def guess_layout(rows: list[list[str]]) -> Layout | None:
+    """Columns of a headerless nvidia-smi log, from the units in its values; None if the
+    values carry none (then nothing tells utilisation from memory)."""
+    if not rows:
+        return None
+    ncols = len(rows[0])
+    sample = [r for r in rows[:64] if len(r) == ncols]
+    if len(sample) < 1 or ncols < 2:
+        return None
+    kinds: list[str] = []
+    for i in range(ncols):
+        values = [r[i].strip() for r in sample]
+        if all(pick([v]) is not None and not v.replace(".", "").isdigit() for v in values):
+            kinds.append("time")
+        elif all(v.startswith(("GPU-", "MIG-")) for v in values):
+            kinds.append("uuid")
+        elif all(v.count(":") == 2 and "." in v and " " not in v for v in values):
+            kinds.append("bus")
+        elif all(v.isdigit() for v in values):
+            ints = {int(v) for v in values}
+            kinds.append("index" if ints == set(range(len(ints))) else "int")
+        else:
+            units = {_unit(v) for v in values} - {None}
+            if len(units) == 1 and units != {""}:
+                kinds.append(units.pop())  # type: ignore[arg-type]
+            elif all(v[:1].isalpha() and not v.startswith("[") for v in values):
+                kinds.append("name")
+            else:
+                kinds.append("?")
+    if not any(k in ("%", "mib", "w", "mhz") for k in kinds):
+        return None
+    lay = Layout(count=ncols, columns=[])
+
+    def constant(i: int) -> bool:
+        return len({r[i].strip() for r in sample}) == 1
+
+    def of(kind: str) -> list[int]:
+        return [i for i, k in enumerate(kinds) if k == kind]
+
+    for kind, fld in (("uuid", "uuid"), ("bus", "bus"), ("index", "index"), ("name", "name")):
+        if of(kind):
+            lay.at[fld] = of(kind)[0]
+    if of("time"):
+        lay.time_at = of("time")[0]
+    pct = of("%")
+    if pct:
+        lay.at["util"] = pct[0]
+    if len(pct) > 1:
+        lay.at["mem_util"] = pct[1]
+    mib = of("mib")
+    totals = [i for i in mib if constant(i)]
+    if totals and len(mib) > 1:
+        total = max(totals, key=lambda i: num(sample[0][i]) or 0.0)
+        lay.at["mem_total"] = total
+        rest = [i for i in mib if i != total]
+        lay.at["mem_used"] = rest[0]
+        if len(rest) > 1:
+            lay.at["mem_free"] = rest[1]
+    elif mib:
+        lay.at["mem_used"] = mib[0]
+    watts = of("w")
+    varying = [i for i in watts if not constant(i)]
+    if watts:
+        lay.at["power"] = (varying or watts)[0]
+        limits = [i for i in watts if i != lay.at["power"] and constant(i)]
+        if limits:
+            lay.at["power_limit"] = limits[0]
+    if of("mhz"):
+        lay.at["sm_clock"] = of("mhz")[0]
+    temps = [i for i in of("int") if all(5 <= int(r[i]) <= 120 for r in sample)]
+    if temps:
+        lay.at["temp"] = temps[0]
+    return lay
+
+
+# --- building samples ---------------------------------------------------------------------
+
+
+def _text(cells: list[str], i: int | None) -> str | None:
+    if i is None or i >= len(cells):
+        return None
+    value = cells[i].strip().strip('"').strip()
+    return None if not value or value.startswith("[") or value.upper() == "N/A" else value
+
+
+def _reasons(cell: str) -> int | None:
+    value = cell.strip()
+    if not value or value.startswith("[") or value.upper() == "N/A":
+        return None
+    return int(value, 16 if value.lower().startswith("0x") else 10)
+
+
+def _scale_of(lay: Layout, i: int | None) -> float:
+    return lay.columns[i].scale if i is not None and i < len(lay.columns) else 1.0
+
+
+Build = Callable[[int, float, float | None, tuple[Point, ...], list[str]], GpuSample]
+
+
+def compile_builder(
+    lay: Layout, fields: dict[str, int], uuid_of: Callable[[int, list[str]], str]
+) -> Build:
+    """A GpuSample builder for one GPU's columns: positions looked up once, not per sample."""
+    i_used, i_total, i_free = (
+        fields.get("mem_used"),
+        fields.get("mem_total"),
+        fields.get("mem_free"),
+    )
+    i_mutil, i_power, i_limit = (
+        fields.get("mem_util"),
+        fields.get("power"),
+        fields.get("power_limit"),
+    )
+    i_clock, i_temp, i_util = fields.get("sm_clock"), fields.get("temp"), fields.get("util")
+    i_pct, i_ppct, i_bytes = (
+        fields.get("mem_pct"),
+        fields.get("power_pct"),
+        fields.get("mem_used_bytes"),
+    )
+    i_reasons = fields.get("reasons")
+    s_used, s_total, s_free = (
+        _scale_of(lay, i_used),
+        _scale_of(lay, i_total),
+        _scale_of(lay, i_free),
+    )
+
+    def mem(cells: list[str], i: int | None, scale: float) -> float | None:
+        return None if i is None else mem_mib(cells[i], scale)
+
+    def build(
+        gpu: int, t: float, util: float | None, points: tuple[Point, ...], cells: list[str]
+    ) -> GpuSample:
+        used = mem(cells, i_used, s_used)
+        total = mem(cells, i_total, s_total)
+        if used is None and i_bytes is not None:
+            b = fnum(cells[i_bytes])
+            used = None if b is None else b / MIB
+        if used is None and total is not None and i_free is not None:
+            free = mem(cells, i_free, s_free)
+            used = None if free is None else total - free
+        if used is None and total is not None and i_pct is not None:
+            pct = fnum(cells[i_pct])
+            used = None if pct is None else total * pct / 100
+        power = None if i_power is None else fnum(cells[i_power])
+        limit = None if i_limit is None else fnum(cells[i_limit])
+        if limit is None and power is not None and i_ppct is not None:
+            share = fnum(cells[i_ppct])
+            limit = power * 100 / share if share else None
+        clock = None if i_clock is None else fnum(cells[i_clock])
+        return GpuSample(
+            t_s=t,
+            gpu=gpu,
+            uuid=uuid_of(gpu, cells),
+            util_samples=points,
+            util_pct=util,
+            mem_util_pct=None if i_mutil is None else fnum(cells[i_mutil]),
+            mem_used_bytes=None if used is None else int(used * MIB),
+            mem_total_bytes=None if total is None else int(total * MIB),
+            power_watts=power,
+            power_limit_watts=limit,
+            sm_clock_mhz=None if clock is None else int(clock),
+            clock_event_reasons=None if i_reasons is None else _reasons(cells[i_reasons]),
+            temperature_c=None if i_temp is None else fnum(cells[i_temp]),
+            # A GPU that fell off the bus reads "[GPU is lost]" in every cell.
+            lost=util is None and i_util is not None and "lost" in cells[i_util].lower(),
+        )
+
+    def checked(
+        gpu: int, t: float, util: float | None, points: tuple[Point, ...], cells: list[str]
+    ) -> GpuSample:
+        try:
+            return build(gpu, t, util, points, cells)
+        except ValueError as exc:
+            for fld, i in fields.items():
+                if fld in ("util", "name", "uuid", "bus", "index"):
+                    continue
+                try:
+                    _reasons(cells[i]) if fld == "reasons" else num(cells[i])
+                except ValueError as cell_exc:
+                    raise ValueError(f"column {lay.columns[i].label!r}: {cell_exc}") from None
+            raise ValueError(str(exc)) from None
+
+    return checked
+
+
+# --- reading -------------------------------------------------------------------------------
+
+
+class _Table:
+    """Everything fixed by one header: layout, time parsing, GPU mapping, builders."""
+
+    def __init__(self, lay: Layout, header_cells: list[str] | None):
+        self.lay = lay
+        self.header_text = None if header_cells is None else [c.strip() for c in header_cells]
+        self.count = lay.count
+        self.time: TimeParser | None = None
+        self.date: Callable[[str], int] | None = None
+        self.clock: TimeParser | None = None
+        self.fraction = False
+        self.cycle: ident.Cycle | None = None
+        self.key_cols: tuple[int, ...] = ()
+        self.uuids: dict[int, str] = {}
+        self.builders: dict[int, Build] = {}
+        self.series_gpus: dict[int, int] = {}  # column -> GPU index of an extra series
+        self.multiline_said = False
+
+    def gpu_columns(self) -> dict[int, dict[str, int]]:
+        """GPU index -> its fields' columns (one entry for a long layout: key -1)."""
+        lay = self.lay
+        if lay.wide:
+            out = {g: dict(f) for g, f in sorted(lay.wide.items())}
+        else:
+            out = {-1: {f: i for f, i in lay.at.items() if f in GPU_FIELDS or f == "reasons"}}
+        return out
+
+
+def _time_samples(rows: list[list[str]], i: int) -> list[str]:
+    return [r[i] for r in rows if i < len(r) and r[i].strip()][:64]
+
+
+def _pick_time(
+    tab: _Table, rows: list[list[str]], path: str, extra: dict[str, object], split: list[list[str]]
+) -> None:
+    lay = tab.lay
+    if lay.time_at is not None:
+        samples = _time_samples(rows, lay.time_at)
+        if len(split) > len(rows):  # one cell too many: a time split at its comma fraction?
+            i = lay.time_at
+            joined = [r[i] + "," + r[i + 1] for r in split[:64] if i + 1 < len(r)]
+            if pick(joined) is not None:
+                samples = joined
+        name = lay.columns[lay.time_at].label.lower() if lay.columns else ""
+        # The first row may be garbled (a log copied from mid-line): the rest decide.
+        tab.time = pick(samples, name) or (pick(samples[1:], name) if len(samples) > 2 else None)
+        if tab.time is None and samples:
+            raise TraceFormatError(
+                f"the time column {lay.columns[lay.time_at].label!r} holds "
+                f"{samples[0].strip()!r}, not a time gpumon reads (nvidia-smi's "
+                "2024/05/01 12:00:00.123, ISO 8601, epoch seconds or ms, seconds since start)",
+                path=path,
+            )
+    elif lay.clock_at is not None:
+        dates = _time_samples(rows, lay.date_at) if lay.date_at is not None else []
+        day_first = any(int(d.strip()[:2]) > 12 for d in dates if d.strip()[:2].isdigit())
+        if dates and dates[0].strip()[2:3] in ("-", "/", "."):
+            tab.date = lambda c: day_first_date(c, day_first)
+            add_note(extra, f"dates read as {'DD-MM-YYYY' if day_first else 'MM-DD-YYYY'}")
+        else:
+            tab.date = date_only
+        tab.clock = pick(_time_samples(rows, lay.clock_at))
+
+
+def _row_time(tab: _Table, cells: list[str]) -> float | None:
+    if tab.time is not None:
+        return tab.time.parse(cells[tab.lay.time_at])  # type: ignore[index]
+    if tab.clock is not None and tab.date is not None:
+        return tab.date(cells[tab.lay.date_at]) + tab.clock.parse(cells[tab.lay.clock_at])  # type: ignore[index]
+    return None
+
+
+def _fingerprint(tab: _Table, cells: list[str]) -> ident.Fingerprint:
+    at = tab.lay.at
+
+    def val(fld: str) -> object:
+        i = at.get(fld)
+        if i is None or i >= len(cells):
+            return None
+        if fld == "name":
+            return _text(cells, i)
+        try:
+            return fnum(cells[i])
+        except ValueError:
+            return None
+
+    return tuple(val(f) for f in ident.FP_FIELDS)
+
+
+def _fit(cells: list[str], count: int, tab: _Table | None) -> list[str] | None:
+    """A row that almost fits the header: a trailing delimiter, an ISO time whose comma
+    fraction (GNU date --iso-8601=ns) split it in two.  None when it does not fit."""
+    n = len(cells)
+    if n == count:
+        return cells
+    if n == count + 1 and not cells[-1].strip():
+        return cells[:-1]
+    if n == count - 1 and tab is not None and tab.header_text and not tab.header_text[-1]:
+        return [*cells, ""]
+    if n == count + 1 and tab is not None and tab.lay.time_at is not None:
+        i = tab.lay.time_at
+        merged = [*cells[:i], cells[i] + "," + cells[i + 1], *cells[i + 2 :]]
+        try:
+            if tab.time is not None:
+                tab.time.parse(merged[i])
+                return merged
+        except (ValueError, IndexError):
+            return None
+    return None
+
+
+def read(
+    lines: Iterable[str] | Source,
+    path: str = "<input>",
+    warnings: list[str] | None = None,
+    interval_s: float | None = None,
+) -> tuple[TraceHeader, Iterator[Snapshot]]:
+    """Parse a table-shaped GPU log: the header now, the snapshots lazily.
+
+    ``lines`` keep their line endings (a last line without one was cut short).
+    """
+    warns = warnings if warnings is not None else []
+    src = as_source(lines, path)
+    numbered = enumerate(src.lines(), 1)
+    prefix: list[tuple[int, str]] = []
+    for no, line in numbered:
+        prefix.append((no, line))
+        if len(prefix) >= PREFIX_LINES:
+            break
+    content = [ln for _, ln in prefix if ln.strip() and not ln.lstrip().startswith("#")]
+    if not content:
+        raise TraceFormatError("no rows found", path=path)
+    delim = sniff_delimiter(content) or ","
+
+    # The prefix as records (a quoted field may span lines).
+    records: list[tuple[int, list[str], str]] = []
+    pit = iter(prefix)
+    for no, line in pit:
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        text = line
+        if '"' in line and open_quote(line):
+            try:
+                text = join_quoted(line, pit, no, path)
+            except TraceFormatError:
+                break  # the record runs past the prefix: the row loop reads it
+        cells = (
+            split_quoted(text, delim) if '"' in text else split_plain(text.rstrip("\r\n"), delim)
+        )
+        cells = [c.split("\n", 1)[0] if "\n" in c else c for c in cells]
+        records.append((no, cells, text))
+
+    extra: dict[str, object] = {}
+    first_cells = records[0][1]
+    first_cells[0] = first_cells[0].lstrip("\ufeff")
+    if is_header(first_cells):
+        lay = resolve(first_cells)
+        fmt = _label(first_cells, lay)
+        tab = _Table(lay, first_cells)
+        data = [r for r in records[1:] if not is_header(r[1])]
+    else:
+        guessed = guess_layout([r[1] for r in records])
+        if guessed is None:
+            raise TraceFormatError(
+                "a table without a header line whose values carry no units: its columns "
+                "cannot be named. Re-run nvidia-smi with --format=csv (keeping the header "
+                "line), or at least without 'nounits'",
+                path=path,
+                line=records[0][0],
+            )
+        lay = guessed
+        fmt = NVSMI
+        tab = _Table(lay, None)
+        data = records
+        named = dict(lay.at)
+        if lay.time_at is not None:
+            named["time"] = lay.time_at
+        named = dict(sorted(named.items(), key=lambda x: x[1]))
+        names = ", ".join(named)
+        extra["columns_guessed"] = named
+        warns.append(f"{path}: no header line; columns named from their values ({names})")
+    if lay.ignored:
+        extra["ignored_columns"] = lay.ignored
+    rows = [f for _, c, _ in data if (f := _fit(c, lay.count, tab)) is not None]
+    over = [c for _, c, _ in data if len(c) == lay.count + 1 and c[-1].strip()]
+    _pick_time(tab, rows, path, extra, over)
+    if tab.time is not None:  # now an ISO time split by its comma fraction can be mended
+        rows = [f for _, c, _ in data if (f := _fit(c, lay.count, tab)) is not None]
+
+    if not _gpu_fields(lay) or (
+        not any("util" in f for f in tab.gpu_columns().values()) and not lay.series
+    ):
+        warns.append(
+            f"{path}: no GPU utilisation column (utilization.gpu, gpu_util, ...); the GPUs' "
+            "activity cannot be judged"
+        )
+
+    # Utilisation logged as a 0-1 fraction.
+    util_cols = [f["util"] for f in tab.gpu_columns().values() if "util" in f]
+    values: list[float] = []
+    for r in rows[:200]:
+        for i in util_cols:
+            try:
+                v = fnum(r[i])
+            except (ValueError, IndexError):
+                continue
+            if v is not None:
+                values.append(v)
+    ratio_named = (
+        any("ratio" in lay.columns[i].label.lower() for i in util_cols) if lay.columns else False
+    )
+    if values and (ratio_named or (max(values) <= 1.0 and any(0 < u < 1 for u in values))):
+        tab.fraction = True
+        extra["util_scale"] = "utilisation logged as a 0-1 fraction; read as percent x100"
+
+    # Times of the prefix rows.
+    times: list[float] | None = None
+    if tab.time is not None or tab.clock is not None:
+        timed: list[tuple[float, list[str]]] = []
+        for r in rows:
+            try:
+                t = _row_time(tab, r)
+            except (ValueError, IndexError, TypeError):
+                continue  # the row loop names it (or skips a garbled first row)
+            if t is not None:
+                timed.append((t, r))
+        times = [t for t, _ in timed] or None
+        rows = [r for _, r in timed] if timed else rows
+    if tab.time is not None and tab.time.note:
+        extra["timestamps"] = tab.time.note
+    elif tab.time is not None and tab.time.absolute:
+        extra["timestamps"] = "local time of the logging machine, read as UTC"
+
+    # Which GPU each row is.
+    gpu_ids: list[int]
+    lay_key = lay.key
+    identities: dict[int, GpuIdentity] = {}
+    if lay.wide or lay.series:
+        gpu_ids = sorted(lay.wide) if lay.wide else ([0] if "util" in lay.at else [])
+        nxt = (max(gpu_ids) + 1) if gpu_ids else 0
+        for i in lay.series:
+            tab.series_gpus[i] = nxt
+            nxt += 1
+        if lay.wide:
+            add_note(extra, f"{len(gpu_ids)} GPU(s), one set of columns each (a wide file)")
+    elif lay_key is not None:
+        key_at = lay.at[lay_key]
+        seen: list[str] = []
+        for r in rows:
+            k = r[key_at].strip()
+            if k and k not in seen:
+                seen.append(k)
+        if lay_key == "index":
+            try:
+                gpu_ids = sorted({int(float(k)) for k in seen}) or [0]
+            except ValueError:
+                gpu_ids = list(range(len(seen))) or [0]
+        else:
+            gpu_ids = list(range(len(seen))) or [0]
+    else:
+        fps = [_fingerprint(tab, r) for r in rows]
+        tab.cycle = ident.infer(
+            times if times is not None and len(times) == len(rows) else None, fps
+        )
+        gpu_ids = list(range(tab.cycle.n))
+        if tab.cycle.n > 1 or not (lay.aggregate):
+            extra["gpus_inferred"] = tab.cycle.note
+        if tab.cycle.mode == "key":
+            tab.key_cols = tuple(lay.at[f] for f in tab.cycle.key_fields)
+
+    # Identities from the first row of each GPU.
+    first_row: dict[int, list[str]] = {}
+    if lay.wide or lay.series or lay_key is None:
+        for g in gpu_ids:
+            first_row[g] = rows[0] if rows else []
+        if tab.cycle is not None and tab.cycle.n > 1 and rows:
+            for j, r in enumerate(rows[: tab.cycle.n]):
+                first_row[j] = r
+    else:
+        key_at = lay.at[lay_key]
+        order: dict[str, int] = {}
+        for r in rows:
+            k = r[key_at].strip()
+            if lay_key == "index":
+                try:
+                    g = int(float(k))
+                except ValueError:
+                    continue
+            else:
+                g = order.setdefault(k, len(order))
+            first_row.setdefault(g, r)
+    for g in gpu_ids:
+        r = first_row.get(g, [])
+        uuid = _uuid(tab, g, r)
+        name = _text(r, lay.at.get("name")) if not lay.wide else None
+        if lay.aggregate and not lay.wide:
+            name = "all GPUs (aggregate column 'GPU')"
+        total = limit = None
+        cols = tab.gpu_columns().get(g if lay.wide else -1, {})
+        try:
+            if "mem_total" in cols and r:
+                v = mem_mib(r[cols["mem_total"]], _scale_of(lay, cols["mem_total"]))
+                total = None if v is None else int(v * MIB)
+            if "power_limit" in cols and r:
+                limit = fnum(r[cols["power_limit"]])
+        except (ValueError, IndexError):
+            pass
+        identities[g] = GpuIdentity(
+            index=g,
+            uuid=uuid,
+            name=name,
+            pci_bus_id=_text(r, lay.at.get("bus")) if not lay.wide else None,
+            mem_total_bytes=total,
+            power_limit_watts=limit,
+        )
+    for i, g in tab.series_gpus.items():
+        label = lay.columns[i].label
+        identities[g] = GpuIdentity(
+            index=g, uuid=f"series:{label}", name=f"{label} (a series of its own)"
+        )
+    if lay.aggregate and not lay.wide:
+        add_note(extra, "the 'GPU' column is one aggregate utilisation series for the machine")
+    if lay.host_cpu is not None:
+        add_note(
+            extra, f"the {lay.columns[lay.host_cpu].label!r} column is read as host CPU, not a GPU"
+        )
+
+    # The interval.
+    interval: float | None
+    if times:
+        per_tick = _tick_times(times, tab, rows)
+        interval = median_interval(per_tick)
+    else:
+        interval = None
+    if tab.time is None and tab.clock is None:
+        interval = interval_s or 1.0
+        extra["interval_assumed"] = f"no time column: rows assumed {interval:g} s apart" + (
+            "" if interval_s else " (say otherwise with --interval)"
+        )
+    elif interval is None:
+        interval = interval_s or 1.0
+    sub_stamp = _sub_stamp(times, tab, rows) if times else None
+    if sub_stamp is not None:
+        add_note(
+            extra,
+            f"timestamps have whole-second resolution while ticks come ~{1 / sub_stamp:.0f} per "
+            f"second: ticks under one timestamp are spread {sub_stamp:.3g} s apart",
+        )
+        interval = sub_stamp
+    t0 = times[0] if times else 0.0
+    absolute = tab.time.absolute if tab.time is not None else tab.clock is not None
+    header = TraceHeader(
+        version=1,
+        source=fmt,
+        started_wall_s=t0 if (times and absolute) else None,
+        started_mono_s=0.0,
+        interval_s=interval,
+        gpus=tuple(identities[g] for g in sorted(identities)),
+        extra=extra,
+    )
+    return header, _snapshots(
+        chain(prefix, numbered), tab, delim, header, t0, sub_stamp, path, warns
+    )
+
+
+def _uuid(tab: _Table, gpu: int, cells: list[str]) -> str:
+    got = tab.uuids.get(gpu)
+    if got is None:
+        lay = tab.lay
+        got = None
+        if not lay.wide:
+            got = _text(cells, lay.at.get("uuid")) or _text(cells, lay.at.get("bus"))
+        if got is None and lay.aggregate and not lay.wide:
+            got = "aggregate"
+        got = got or f"gpu{gpu}"
+        tab.uuids[gpu] = got
+    return got
+
+
+def _tick_times(times: list[float], tab: _Table, rows: list[list[str]]) -> list[float]:
+    """One time per tick: rows of a multi-GPU tick collapse into its first row's time."""
+    lay = tab.lay
+    cyc = tab.cycle
+    if lay.key is not None and not lay.wide and len(rows) == len(times):
+        key_at = lay.at[lay.key]
+        out, seen = [], set()
+        for r, t in zip(rows, times, strict=True):
+            k = r[key_at].strip()
+            if k in seen or not seen:
+                seen.clear()
+                out.append(t)
+            seen.add(k)
+        return out
+    if cyc is None or cyc.n <= 1:
+        return times
+    if cyc.split is not None:
+        out, last = [], float("-inf")
+        for t in times:
+            if t - last > cyc.split or t < last:
+                out.append(t)
+                last = t
+        return out
+    return times[:: cyc.n]
+
+
+def _sub_stamp(times: list[float], tab: _Table, rows: list[list[str]]) -> float | None:
+    """The spacing to give ticks sharing one whole-second timestamp (None: they do not)."""
+    ticks = _tick_times(times, tab, rows)
+    if len(ticks) < 6 or any(abs(t - round(t)) > 1e-6 for t in ticks):
+        return None
+    runs = ident.runs_of_equal(ticks)
+    inner = runs[1:-1] if len(runs) > 3 else runs
+    if not inner:
+        return None
+    inner.sort()
+    typical = inner[len(inner) // 2]
+    if typical < 2:
+        return None
+    return 1.0 / typical
+
+
+def _snapshots(
+    lines: Iterator[tuple[int, str]],
+    tab: _Table,
+    delim: str,
+    header: TraceHeader,
+    t0: float,
+    sub_stamp: float | None,
+    path: str,
+    warns: list[str],
+) -> Iterator[Snapshot]:
+    interval = header.interval_s or 1.0
+    state = _RowState(tab, header, t0, sub_stamp, interval, path)
+    asm = Assembler(state.build, interval, path, state.host)
+    add = asm.add
+    count = tab.count
+    valid = 0
+    skipped_first = False
+    header_text = tab.header_text
+    ticks = 0
+    t_lo, t_hi = float("inf"), float("-inf")
+    for no, line in lines:
+        if '"' in line:
+            text = line
+            if open_quote(line):
+                text = join_quoted(line, lines, no, path)
+            cells = split_quoted(text, delim)
+            if "\n" in text.rstrip("\r\n"):
+                cells = _first_lines(cells, tab, no, path, warns)
+            line = text
+        else:
+            cells = line.split() if delim == WS else line.split(delim)
+        if len(cells) != count:
+            if not line.strip() or line.lstrip().startswith("#"):
+                continue
+            fitted = _fit([c.rstrip("\r\n") for c in cells], count, tab)
+            if fitted is None:
+                stripped = [c.strip() for c in cells]
+                if header_text is not None and stripped == header_text:
+                    continue
+                if (line[:1].isalpha() or line[:1] == '"') and is_header(cells):
+                    tab = state.new_header(cells)
+                    count, header_text = tab.count, tab.header_text
+                    continue
+                if is_cut_short(line):
+                    warns.append(cut_short_warning(path, no))
+                    break
+                if valid == 0 and not skipped_first:
+                    skipped_first = True
+                    warns.append(
+                        f"{path}:{no}: first row does not fit the header (the log starts "
+                        "mid-line?); skipped"
+                    )
+                    continue
+                raise TraceFormatError(
+                    f"expected {count} columns, found {len(cells)}: {line.rstrip()[:77]!r}",
+                    path=path,
+                    line=no,
+                )
+            cells = fitted
+        elif (line[:1].isalpha() or line[:1] == '"') and header_text is not None:
+            stripped = [c.strip() for c in cells]
+            if stripped == header_text:
+                continue
+            if is_header(cells):
+                tab = state.new_header(cells)
+                count, header_text = tab.count, tab.header_text
+                continue
+        try:
+            got = state.row(cells, no)
+        except (ValueError, IndexError, TypeError) as exc:
+            if is_cut_short(line):
+                warns.append(cut_short_warning(path, no))
+                break
+            if valid == 0 and not skipped_first:
+                skipped_first = True
+                warns.append(
+                    f"{path}:{no}: first row is malformed ({exc}; the log starts mid-line?); "
+                    "skipped"
+                )
+                continue
+            raise bad_line(path, no, line, f"malformed value ({exc})") from None
+        valid += 1
+        payload = (tab, cells, no, line)
+        t = got[0]
+        for gpu, util in got[1]:
+            snap = add(t, gpu, util, payload)
+            if snap is not None:
+                ticks += 1
+                if snap.t_s < t_lo:
+                    t_lo = snap.t_s
+                if snap.t_s > t_hi:
+                    t_hi = snap.t_s
+                yield snap
+    snap = asm.flush()
+    if snap is not None:
+        ticks += 1
+        t_lo, t_hi = min(t_lo, snap.t_s), max(t_hi, snap.t_s)
+        yield snap
+    if ticks >= 3 and t_hi - t_lo == 0:
+        warns.append(
+            f"{path}: all {ticks} ticks carry the same time: the log's timestamps cannot order "
+            "them, so durations and the verdict over time mean nothing (was the time column "
+            "written once, or frozen?)"
+        )
+    state.finish(warns)
+
+
+def _first_lines(cells: list[str], tab: _Table, no: int, path: str, warns: list[str]) -> list[str]:
+    """Cells holding a line break (a logger quoted a value with a newline in it): their
+    first line is the value; said once."""
+    out = []
+    for i, c in enumerate(cells):
+        if "\n" in c:
+            first = c.split("\n", 1)[0]
+            if not tab.multiline_said:
+                tab.multiline_said = True
+                label = tab.lay.columns[i].label if i < len(tab.lay.columns) else f"#{i + 1}"
+                warns.append(
+                    f"{path}:{no}: cells of column {label!r} span lines ({shown(c)!r}): "
+                    "each is read as its first line"
+                )
+            c = first
+        out.append(c)
+    return out
+
+
+class _RowState:
+    """Per-row work: time, GPU, utilisation; and the builders the assembler calls."""
+
+    def __init__(
+        self,
+        tab: _Table,
+        header: TraceHeader,
+        t0: float,
+        sub_stamp: float | None,
+        interval: float,
+        path: str,
+    ):
+        self.tab = tab
+        self.t0 = t0
+        self.sub_stamp = sub_stamp
+        self.interval = interval
+        self.path = path
+        self.tick = -1
+        self.last_stamp = ""
+        self.last_t = 0.0
+        self.sub = 0
+        self.sub_gpus: set[int] = set()
+        self.assigners: list[ident.Assigner] = []
+        self._setup(tab)
+
+    def _setup(self, tab: _Table) -> None:
+        lay = tab.lay
+        self.tab = tab
+        self.t_at = lay.time_at
+        self.index_at = lay.at.get("index") if lay.key == "index" else None
+        self.key_at = lay.at.get(lay.key) if lay.key in ("uuid", "bus") else None
+        self.ordinals: dict[str, int] = {}
+        self.assigner = (
+            ident.Assigner(tab.cycle) if tab.cycle is not None and tab.cycle.n > 1 else None
+        )
+        if self.assigner is not None:
+            self.assigners.append(self.assigner)
+        self.mem_at = lay.at.get("mem_used")
+        per = tab.gpu_columns()
+        if lay.wide:
+            self.wide = [(g, f.get("util")) for g, f in per.items()]
+        else:
+            self.wide = []
+        self.u_at = per.get(-1, {}).get("util") if not lay.wide else None
+        self.series = list(tab.series_gpus.items())
+        tab.builders = {}
+        for g, fields in per.items():
+            tab.builders[g] = compile_builder(
+                lay, fields, lambda gpu, cells: _uuid(self.tab, gpu, cells)
+            )
+        for col, g in tab.series_gpus.items():
+            tab.builders[g] = compile_builder(
+                lay, {"util": col}, lambda gpu, cells: _uuid(self.tab, gpu, cells)
+            )
+
+    def new_header(self, cells: list[str]) -> _Table:
+        """A different header mid-file: re-map the columns (the same time form is kept)."""
+        lay = resolve(cells)
+        tab = _Table(lay, cells)
+        old = self.tab
+        if lay.time_at is not None and old.time is not None:
+            tab.time = old.time
+        tab.clock, tab.date, tab.fraction = old.clock, old.date, old.fraction
+        tab.cycle, tab.uuids = old.cycle, old.uuids
+        if tab.cycle is not None and tab.cycle.mode == "key":
+            try:
+                tab.key_cols = tuple(lay.at[f] for f in tab.cycle.key_fields)
+            except KeyError:
+                tab.key_cols = ()
+        by_label = {old.lay.columns[i].label: g for i, g in old.series_gpus.items()}
+        nxt = max([*old.series_gpus.values(), *lay.wide, 0]) + 1
+        for i in lay.series:
+            label = lay.columns[i].label
+            if label not in by_label:
+                by_label[label] = nxt
+                nxt += 1
+            tab.series_gpus[i] = by_label[label]
+        self._setup(tab)
+        return tab
+
+    def _util(self, cells: list[str], i: int) -> float | None:
+        cell = cells[i]
+        try:
+            util = float(cell.rstrip(" %\r\n"))
+            if not isfinite(util):
+                util = num(cell)
+        except ValueError:
+            try:
+                util = num(cell)
+            except ValueError as exc:
+                raise ValueError(f"column {self.tab.lay.columns[i].label!r}: {exc}") from None
+        if util is not None and self.tab.fraction:
+            util *= 100.0
+        return util
+
+    def row(self, cells: list[str], no: int) -> tuple[float, list[tuple[int, float | None]]]:
+        tab = self.tab
+        # Time.
+        if self.t_at is not None:
+            stamp = cells[self.t_at]
+            if stamp != self.last_stamp:
+                self.last_t = round(tab.time.parse(stamp) - self.t0, 6)  # type: ignore[union-attr]
+                self.last_stamp = stamp
+                self.sub = 0
+                self.sub_gpus.clear()
+            t: float | None = self.last_t
+        elif tab.clock is not None:
+            stamp = cells[tab.lay.clock_at] + cells[tab.lay.date_at]  # type: ignore[index]
+            if stamp != self.last_stamp:
+                self.last_t = round(_row_time(tab, cells) - self.t0, 6)  # type: ignore[operator]
+                self.last_stamp = stamp
+                self.sub = 0
+                self.sub_gpus.clear()
+            t = self.last_t
+        else:
+            t = None
+        # GPU.
+        if self.wide or self.series:
+            if t is None:
+                self.tick += 1
+                t = self.tick * self.interval
+            out = [(g, None if u is None else self._util(cells, u)) for g, u in self.wide]
+            if self.u_at is not None and not self.wide:
+                out.append((0, self._util(cells, self.u_at)))
+            out.extend((g, self._util(cells, c)) for c, g in self.series)
+            return t, out
+        if self.index_at is not None:
+            gpu = int(float(cells[self.index_at]))
+        elif self.key_at is not None:
+            k = cells[self.key_at].strip()
+            gpu = self.ordinals.get(k)  # type: ignore[assignment]
+            if gpu is None:
+                gpu = self.ordinals[k] = len(self.ordinals)
+        elif self.assigner is not None:
+            a = self.assigner
+            cyc = tab.cycle
+            if cyc.mode == "key" and tab.key_cols:  # type: ignore[union-attr]
+                gpu = a.by_key(tuple(cells[i].strip() for i in tab.key_cols))
+            elif cyc.mode == "time" and t is not None:  # type: ignore[union-attr]
+                gpu = a.by_time(t, no)
+            else:
+                mem = None
+                if self.mem_at is not None:
+                    try:
+                        mem = fnum(cells[self.mem_at])
+                    except ValueError:
+                        mem = None
+                gpu = a.by_cycle(mem, no)
+        else:
+            gpu = 0
+        if t is None:
+            if gpu in self.sub_gpus or not self.sub_gpus:
+                self.sub_gpus.clear()
+                self.tick += 1
+            self.sub_gpus.add(gpu)
+            t = self.tick * self.interval
+        elif self.sub_stamp is not None:
+            if gpu in self.sub_gpus:
+                self.sub_gpus.clear()
+                self.sub += 1
+            self.sub_gpus.add(gpu)
+            t = round(t + self.sub * self.sub_stamp, 6)
+        util = None if self.u_at is None else self._util(cells, self.u_at)
+        return t, [(gpu, util)]
+
+    def build(
+        self,
+        gpu: int,
+        t: float,
+        util: float | None,
+        points: tuple[Point, ...],
+        payload: tuple[Any, ...],
+    ) -> GpuSample:
+        tab, cells = payload[0], payload[1]
+        b = tab.builders.get(gpu) or tab.builders[-1]
+        return b(gpu, t, util, points, cells)
+
+    def host(self, payload: tuple[Any, ...], t: float) -> HostSample | None:
+        tab, cells = payload[0], payload[1]
+        lay = tab.lay
+        if lay.host_cpu is None and not lay.host_cores:
+            return None
+        cpu = None if lay.host_cpu is None else num(cells[lay.host_cpu])
+        cores = tuple(v for i in lay.host_cores if (v := num(cells[i])) is not None)
+        if cpu is None and cores:
+            cpu = sum(cores) / len(cores)
+        if cpu is not None and not 0 <= cpu <= 100:
+            cpu = None  # percent of one core (> 100): not the machine's share
+        return HostSample(t_s=t, cpu_pct=cpu, cpu_pct_per_core=cores)
+
+    def finish(self, warns: list[str]) -> None:
+        for a in self.assigners:
+            if a.breaks:
+                warns.append(
+                    f"{self.path}:{a.first_break}: the cycle of GPUs broke {a.breaks} time(s) "
+                    "(a tick with more or fewer rows than GPUs, or a GPU's values turning up "
+                    "in another's row); each time the next row was re-synced"
+                )

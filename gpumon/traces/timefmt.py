@@ -1,0 +1,266 @@
+"""Timestamps as logs write them, to seconds: one parser chosen per file from its first cells.
+
+Forms read: nvidia-smi's ``2024/05/01 12:00:00.123``; ISO 8601 with ``T`` or a space, a
+``.`` or ``,`` fraction (GNU ``date --iso-8601=ns`` writes a comma), ``Z`` or an offset;
+epoch seconds, milliseconds, micro- or nanoseconds (told apart by magnitude); seconds since
+the start, with or without an ``s`` suffix (``35s``), or ``[H:]MM:SS`` elapsed; a time of
+day alone (``12:00:05``, the day rolling over at midnight); dmon's ``YYYYMMDD`` date column.
+
+Times without a zone are read as UTC: durations stay right and results reproducible (the
+header says so).  Day epochs are cached: millions of rows share a few days.  Hand-written
+parsing, no regular expressions: every form is checked position by position.
+"""
+
+from __future__ import annotations
+
+import calendar
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+_day_cache: dict[tuple[int, int, int], int] = {}
+_DIGITS = frozenset("0123456789")
+
+
+def _day(y: int, m: int, d: int) -> int:
+    key = (y, m, d)
+    base = _day_cache.get(key)
+    if base is None:
+        if not (1 <= m <= 12 and 1 <= d <= 31 and 1900 <= y <= 2200):
+            raise ValueError(f"no such date {y:04d}-{m:02d}-{d:02d}")
+        base = calendar.timegm((y, m, d, 0, 0, 0, 0, 0, 0))
+        if len(_day_cache) < 100_000:
+            _day_cache[key] = base
+    return base
+
+
+def _int(s: str, a: int, b: int) -> int:
+    part = s[a:b]
+    if len(part) != b - a or not part.isdigit() or not part.isascii():
+        raise ValueError(f"{s!r} is not a timestamp")
+    return int(part)
+
+
+def clock_seconds(s: str, i: int = 0) -> tuple[float, int]:
+    """``HH:MM[:SS[.frac]]`` starting at ``s[i]``: (seconds into the day, index after it)."""
+    h = _int(s, i, i + 2)
+    if s[i + 2 : i + 3] != ":":
+        raise ValueError(f"{s!r} is not a timestamp")
+    mi = _int(s, i + 3, i + 5)
+    j = i + 5
+    sec = 0.0
+    if s[j : j + 1] == ":":
+        sec = float(_int(s, j + 1, j + 3))
+        j += 3
+        if s[j : j + 1] in (".", ","):
+            k = j + 1
+            while k < len(s) and s[k] in _DIGITS and k - j <= 12:
+                k += 1
+            if k == j + 1:
+                raise ValueError(f"{s!r} is not a timestamp")
+            sec += float("0." + s[j + 1 : k])
+            j = k
+    if h > 24 or mi > 59 or sec >= 61:
+        raise ValueError(f"{s!r} is not a timestamp")
+    return h * 3600 + mi * 60 + sec, j
+
+
+def _zone(s: str, j: int) -> float:
+    """The offset (seconds east of UTC) written from ``s[j]`` on; 0 when none."""
+    rest = s[j:].strip()
+    if not rest or rest in ("Z", "z", "UTC", "GMT"):
+        return 0.0
+    sign = rest[0]
+    if sign not in "+-" or len(rest) > 6:
+        raise ValueError(f"{s!r} is not a timestamp")
+    digits = rest[1:].replace(":", "")
+    if not digits.isdigit() or len(digits) not in (2, 4):
+        raise ValueError(f"{s!r} is not a timestamp")
+    offset = int(digits[:2]) * 3600 + (int(digits[2:]) * 60 if len(digits) == 4 else 0)
+    return offset if sign == "+" else -offset
+
+
+_day_text: dict[str, int] = {}
+
+
+def date_time(cell: str) -> float:
+    """``YYYY?MM?DD[T ]HH:MM[:SS[.f]][zone]`` (``?`` any of ``-/.``) as Unix seconds.
+
+    The fast path (a day already seen, no zone) costs a dict lookup and three conversions:
+    nvidia-smi logs call this once per tick, millions of times.
+    """
+    s = cell.strip()
+    base = _day_text.get(s[:10])
+    if base is not None and len(s) >= 19 and s[13] == ":" and s[16] == ":":
+        try:
+            return base + int(s[11:13]) * 3600 + int(s[14:16]) * 60 + float(s[17:])
+        except ValueError:
+            pass  # a zone, a comma fraction: the full parse below
+    return _date_time(s)
+
+
+def _date_time(cell: str) -> float:
+    s = cell.strip('"').strip()
+    if len(s) < 16 or s[4] not in "-/." or s[7] != s[4] or s[10] not in "T t_":
+        raise ValueError(f"{s!r} is not a timestamp")
+    base = _day(_int(s, 0, 4), _int(s, 5, 7), _int(s, 8, 10))
+    secs, j = clock_seconds(s, 11)
+    zone = _zone(s, j)
+    if len(_day_text) < 100_000:
+        _day_text[s[:10]] = base
+    return base + secs - zone
+
+
+def date_only(cell: str) -> int:
+    """A date column alone: ``YYYYMMDD`` (dmon), ``YYYY-MM-DD``, ``YYYY/MM/DD``."""
+    s = cell.strip()
+    if len(s) == 8 and s.isdigit():
+        return _day(int(s[0:4]), int(s[4:6]), int(s[6:8]))
+    if len(s) == 10 and s[4] in "-/." and s[7] == s[4]:
+        return _day(_int(s, 0, 4), _int(s, 5, 7), _int(s, 8, 10))
+    raise ValueError(f"{s!r} is not a date")
+
+
+def day_first_date(cell: str, day_first: bool) -> int:
+    """``DD-MM-YYYY`` or ``MM-DD-YYYY`` (separator ``-``, ``/`` or ``.``)."""
+    s = cell.strip()
+    if len(s) != 10 or s[2] not in "-/." or s[5] != s[2]:
+        return date_only(s)
+    a, b, y = _int(s, 0, 2), _int(s, 3, 5), _int(s, 6, 10)
+    return _day(y, b, a) if day_first else _day(y, a, b)
+
+
+def _elapsed(cell: str) -> float:
+    s = cell.strip().strip('"').strip()
+    if s.endswith("ms"):
+        return float(s[:-2]) / 1000
+    if s.endswith(("s", "S")):
+        s = s[:-1].rstrip()
+    if ":" in s:
+        parts = s.split(":")
+        if len(parts) > 3 or not all(parts):
+            raise ValueError(f"{cell.strip()!r} is not a time")
+        total = 0.0
+        for p in parts:
+            total = total * 60 + float(p)
+        return total
+    v = float(s)
+    if v != v or v in (float("inf"), float("-inf")):
+        raise ValueError(f"{cell.strip()!r} is not a time")
+    return v
+
+
+@dataclass(frozen=True)
+class TimeParser:
+    """How one file writes its times: ``parse(cell) -> seconds``.
+
+    ``absolute``: Unix time (else seconds since the start, or a time of day).
+    ``note``: how it was read, for the header (None when obvious).
+    """
+
+    kind: str
+    parse: Callable[[str], float]
+    absolute: bool
+    note: str | None = None
+    time_of_day: bool = False
+
+
+def _epoch(scale: float) -> Callable[[str], float]:
+    def parse(cell: str) -> float:
+        v = float(cell.strip().strip('"'))
+        if v != v or v in (float("inf"), float("-inf")):
+            raise ValueError(f"{cell.strip()!r} is not a time")
+        return v * scale
+
+    return parse
+
+
+def _time_of_day(cell: str) -> float:
+    s = cell.strip()
+    secs, j = clock_seconds(s, 0)
+    if s[j:].strip():
+        raise ValueError(f"{s!r} is not a time of day")
+    return secs
+
+
+def _looks_date_time(s: str) -> bool:
+    return len(s) >= 16 and s[:4].isdigit() and s[4] in "-/." and s[10:11] in ("T", " ", "t", "_")
+
+
+def pick(samples: Sequence[str], name: str = "") -> TimeParser | None:
+    """The parser that reads every one of ``samples`` (a column's first cells), or None.
+
+    ``name`` (the column header, lower-cased) settles units a number cannot show:
+    ``_ms`` milliseconds, ``(s)`` elapsed seconds.
+    """
+    cells = [c.strip().strip('"').strip() for c in samples if c.strip().strip('"').strip()]
+    if not cells:
+        return None
+    candidates: list[TimeParser] = []
+    if all(_looks_date_time(c) for c in cells):
+        zoned = all(c.endswith(("Z", "z")) or c[-6:-5] in "+-" or c[-5:-4] in "+-" for c in cells)
+        note = None if zoned else "local time of the logging machine, read as UTC"
+        candidates.append(TimeParser("datetime", date_time, True, note))
+    if all(len(c) == 8 and c[2] == ":" and c[5] == ":" for c in cells) or all(
+        len(c) >= 8 and c[2] == ":" and c[5] == ":" and c[8:9] in (".", ",") for c in cells
+    ):
+        candidates.append(
+            TimeParser(
+                "time-of-day",
+                _time_of_day,
+                False,
+                "times of day without a date: the first day is counted as day 0",
+                time_of_day=True,
+            )
+        )
+    numeric = []
+    for c in cells:
+        try:
+            numeric.append(float(c))
+        except ValueError:
+            numeric = []
+            break
+    if numeric:
+        hi = max(abs(v) for v in numeric)
+        lname = name.lower()
+        if lname.endswith(("_ms", "(ms)", "[ms]", " ms", "millis", "milliseconds")):
+            scale = 1e-3
+        elif lname.endswith(("_us", "(us)", "[us]")):
+            scale = 1e-6
+        elif lname.endswith(("_ns", "(ns)", "[ns]")) or hi > 1e17:
+            scale = 1e-9
+        elif hi > 1e14:
+            scale = 1e-6
+        elif hi > 1e11:
+            scale = 1e-3
+        else:
+            scale = 1.0
+        absolute = hi * scale > 1e8  # after 1973: an epoch, else seconds since the start
+        unit = {1.0: "seconds", 1e-3: "milliseconds", 1e-6: "microseconds", 1e-9: "ns"}[scale]
+        note = f"times read as epoch {unit}" if absolute else None
+        if not absolute:
+            note = "times are seconds since the start of the log"
+            if scale != 1.0:
+                note = f"times are {unit} since the start of the log"
+        candidates.append(
+            TimeParser("epoch" if absolute else "elapsed", _epoch(scale), absolute, note)
+        )
+    elif all(_is_elapsed(c) for c in cells):
+        candidates.append(
+            TimeParser("elapsed", _elapsed, False, "times are seconds since the start of the log")
+        )
+    for cand in candidates:
+        try:
+            for c in cells:
+                cand.parse(c)
+        except ValueError:
+            continue
+        return cand
+    return None
+
+
+def _is_elapsed(c: str) -> bool:
+    try:
+        _elapsed(c)
+    except ValueError:
+        return False
+    return True

@@ -1,0 +1,779 @@
+# ruff: noqa: E501 -- the rows are written as the tools lay them out, one f-string each
+"""Regenerate the real-shaped logs in ``quirks/``: ``python tests/data/logs/make_quirks.py``.
+
+Each file imitates a *kind* of log people publish (nvidia-smi loops, home-made loggers,
+gpustat, W&B, dmon, dcgmi, Prometheus exports) with the quirks those logs show -- learned
+from reading public logs, never copied from them: the values are a seeded simulation of
+what the GPUs did (``Run``), the layout is written here.  ``quirks/manifest.toml`` lists
+each file, its quirks, the kind it imitates, its GPU count and the verdict a person would
+give; ``test_traces_quirks.py`` checks that reading gets each one right.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+HERE = Path(__file__).parent / "quirks"
+START = 1764189000  # 2025-11-26 20:30:00 UTC
+DAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
+MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
+
+
+# --- what the GPUs did -------------------------------------------------------------------
+
+
+@dataclass
+class State:
+    util: float  # percent, as NVML's utilization.gpu would read over its sample period
+    power: float  # W
+    mem: float  # MiB used
+
+
+class Run:
+    """A seeded training run: ``state(t, gpu)`` is what that GPU was doing at time t.
+
+    behaviours: ``healthy``; ``starved`` (busy bursts and idle gaps, every GPU in step:
+    one input pipeline feeds them all); ``sync_stall`` (one rank writes a checkpoint at
+    0 % while the others spin in NCCL at ~100 % but low power); ``straggler`` (one GPU is
+    slow, the others busy-wait on it); ``idle`` (memory held, nothing runs); ``epoch_gap``
+    (healthy, but the DataLoader restarts its workers every epoch: a gap every 27 s).
+    """
+
+    def __init__(
+        self,
+        behaviour: str,
+        gpus: int,
+        seed: int,
+        tdp: float = 400.0,
+        mem_total: float = 81920.0,
+        period: float = 4.0,
+        duty: float = 0.5,
+        stall_rank: int = 3,
+    ):
+        self.behaviour = behaviour
+        self.gpus = gpus
+        self.rng = random.Random(seed)
+        self.tdp = tdp
+        self.mem_total = mem_total
+        self.period = period
+        self.duty = duty
+        self.stall_rank = min(stall_rank, gpus - 1)
+        self.base_mem = [
+            0.6 * mem_total + 37 * g + self.rng.uniform(-200, 200) for g in range(gpus)
+        ]
+        self.temp = [38 + 3 * g % 7 + self.rng.randint(0, 3) for g in range(gpus)]
+
+    def _busy(self, util: float) -> float:
+        return 0.22 * self.tdp + (0.72 * self.tdp) * util / 100 + self.rng.uniform(-12, 12)
+
+    def state(self, t: float, gpu: int) -> State:
+        r = self.rng
+        b = self.behaviour
+        mem = self.base_mem[gpu] + r.choice((0, 0, 0, 2, 4))
+        if b == "idle":
+            return State(0.0, 0.15 * self.tdp + r.uniform(-3, 3), mem)
+        if b == "healthy":
+            u = r.uniform(93, 100)
+            return State(u, self._busy(u), mem)
+        if b == "starved":
+            phase = t % self.period
+            if phase < self.duty * self.period:
+                u = r.uniform(90, 100)
+                return State(u, self._busy(u), mem)
+            return State(r.uniform(0, 3), 0.25 * self.tdp + r.uniform(-5, 5), mem)
+        if b == "epoch_gap":
+            if t % 27.0 >= 22.5:
+                return State(r.uniform(0, 2), 0.25 * self.tdp + r.uniform(-5, 5), mem)
+            u = r.uniform(93, 100)
+            return State(u, self._busy(u), mem)
+        if b == "sync_stall":
+            stalled = t % self.period >= (1 - self.duty) * self.period
+            if not stalled:
+                u = r.uniform(97, 100)
+                return State(u, 0.9 * self.tdp + r.uniform(-15, 15), mem)
+            if gpu == self.stall_rank:
+                return State(0.0, 0.2 * self.tdp + r.uniform(-4, 4), mem)
+            return State(100.0, 0.21 * self.tdp + r.uniform(-6, 6), mem)  # NCCL spin
+        if b == "straggler":
+            if gpu == self.stall_rank:
+                u = r.uniform(97, 100)
+                return State(u, 0.92 * self.tdp + r.uniform(-10, 10), mem)
+            if t % 1.0 < 0.6:
+                u = r.uniform(97, 100)
+                return State(u, 0.9 * self.tdp + r.uniform(-10, 10), mem)
+            return State(100.0, 0.24 * self.tdp + r.uniform(-8, 8), mem)
+        raise ValueError(b)
+
+    def temp_of(self, gpu: int, util: float) -> int:
+        """A GPU's temperature: its own level, drifting with its long-run load (the die
+        heats over minutes, not per sample); ``util`` is ignored on purpose."""
+        return int(self.temp[gpu] + 14 + self.rng.randint(0, 1))
+
+
+# --- time formats -------------------------------------------------------------------------
+
+
+def nvsmi_stamp(t: float) -> str:
+    whole = int(t)
+    return (
+        time.strftime("%Y/%m/%d %H:%M:%S", time.gmtime(whole)) + f".{int((t - whole) * 1000):03d}"
+    )
+
+
+def iso(t: float, sep: str = "T") -> str:
+    return time.strftime(f"%Y-%m-%d{sep}%H:%M:%S", time.gmtime(int(t)))
+
+
+def date_line(t: float) -> str:
+    g = time.gmtime(int(t))
+    return f"{DAYS[g.tm_wday]} {MONTHS[g.tm_mon - 1]} {g.tm_mday:2d} " + time.strftime(
+        "%H:%M:%S %Y", g
+    )
+
+
+def lines(rows: list[str], end: str = "\n") -> str:
+    return end.join(rows) + end
+
+
+# --- the files ----------------------------------------------------------------------------
+
+
+def nvsmi_8gpu_same_stamp() -> str:
+    """8 GPUs, no index column, all rows of a tick share one timestamp (-l 1); rank 3
+    writes a checkpoint while the others spin in NCCL at 100 % and ~150 W."""
+    run = Run("sync_stall", 8, 101, tdp=700.0, period=20.0, duty=0.3)
+    out = [
+        "timestamp, name, utilization.gpu [%], memory.used [MiB], memory.total [MiB], "
+        "power.draw [W]"
+    ]
+    for k in range(180):
+        t = START + k + 0.412 + run.rng.randint(0, 6) / 1000
+        for g in range(8):
+            s = run.state(k, g)
+            out.append(
+                f"{nvsmi_stamp(t)}, NVIDIA H100 80GB HBM3, {s.util:.0f} %, {s.mem:.0f} MiB, "
+                f"81559 MiB, {s.power:.2f} W"
+            )
+    return lines(out)
+
+
+def nvsmi_2gpu_ms_apart() -> str:
+    """2 GPUs, no index column, -lms 100, nounits: the rows of a tick 1-3 ms apart."""
+    run = Run("starved", 2, 102, tdp=300.0, period=0.8, duty=0.45, mem_total=49140.0)
+    out = ["timestamp, utilization.gpu [%], memory.used [MiB], memory.total [MiB], power.draw [W]"]
+    for k in range(900):
+        t = START + k * 0.1 + 0.005 + run.rng.randint(0, 3) / 1000
+        for g in range(2):
+            s = run.state(k * 0.1, g)
+            out.append(
+                f"{nvsmi_stamp(t + 0.001 * g + run.rng.randint(0, 1) / 1000)}, {s.util:.0f}, "
+                f"{s.mem:.0f}, 49140, {s.power:.2f}"
+            )
+    return lines(out)
+
+
+def nvsmi_4gpu_straggler_crlf() -> str:
+    """4 GPUs, no index, -l 1, written on Windows: UTF-8 BOM and CRLF line ends; GPU 2 is
+    the straggler the others wait for."""
+    run = Run("straggler", 4, 103, tdp=350.0, stall_rank=2, mem_total=24576.0)
+    out = [
+        "timestamp, name, pci.bus_id, utilization.gpu [%], memory.used [MiB], power.draw [W], "
+        "enforced.power.limit [W]"
+    ]
+    for k in range(150):
+        t = START + k + 0.88 + run.rng.randint(0, 4) / 1000
+        for g in range(4):
+            s = run.state(k + 0.7, g)
+            out.append(
+                f"{nvsmi_stamp(t + g * 0.002)}, NVIDIA GeForce RTX 3090, "
+                f"00000000:{0x1A + 0x20 * g:02X}:00.0, {s.util:.0f} %, {s.mem:.0f} MiB, "
+                f"{s.power:.2f} W, 350.00 W"
+            )
+    return "\ufeff" + lines(out, "\r\n")
+
+
+def nvsmi_header_every_row() -> str:
+    """A shell loop calling nvidia-smi --format=csv every second and appending: the header
+    before every row.  Memory held, nothing runs."""
+    run = Run("idle", 1, 104, tdp=250.0, mem_total=11264.0)
+    hdr = (
+        "timestamp, index, name, pci.bus_id, utilization.gpu [%], utilization.memory [%], "
+        "memory.used [MiB], memory.free [MiB], memory.total [MiB]"
+    )
+    out = []
+    for k in range(120):
+        s = run.state(k, 0)
+        used = 9812 + run.rng.choice((0, 0, 2))
+        out += [
+            hdr,
+            f"{nvsmi_stamp(START + k * 1.03 + 0.252)}, 0, NVIDIA GeForce RTX 2080 Ti, "
+            f"00000000:01:00.0, {s.util:.0f} %, 0 %, {used} MiB, {11264 - used} MiB, 11264 MiB",
+        ]
+    return lines(out)
+
+
+def home_epoch_spaces() -> str:
+    """A home-made logger writing nvidia-smi's query names with epoch-second times and a
+    space after some commas, once a minute: ``1764189075,1, 24576, 0``."""
+    run = Run("healthy", 1, 105, tdp=300.0, mem_total=24576.0)
+    out = ["timestamp,memory.used,memory.total,utilization.gpu"]
+    for k in range(90):
+        s = run.state(k * 60, 0)
+        out.append(
+            f"{START + 75 + k * 60 + run.rng.randint(0, 1)},{10586 if k > 2 else 442 * k}, 24576, {s.util:.0f}"
+        )
+    return lines(out)
+
+
+def home_quoted_newline() -> str:
+    """A Python logger quoting a power cell that holds a newline (``"26.11`` newline
+    ``0"``), sampling every ~0.25 s with elapsed seconds; input-starved."""
+    run = Run("starved", 1, 106, tdp=300.0, period=1.5, duty=0.4, mem_total=49140.0)
+    out = ["elapsed_sec,gpu_util_pct,mem_used_mb,mem_total_mb,temp_c,power_w"]
+    t = 0.08
+    for _k in range(480):
+        s = run.state(t, 0)
+        out.append(
+            f'{t:.2f},{s.util:.0f},{s.mem:.0f},49140,{run.temp_of(0, s.util)},"{s.power:.2f}\n0"'
+        )
+        t += 0.22 + run.rng.randint(0, 6) / 100
+    return lines(out)
+
+
+def tsv_time_s_aggregates() -> str:
+    """A tab-separated monitor log: ``Time(s)`` values with an ``s`` suffix, a header
+    mixing tabs and spaces, machine-wide series as columns (CPU, GPU, LGPU); the CPU is
+    saturated whenever the GPU waits."""
+    run = Run("starved", 1, 107, period=6.0, duty=0.5)
+    out = ["Time(s)\tCPU  GPU\tLGPU"]
+    for k in range(240):
+        s = run.state(k, 0)
+        cpu = run.rng.uniform(96, 100) if s.util < 50 else run.rng.uniform(55, 75)
+        out.append(f"{k}s\t{cpu:.1f}\t{s.util:.0f}\t{max(0, s.util - run.rng.uniform(0, 6)):.0f}")
+    return lines(out)
+
+
+def gpustat_loop() -> str:
+    """``while true; do gpustat; sleep 1; done >> log``: the header line (hostname, date,
+    driver) before each snapshot, ``'C``, process lists; 2 GPUs kept busy."""
+    run = Run("healthy", 2, 108, tdp=215.0, mem_total=7982.0)
+    out = []
+    for k in range(150):
+        t = START + k
+        out.append(f"compute3{'':26}{date_line(t)}  465.19.01")
+        for g in range(2):
+            s = run.state(k, g)
+            used = int(s.mem * 0.9)
+            out.append(
+                f"[{g}] NVIDIA GeForce RTX 2070 SUPER | {run.temp_of(g, s.util)}'C, {s.util:3.0f} % "
+                f"| {used:5d} / {7982:5d} MB | root({used - 3}M)"
+            )
+    return lines(out)
+
+
+def gpustat_full_color() -> str:
+    """``gpustat -a --no-header --color`` in a loop: colour codes, ``°C``, fan speed before
+    the utilisation, encoder/decoder, ``?? W`` when power has no reading; starved."""
+    run = Run("starved", 1, 109, tdp=250.0, period=5.0, duty=0.4, mem_total=12287.0)
+    cy, rs = "\x1b[36m", "\x1b[0;10m"
+    out = []
+    for k in range(200):
+        s = run.state(k, 0)
+        power = "??" if k % 37 == 5 else f"{s.power:.0f}"
+        out.append(
+            f"{cy}[0]{rs} \x1b[34mGeForce GTX TITAN X{rs} | \x1b[31m{run.temp_of(0, s.util)}°C{rs}, "
+            f"{40 + k % 3:3d} %, \x1b[32m{s.util:3.0f} %{rs} (E:   0 %  D:   0 %), "
+            f"{power:>3} / 250 W | \x1b[33m{int(s.mem)}{rs} / 12287 MB | "
+            f"user1:python/48448({int(s.mem) - 300}M)"
+        )
+        out.append(" └─  48448 (  85%,  257MB): python train.py")
+    return lines(out)
+
+
+def gpustat_json_loop() -> str:
+    """``gpustat --json`` appended in a loop: pretty-printed objects one after another;
+    2 GPUs, memory held, nothing running (an idle allocation)."""
+    run = Run("idle", 2, 110, tdp=300.0, mem_total=24576.0)
+    out = []
+    for k in range(100):
+        t = START + 2 * k
+        gpus = []
+        for g in range(2):
+            s = run.state(2 * k, g)
+            gpus.append(
+                {
+                    "index": g,
+                    "uuid": f"GPU-7e1{g}aa2c-0b9d-4c61-9f0e-5b2d9c7e11a{g}",
+                    "name": "NVIDIA RTX A5000",
+                    "temperature.gpu": run.temp_of(g, 0),
+                    "fan.speed": 30,
+                    "utilization.gpu": 0,
+                    "utilization.enc": 0,
+                    "utilization.dec": 0,
+                    "power.draw": round(s.power),
+                    "enforced.power.limit": 230,
+                    "memory.used": 18023 + g,
+                    "memory.total": 24564,
+                    "processes": [
+                        {
+                            "username": "ana",
+                            "command": "python",
+                            "gpu_memory_usage": 18000,
+                            "pid": 4100 + g,
+                        }
+                    ],
+                }
+            )
+        doc = {
+            "hostname": "ws-lab-2",
+            "driver_version": "535.129.03",
+            "query_time": iso(t) + f".{run.rng.randint(0, 999999):06d}",
+            "gpus": gpus,
+        }
+        out.append(json.dumps(doc, indent=4, separators=(",", ": ")))
+    return lines(out)
+
+
+def wandb_events() -> str:
+    """``wandb-events.jsonl``: one object per ~30 s with system.gpu.N.* keys (averages),
+    _timestamp and _runtime; 2 GPUs kept busy (a healthy control)."""
+    run = Run("healthy", 2, 111, tdp=300.0, mem_total=49140.0)
+    out = []
+    for k in range(60):
+        ev: dict[str, object] = {}
+        for g in range(2):
+            s = run.state(k * 30, g)
+            ev[f"system.gpu.{g}.gpu"] = round(s.util, 2)
+            ev[f"system.gpu.{g}.memory"] = round(s.util * 0.4, 2)
+            ev[f"system.gpu.{g}.memoryAllocated"] = round(100 * s.mem / 49140, 2)
+            ev[f"system.gpu.{g}.temp"] = float(run.temp_of(g, s.util))
+            ev[f"system.gpu.{g}.powerWatts"] = round(s.power, 2)
+            ev[f"system.gpu.{g}.powerPercent"] = round(100 * s.power / 300, 2)
+        ev["system.cpu"] = round(run.rng.uniform(30, 45), 2)
+        ev["system.memory"] = 21.3
+        ev["system.network.sent"] = 1233288 + 1000 * k
+        ev["_wandb"] = True
+        ev["_timestamp"] = START + 30 * k + run.rng.randint(0, 1)
+        ev["_runtime"] = 28 + 30 * k
+        out.append(json.dumps(ev))
+    return lines(out)
+
+
+def wandb_export_csv() -> str:
+    """A W&B chart exported to CSV: quoted headers ``run - system/gpu.0.gpu`` with __MIN
+    and __MAX companions, ``Relative Time (Process)``, 2 GPUs; starved (~45 % averages)."""
+    run = Run("starved", 2, 112, tdp=400.0, period=3.0, duty=0.45)
+    name = "glowing-sun-42"
+    cols = ["Relative Time (Process)"]
+    for g in range(2):
+        for m in ("gpu", "powerWatts"):
+            cols += [
+                f"{name} - system/gpu.{g}.{m}",
+                f"{name} - system/gpu.{g}.{m}__MIN",
+                f"{name} - system/gpu.{g}.{m}__MAX",
+            ]
+    out = [",".join(f'"{c}"' for c in cols)]
+    for k in range(80):
+        rel = 15.2 + 15 * k
+        cells = [f"{rel:.3f}"]
+        for g in range(2):
+            # a 15 s average of a 3 s starved rhythm
+            us = [run.state(rel + i * 0.5, g) for i in range(30)]
+            u = sum(x.util for x in us) / len(us)
+            p = sum(x.power for x in us) / len(us)
+            cells += [f"{u:.3f}", f"{u:.3f}", f"{u:.3f}", f"{p:.3f}", f"{p:.3f}", f"{p:.3f}"]
+        if k % 11 == 4:
+            cells[-6:] = ["", "", "", "", "", ""]  # GPU 1 not logged in this row
+        out.append(",".join(cells))
+    return lines(out)
+
+
+DMON_ALL = (
+    ("gpu", "Idx"),
+    ("pwr", "W"),
+    ("gtemp", "C"),
+    ("mtemp", "C"),
+    ("sm", "%"),
+    ("mem", "%"),
+    ("enc", "%"),
+    ("dec", "%"),
+    ("jpg", "%"),
+    ("ofa", "%"),
+    ("mclk", "MHz"),
+    ("pclk", "MHz"),
+    ("pviol", "%"),
+    ("tviol", "bool"),
+    ("fb", "MB"),
+    ("bar1", "MB"),
+    ("ccpm", "MB"),
+    ("sbecc", "errs"),
+    ("dbecc", "errs"),
+    ("pci", "errs"),
+    ("rxpci", "MB/s"),
+    ("txpci", "MB/s"),
+)
+
+
+def dmon_all_columns() -> str:
+    """``nvidia-smi dmon -s pucvmet -o DT``: every column set, date and time, the header
+    pair every 20 rows, a blank line now and then; 4 GPUs, bursty (starved)."""
+    run = Run("starved", 4, 113, tdp=400.0, period=5.0, duty=0.4)
+    names = "#Date       Time        " + " ".join(f"{n:>5}" for n, _ in DMON_ALL)
+    units = "#YYYYMMDD   HH:MM:SS    " + " ".join(f"{u:>5}" for _, u in DMON_ALL)
+    out = []
+    rows = 0
+    for k in range(200):
+        t = START + k
+        for g in range(4):
+            if rows % 20 == 0:
+                out += [names, units]
+            rows += 1
+            s = run.state(k, g)
+            vals = [
+                g,
+                int(s.power),
+                run.temp_of(g, s.util),
+                "-",
+                int(s.util),
+                int(s.util / 3),
+                0,
+                0,
+                0,
+                0,
+                1593,
+                1410 if s.util > 50 else 210,
+                0,
+                0,
+                int(s.mem),
+                4,
+                0,
+                "-",
+                "-",
+                0,
+                120 if s.util < 50 else 9,
+                4,
+            ]
+            out.append(
+                f" {time.strftime('%Y%m%d   %H:%M:%S', time.gmtime(t))}    "
+                + " ".join(f"{v:>5}" for v in vals)
+            )
+        if k % 50 == 49:
+            out.append("")
+    return lines(out)
+
+
+def dmon_time_only_midnight() -> str:
+    """``nvidia-smi dmon -s u -o T`` over midnight: a time column without a date; 1 GPU,
+    healthy."""
+    run = Run("healthy", 1, 114)
+    out = []
+    t0 = 86400 * 20000 - 90  # 23:58:30
+    for k in range(180):
+        if k % 30 == 0:
+            out += [
+                "#Time        gpu    sm   mem   enc   dec",
+                "#HH:MM:SS    Idx     %     %     %     %",
+            ]
+        s = run.state(k, 0)
+        out.append(
+            f" {time.strftime('%H:%M:%S', time.gmtime(t0 + k))}    {0:>3} {int(s.util):>5} {int(s.util / 2):>5} {0:>5} {0:>5}"
+        )
+    return lines(out)
+
+
+def dcgmi_dmon() -> str:
+    """``dcgmi dmon -e 203,252,155,150,1001,1002``: the #Entity header and its ID/units line
+    reprinted every 14 rows, GPUs listed from the last, N/A cells; 4 GPUs, GPU 1 writes a
+    checkpoint while the others wait."""
+    run = Run("sync_stall", 4, 115, tdp=400.0, period=15.0, duty=0.35, stall_rank=1)
+    out = []
+    rows = 0
+    for k in range(160):
+        for g in (3, 2, 1, 0):
+            if rows % 14 == 0:
+                out.append(
+                    "#Entity   GPUTL             FBUSD             POWER             TMPTR        GRACT             SMACT"
+                )
+                out.append("ID                          MiB               W                 C")
+            rows += 1
+            s = run.state(k, g)
+            grac = "N/A" if k < 2 else f"{s.util / 100 * 0.93:.3f}"
+            out.append(
+                f"GPU {g}     {int(s.util):<17} {int(s.mem):<17} {s.power:<17.3f} {run.temp_of(g, s.util):<12} "
+                f"{grac:<17} {s.util / 100 * 0.41:.3f}"
+            )
+    return lines(out)
+
+
+def _prom(series: list[tuple[dict[str, str], list[tuple[float, str]]]]) -> dict:
+    return {
+        "status": "success",
+        "data": {
+            "resultType": "matrix",
+            "result": [{"metric": m, "values": [[t, v] for t, v in pts]} for m, pts in series],
+        },
+    }
+
+
+def prom_dcgm() -> str:
+    """A Prometheus query_range export of dcgm-exporter (one line, as the API returns it):
+    DCGM_FI_DEV_GPU_UTIL, POWER_USAGE, FB_USED, PROF_GR_ENGINE_ACTIVE for 2 GPUs of one
+    node, step 5 s; a starved run (10 s busy / 10 s idle)."""
+    run = Run("starved", 2, 116, tdp=700.0, period=20.0, duty=0.5)
+    series = []
+    ts = [START + 5 * k for k in range(180)]
+    states = {(g, t): run.state(t - START, g) for g in range(2) for t in ts}
+    for g in range(2):
+        base = {
+            "gpu": str(g),
+            "UUID": f"GPU-3f2a{g}c1e-8d47-4b0a-a6f1-{g}e29d0b7c5a1",
+            "device": f"nvidia{g}",
+            "modelName": "NVIDIA H100 80GB HBM3",
+            "Hostname": "gpu-node-07",
+            "instance": "10.0.3.17:9400",
+            "job": "dcgm-exporter",
+        }
+        for name, fn in (
+            ("DCGM_FI_DEV_GPU_UTIL", lambda s: f"{s.util:.0f}"),
+            ("DCGM_FI_DEV_POWER_USAGE", lambda s: f"{s.power:.3f}"),
+            ("DCGM_FI_DEV_FB_USED", lambda s: f"{s.mem:.0f}"),
+            ("DCGM_FI_PROF_GR_ENGINE_ACTIVE", lambda s: f"{s.util / 100 * 0.9:.6f}"),
+        ):
+            pts = [(t, fn(states[(g, t)])) for t in ts]
+            if name == "DCGM_FI_DEV_POWER_USAGE":
+                pts[37] = (pts[37][0], "NaN")
+            series.append(({"__name__": name, **base}, pts))
+    return json.dumps(_prom(series), separators=(",", ":")) + "\n"
+
+
+def prom_nvidia_gpu_exporter() -> str:
+    """A pretty-printed query_range export of nvidia_gpu_exporter (ratios 0-1, bytes, a
+    uuid label without the GPU- prefix); 1 GPU holding memory with nothing running."""
+    run = Run("idle", 1, 117, tdp=320.0, mem_total=16384.0)
+    ts = [START + 15 * k for k in range(120)]
+    labels = {
+        "uuid": "72f02a28-5140-325e-ba49-1ae77c6b4e30",
+        "instance": "ws12:9835",
+        "job": "nvidia_gpu_exporter",
+    }
+    series = []
+    for name, fn in (
+        ("nvidia_smi_utilization_gpu_ratio", lambda s: "0"),
+        ("nvidia_smi_memory_used_bytes", lambda s: str(int(s.mem) << 20)),
+        ("nvidia_smi_memory_total_bytes", lambda s: str(16384 << 20)),
+        ("nvidia_smi_power_draw_watts", lambda s: f"{s.power:.2f}"),
+    ):
+        series.append(
+            ({"__name__": name, **labels}, [(t, fn(run.state(t - START, 0))) for t in ts])
+        )
+    return json.dumps(_prom(series), indent=2) + "\n"
+
+
+def prom_gpumon() -> str:
+    """gpumon's own series pulled back from Prometheus: two responses (utilisation, then
+    host CPU) on two lines, 2 GPUs kept busy."""
+    run = Run("healthy", 2, 118)
+    ts = [START + 10 * k for k in range(90)]
+    util = []
+    for g in range(2):
+        lab = {
+            "__name__": "gpumon_gpu_utilization_ratio",
+            "gpu": str(g),
+            "uuid": f"GPU-5d0c{g}",
+            "instance": "node17:9977",
+        }
+        util.append((lab, [(t, f"{run.state(t - START, g).util / 100:.4f}") for t in ts]))
+    host = [
+        (
+            {"__name__": "gpumon_host_cpu_ratio", "instance": "node17:9977"},
+            [(t, f"{run.rng.uniform(0.3, 0.4):.3f}") for t in ts],
+        )
+    ]
+    return json.dumps(_prom(util)) + "\n" + json.dumps(_prom(host)) + "\n"
+
+
+def wide_per_gpu() -> str:
+    """A script's CSV with one set of columns per GPU (``0GPU (%)``, ``1GPU (%)``), host CPU,
+    RAM and swap, epoch seconds with ms; 2 GPUs, healthy."""
+    run = Run("healthy", 2, 119)
+    out = [
+        "Timestamp (s),CPU (%),RAM (%),Swap (%),0GPU (%),0Mem (%),0Temp (C),1GPU (%),1Mem (%),1Temp (C)"
+    ]
+    for k in range(150):
+        cells = [
+            f"{START + k + 0.137 + run.rng.randint(0, 20) / 1000:.3f}",
+            f"{run.rng.uniform(40, 60):.1f}",
+            "31.2",
+            "0.0",
+        ]
+        for g in range(2):
+            s = run.state(k, g)
+            cells += [f"{s.util:.0f}", f"{s.util / 3:.0f}", str(run.temp_of(g, s.util))]
+        out.append(",".join(cells))
+    return lines(out)
+
+
+def semicolon_decimal_comma() -> str:
+    """A logger on a German-locale machine: semicolons, decimal commas, times of day only
+    (crossing midnight); 1 GPU, starved."""
+    run = Run("starved", 1, 120, tdp=250.0, period=6.0, duty=0.35)
+    out = ["time;gpu_util;power_w;mem_used_mib"]
+    t0 = 23 * 3600 + 57 * 60
+    for k in range(300):
+        s = run.state(k, 0)
+        tod = (t0 + k) % 86400
+        out.append(
+            f"{tod // 3600:02d}:{tod // 60 % 60:02d}:{tod % 60:02d};{s.util:.1f}".replace(".", ",")
+            + f";{s.power:.1f}".replace(".", ",")
+            + f";{int(s.mem)}"
+        )
+    return lines(out)
+
+
+def concat_runs_cut_start() -> str:
+    """Two nvidia-smi logs concatenated: the first starts mid-line (a garbled first
+    timestamp), the second run restarted nvidia-smi with other columns two hours later."""
+    run = Run("healthy", 1, 121, tdp=350.0, mem_total=24576.0)
+    out = [
+        "timestamp, name, utilization.gpu [%], utilization.memory [%], memory.total [MiB], memory.used [MiB], power.draw [W]"
+    ]
+    for k in range(100):
+        s = run.state(k, 0)
+        stamp = nvsmi_stamp(START + k + 0.642)
+        if k == 0:
+            stamp = stamp[1:]
+        out.append(
+            f"{stamp}, NVIDIA GeForce RTX 3090, {s.util:.0f} %, {s.util / 4:.0f} %, 24576 MiB, {s.mem:.0f} MiB, {s.power:.2f} W"
+        )
+    out.append("timestamp, utilization.gpu [%], memory.used [MiB], power.draw [W], temperature.gpu")
+    for k in range(100):
+        s = run.state(k, 0)
+        out.append(
+            f"{nvsmi_stamp(START + 7200 + k + 0.301)}, {s.util:.0f} %, {s.mem:.0f} MiB, {s.power:.2f} W, {run.temp_of(0, s.util)}"
+        )
+    return lines(out)
+
+
+def gnu_iso_ns() -> str:
+    """``echo "$(date --iso-8601=ns),$line"`` around nvidia-smi --format=csv,noheader,
+    nounits -lms 200: the time's comma fraction splits it into two cells; starved."""
+    run = Run("starved", 1, 122, period=1.2, duty=0.5)
+    out = ["timestamp,utilization.gpu,utilization.memory,memory.used,power.draw"]
+    for k in range(600):
+        t = START + k * 0.2 + 0.0131
+        whole = int(t)
+        ns = int((t - whole) * 1e9)
+        s = run.state(k * 0.2, 0)
+        out.append(
+            f"{iso(whole + 3600)},{ns:09d}+01:00,{s.util:.0f}, {s.util / 3:.0f}, {s.mem:.0f}, {s.power:.2f}"
+        )
+    return lines(out)
+
+
+def whole_second_fast() -> str:
+    """A home-made logger at ~4 rows a second stamping whole seconds (``%Y-%m-%d
+    %H:%M:%S``): several ticks share each timestamp; 1 GPU, starved (0.75 s rhythm)."""
+    run = Run("starved", 1, 123, period=0.75, duty=0.5)
+    out = ["timestamp,gpu_utilization,memory_used,memory_total"]
+    for k in range(800):
+        t = k * 0.25
+        s = run.state(t, 0)
+        out.append(f"{iso(START + t, ' ')},{s.util:.0f}, {s.mem:.0f}, 81920")
+    return lines(out)
+
+
+def ms_epoch_gpu_id() -> str:
+    """``Time,GPU_ID,Utilization`` at ~100 ms with float epoch seconds of varying length;
+    NVML's value repeats over two rows (it refreshes slower than the loop); healthy."""
+    run = Run("healthy", 1, 124)
+    out = ["Time,GPU_ID,Utilization"]
+    t = START + 0.750246
+    u = 0.0
+    for k in range(1200):
+        if k % 2 == 0:
+            u = run.state(k * 0.1, 0).util
+        out.append(f"{round(t, 7)!r},0,{u:.0f}")
+        t += 0.1013 + run.rng.randint(0, 9) / 10000
+    return lines(out)
+
+
+def three_gpu_date_time() -> str:
+    """``Date,Time,Temperature,Power Used, Power Max,...`` with DD-MM-YYYY dates and no GPU
+    column: 3 GPUs per tick, many ticks per whole second, told apart by temperature; idle."""
+    rng = random.Random(125)
+    out = ["Date,Time,Temperature,Power Used, Power Max,Fan,Utilization,Memory Used,Memory Max"]
+    temps = (58, 95, 41)
+    for k in range(240):
+        t = START + k // 6
+        for g in range(3):
+            out.append(
+                time.strftime("%d-%m-%Y,%H:%M:%S", time.gmtime(t))
+                + f",{temps[g] + rng.choice((0, 0, 1))},{1 + g},250,0,0,0,11019"
+            )
+    return lines(out)
+
+
+def short_v100() -> str:
+    """Ten samples at 1 s of a V100 going 0, 31, 0, 95, 0, 24, 0, 94, 0, 0 %: a short log
+    that is starved, not start-up."""
+    out = ["timestamp, name, utilization.gpu [%], memory.used [MiB], power.draw [W]"]
+    for k, u in enumerate((0, 31, 0, 95, 0, 24, 0, 94, 0, 0)):
+        out.append(
+            f"{nvsmi_stamp(START + k + 0.5)}, Tesla V100-SXM2-16GB, {u} %, 15012 MiB, {60 + 2.3 * u:.2f} W"
+        )
+    return lines(out)
+
+
+def epoch_gap_27s() -> str:
+    """-l 1 over 10 minutes of a stock DataLoader restarting its workers every epoch: a
+    ~4.5 s gap every 27 s, busy otherwise."""
+    run = Run("epoch_gap", 1, 126, tdp=400.0)
+    out = ["timestamp, index, utilization.gpu [%], memory.used [MiB], power.draw [W]"]
+    for k in range(600):
+        s = run.state(k, 0)
+        out.append(
+            f"{nvsmi_stamp(START + k + 0.2)}, 0, {s.util:.0f} %, {s.mem:.0f} MiB, {s.power:.2f} W"
+        )
+    return lines(out)
+
+
+FILES = {
+    "nvsmi_8gpu_same_stamp.csv": nvsmi_8gpu_same_stamp,
+    "nvsmi_2gpu_ms_apart.csv": nvsmi_2gpu_ms_apart,
+    "nvsmi_4gpu_straggler_crlf.csv": nvsmi_4gpu_straggler_crlf,
+    "nvsmi_header_every_row.csv": nvsmi_header_every_row,
+    "home_epoch_spaces.csv": home_epoch_spaces,
+    "home_quoted_newline.csv": home_quoted_newline,
+    "tsv_time_s_aggregates.tsv": tsv_time_s_aggregates,
+    "gpustat_loop.txt": gpustat_loop,
+    "gpustat_full_color.txt": gpustat_full_color,
+    "gpustat_json_loop.json": gpustat_json_loop,
+    "wandb-events.jsonl": wandb_events,
+    "wandb_export.csv": wandb_export_csv,
+    "dmon_all_columns.txt": dmon_all_columns,
+    "dmon_time_only_midnight.txt": dmon_time_only_midnight,
+    "dcgmi_dmon.txt": dcgmi_dmon,
+    "prom_dcgm.json": prom_dcgm,
+    "prom_nvidia_gpu_exporter.json": prom_nvidia_gpu_exporter,
+    "prom_gpumon.json": prom_gpumon,
+    "wide_per_gpu.csv": wide_per_gpu,
+    "semicolon_decimal_comma.csv": semicolon_decimal_comma,
+    "concat_runs_cut_start.csv": concat_runs_cut_start,
+    "gnu_iso_ns.csv": gnu_iso_ns,
+    "whole_second_fast.csv": whole_second_fast,
+    "ms_epoch_gpu_id.csv": ms_epoch_gpu_id,
+    "three_gpu_date_time.csv": three_gpu_date_time,
+    "short_v100.csv": short_v100,
+    "epoch_gap_27s.csv": epoch_gap_27s,
+}
+
+
+if __name__ == "__main__":
+    HERE.mkdir(exist_ok=True)
+    for name, make in FILES.items():
+        (HERE / name).write_bytes(make().encode("utf-8"))
+        print(name)
