@@ -2,6 +2,14 @@
 
 from gpumon.detect.config import DetectorConfig
 from gpumon.detect.detector import Detector, DetectorUpdate
-from gpumon.detect.summary import GpuRun, RunSummary, run_verdict
+from gpumon.detect.summary import GpuRun, RunSummary, run_verdict, speedup_sentence
 
-__all__ = ["Detector", "DetectorConfig", "DetectorUpdate", "GpuRun", "RunSummary", "run_verdict"]
+__all__ = [
+    "Detector",
+    "DetectorConfig",
+    "DetectorUpdate",
+    "GpuRun",
+    "RunSummary",
+    "run_verdict",
+    "speedup_sentence",
+]

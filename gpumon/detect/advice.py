@@ -7,20 +7,93 @@ from gpumon.model import Cause, Evidence, Reason, State
 _GIB = 1024**3
 
 
+def _num(ev: Evidence, key: str) -> float | None:
+    v = ev.get(key)
+    return float(v) if isinstance(v, int | float) else None
+
+
+def _free_cores(ev: Evidence) -> float | None:
+    """Cores not busy now (from the host's mean CPU over the gaps), if known."""
+    cores, host = _num(ev, "cpu_count"), _num(ev, "host_cpu_pct")
+    if cores is None or host is None:
+        return None
+    return max(0.0, cores * (1.0 - host / 100.0))
+
+
+def worker_prescription(ev: Evidence) -> str | None:
+    """How many DataLoader workers would keep the GPU fed, and whether the cores exist.
+
+    Saturated workers make batches at a rate proportional to their number; a GPU busy a
+    duty ``d`` of the time would take 1/d times as many.  So about ``workers / d`` workers,
+    each needing what one uses now, out of the cores the host has free.
+    """
+    workers, per, duty = _num(ev, "workers"), _num(ev, "workers_cpu_pct"), _num(ev, "duty_cycle")
+    free = _free_cores(ev)
+    if workers is None or workers < 0.5 or duty is None or duty <= 0.02 or free is None:
+        return None
+    now = round(workers)
+    want = max(now + 1, round(now / duty + 0.49))
+    core_each = max(0.25, (per or 100.0) / 100.0)
+    need = (want - now) * core_each  # cores beyond those the workers use now
+    cores = int(_num(ev, "cpu_count") or 0)
+    if need <= free:
+        return (
+            f"raise num_workers from {now} to about {want} (needs ~{need:.0f} more cores; "
+            f"{free:.0f} of {cores} are free)"
+        )
+    fits = now + int(free / core_each)
+    if fits > now:
+        return (
+            f"raise num_workers from {now} to {fits} (all the free cores: {free:.0f} of "
+            f"{cores}); ~{want} would be needed, so also move decoding onto the GPU (e.g. "
+            "NVIDIA DALI) or pre-process the dataset offline"
+        )
+    return (
+        f"no free cores (num_workers={now} on {cores} cores): move decoding/augmentation onto "
+        "the GPU (e.g. NVIDIA DALI) or pre-process the dataset offline"
+    )
+
+
+def gil_prescription(ev: Evidence) -> str:
+    """The main process does the loading: how many workers to hand it to."""
+    duty = _num(ev, "duty_cycle")
+    free = _free_cores(ev)
+    want = 2 if duty is None or duty <= 0.02 else max(2, round(1.0 / duty + 0.49))
+    if free is not None:
+        want = max(1, min(want, int(free)))
+    return (
+        "one process is pinned at ~100 % of one core while the rest idle: load data in "
+        f"DataLoader worker processes, num_workers={want}"
+        + (f" ({free:.0f} cores are free)" if free is not None else "")
+    )
+
+
 def _memory_advice(ev: Evidence) -> list[str]:
+    """The memory levers, in numbers: what a larger batch has room for, or what frees it."""
     head = ev.get("mem_headroom_ratio")
     used, total = ev.get("mem_used_bytes"), ev.get("mem_total_bytes")
     if not isinstance(head, float) or not isinstance(used, int) or not isinstance(total, int):
         return []
-    if ev.get("larger_batch_fits") == "yes":
+    if used <= 0:
+        return []
+    free_gib, total_gib = (total - used) / _GIB, total / _GIB
+    if head >= 0.5:
+        factor = total / used
+        grow = "roughly double" if factor < 3 else f"grow about {factor:.0f}x"
         return [
-            f"{head * 100:.0f} % of GPU memory is free ({(total - used) / _GIB:.0f} GiB): "
-            "a larger batch would fit and amortises per-step host work"
+            f"batch could {grow} ({free_gib:.0f} GiB free of {total_gib:.0f}): a larger "
+            "batch amortises per-step host work"
+        ]
+    if head >= 0.3:
+        return [
+            f"batch could grow by about {100 * (total / used - 1):.0f} % ({free_gib:.0f} GiB "
+            f"free of {total_gib:.0f}): a larger batch amortises per-step host work"
         ]
     if head < 0.1:
         return [
-            "memory is close to full: a larger batch needs bf16/fp16 activations "
-            "or activation checkpointing"
+            f"memory is the limit ({free_gib:.1f} GiB free of {total_gib:.0f}): bf16/fp16 "
+            "activations take half the memory of fp32, and half the batch (e.g. 64 instead "
+            "of 128) half the activations; activation checkpointing trades compute for more"
         ]
     return []
 
@@ -40,20 +113,19 @@ def advice_for(
     out: list[str] = []
     if state is State.STARVED:
         if cause is Cause.CPU:
-            workers = ev.get("workers")
-            cores = ev.get("cpu_count")
-            msg = "data-loading workers are CPU-saturated during the gaps: raise num_workers"
-            if isinstance(workers, float | int) and isinstance(cores, int):
-                msg += f" (now {int(workers)} on {cores} cores)"
-            out += [
-                msg,
-                "move decoding/augmentation onto the GPU (e.g. NVIDIA DALI) or "
-                "pre-process the dataset offline",
-            ]
+            rx = worker_prescription(ev)
+            out.append(
+                "data-loading workers are CPU-saturated during the gaps: "
+                + (rx or "raise num_workers")
+            )
+            if rx is None or "DALI" not in rx:
+                out.append(
+                    "move decoding/augmentation onto the GPU (e.g. NVIDIA DALI) or "
+                    "pre-process the dataset offline"
+                )
         elif cause is Cause.GIL:
             out += [
-                "one process is pinned at ~100 % of one core while the rest idle: load "
-                "data in DataLoader worker processes (num_workers > 0)",
+                gil_prescription(ev),
                 "move Python-side preprocessing off the GIL (worker processes) or onto "
                 "the GPU (e.g. NVIDIA DALI)",
             ]

@@ -22,7 +22,7 @@ from gpumon.detect.host import HostTrack, host_cause
 from gpumon.detect.multi import RunContext, apply_run_rules
 from gpumon.detect.pauses import PauseTracker
 from gpumon.detect.rules import Candidate, GpuContext, bursty, classify
-from gpumon.detect.summary import AdviceWeights, GpuRun, RunSummary, Tally, notes_for
+from gpumon.detect.summary import AdviceWeights, GpuFacts, RunSummary, Tally, summarize
 from gpumon.model import (
     Cause,
     Episode,
@@ -65,6 +65,7 @@ def note_of(reason: Reason | None, detail: str | None) -> str | None:
 
 
 _ALL_STATES = tuple(State)
+_WORK = (State.HEALTHY, State.STARVED, State.SYNC_STALL)
 _NO_UPDATE = DetectorUpdate()
 _STARTUP = Candidate(State.IDLE, None, Reason.START_UP)
 
@@ -122,11 +123,16 @@ class Detector:
                 busy = tr.cum_busy - busy0
                 gap_w += 1.0 - busy / cov
                 gap_n += 1
+                waiting = g.gpu in self._busywait
                 if tr.held():
                     if cov > busy:
                         lost += cov - busy
-                    if g.gpu in self._busywait:
+                    if waiting:
                         lost += busy
+                if tr.state in _WORK:
+                    tr.work_cov += cov
+                    if not waiting:
+                        tr.work_busy += busy
             p = tr.power_watts
             if p is not None and (peak is None or p > peak):
                 peak = p
@@ -208,39 +214,23 @@ class Detector:
             tallies.setdefault(key, Tally()).add(ep, t)
             if key is not None:
                 advice.add(ep, t)
-        run = tallies.get(None, Tally())
-        state, cause = run.verdict()
-        main = run.main_reason(state)
-        gpus = []
-        duties = []
-        for idx in sorted(self._tracks):
-            tr = self._tracks[idx]
-            tally = tallies.get(idx, Tally())
-            gstate, gcause = tally.verdict()
-            duty = tr.cum_busy / tr.cum_cov if tr.cum_cov > 0 else None
-            if duty is not None:
-                duty = min(1.0, max(0.0, duty))
-                duties.append(duty)
-            lost_s = tally.reason_s(State.UNKNOWN, Reason.GPU_LOST)
-            gpus.append(
-                GpuRun(idx, tr.uuid, gstate, gcause, duty, tr.samples, tally.seconds, lost_s)
+        facts = [
+            GpuFacts(
+                idx,
+                tr.uuid,
+                tallies.get(idx, Tally()),
+                tr.samples,
+                tr.cum_cov,
+                tr.cum_busy,
+                tr.work_cov,
+                tr.work_busy,
             )
+            for idx, tr in self._tracks.items()
+        ]
         coarse = [tr.period_s for tr in self._tracks.values() if tr.period_s is not None]
         coarse_s = max(coarse) if coarse and max(coarse) >= self.cfg.coarse_period_s else None
-        adv = advice.for_verdict(state, cause) if state is not State.HEALTHY else ()
-        return RunSummary(
-            verdict=state,
-            cause=cause,
-            reason=main[0] if main else None,
-            seconds=dict(run.seconds),
-            startup_s=run.startup_s,
-            duty_cycle=sum(duties) / len(duties) if duties else None,
-            effective_gpus=round(sum(duties), 2) if duties else None,
-            lost_gpu_seconds=self._lost,
-            straggler=self._straggler_of_run(tallies),
-            advice=adv,
-            notes=notes_for(state, run, self._host.seen, coarse_s),
-            gpus=tuple(gpus),
+        return summarize(
+            tallies.get(None, Tally()), facts, advice, self._lost, self._host.seen, coarse_s
         )
 
     def seconds_in_state(self) -> dict[int | None, dict[State, float]]:
@@ -548,17 +538,6 @@ class Detector:
         )
         self._episodes[None] = new
         self._opened.append(new)
-
-    def _straggler_of_run(self, tallies: dict[int | None, Tally]) -> int | None:
-        """The GPU that spent the most time as the straggler, if any did."""
-        best, most = None, 0.0
-        for key, tally in tallies.items():
-            if key is None:
-                continue
-            row = tally.reasons.get((State.SYNC_STALL, Reason.STRAGGLER))
-            if row and row[0] > most:
-                best, most = key, row[0]
-        return best
 
     # --- the end of a short stream -------------------------------------------------------
 

@@ -65,6 +65,9 @@ class GpuTrack:
         self.cum_cov = 0.0
         self.cum_busy = 0.0  # util-weighted busy seconds
         self.cum_act = 0.0  # seconds with any activity (util >= 5 %)
+        # Covered and computing seconds while working (for the speed-up if fed).
+        self.work_cov = 0.0
+        self.work_busy = 0.0
         self.was_act = False
         self.act_on = 0.0  # start of the current stretch of activity
         self.cum_gaps = 0

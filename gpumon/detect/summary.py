@@ -143,6 +143,20 @@ class GpuRun:
 
 
 @dataclass(frozen=True, slots=True)
+class GpuFacts:
+    """What the detector knows of one GPU at summary time (its tally and totals)."""
+
+    gpu: int
+    uuid: str
+    tally: Tally
+    samples: int
+    covered_s: float
+    busy_s: float
+    work_covered_s: float  # within working states (healthy, starved, sync stall)
+    work_busy_s: float  # ... really computing (busy-waiting does not count)
+
+
+@dataclass(frozen=True, slots=True)
 class RunSummary:
     """What the run amounts to: the verdict every face reports, with its numbers."""
 
@@ -158,6 +172,11 @@ class RunSummary:
     advice: tuple[str, ...]
     notes: tuple[str, ...]  # what the verdict rests on, and what it cannot tell
     gpus: tuple[GpuRun, ...]
+    # How much faster the run would go if its GPUs never waited on the host or on peers:
+    # 1 / duty cycle over the working time (start-up and idle excluded); None when there
+    # was too little work to say.
+    speedup_if_fed: float | None = None
+    work_duty_cycle: float | None = None  # the duty cycle that speed-up rests on
 
     @property
     def working_s(self) -> float:
@@ -218,3 +237,116 @@ def notes_for(
             "not seen, the verdict rests on the duty cycle"
         )
     return tuple(out)
+
+
+# Below this much working time (GPU-seconds) a speed-up figure would be noise.
+MIN_WORK_S = 10.0
+# A speed-up claim is capped: beyond it, the duty cycle says little about the cure.
+MAX_SPEEDUP = 20.0
+
+
+def speedup_if_fed(gpus: Iterable[GpuFacts]) -> tuple[float | None, float | None]:
+    """(speed-up, working duty cycle): if every GPU computed all of its working time."""
+    cov = busy = 0.0
+    for g in gpus:
+        cov += g.work_covered_s
+        busy += g.work_busy_s
+    if cov < MIN_WORK_S:
+        return None, None
+    duty = min(1.0, max(0.0, busy / cov))
+    if duty <= 0.0:
+        return None, duty
+    return round(min(MAX_SPEEDUP, 1.0 / duty), 2), round(duty, 4)
+
+
+def summarize(
+    run: Tally,
+    gpus: list[GpuFacts],
+    advice: AdviceWeights,
+    lost_gpu_seconds: float,
+    host_seen: bool,
+    coarse_period_s: float | None,
+) -> RunSummary:
+    """The run summary from the tallies (the run's and each GPU's) and the GPU totals.
+
+    Pure: the detector calls it with its own tallies; a reader of exported metrics can
+    build the same tallies and get the same summary.
+    """
+    state, cause = run.verdict()
+    main = run.main_reason(state)
+    runs = []
+    duties = []
+    straggler, most = None, 0.0
+    for g in sorted(gpus, key=lambda g: g.gpu):
+        gstate, gcause = g.tally.verdict()
+        duty = None
+        if g.covered_s > 0:
+            duty = min(1.0, max(0.0, g.busy_s / g.covered_s))
+            duties.append(duty)
+        lost_s = g.tally.reason_s(State.UNKNOWN, Reason.GPU_LOST)
+        runs.append(
+            GpuRun(g.gpu, g.uuid, gstate, gcause, duty, g.samples, dict(g.tally.seconds), lost_s)
+        )
+        strag_s = g.tally.reason_s(State.SYNC_STALL, Reason.STRAGGLER)
+        if strag_s > most:
+            straggler, most = g.gpu, strag_s
+    speedup, work_duty = speedup_if_fed(gpus)
+    notes = list(notes_for(state, run, host_seen, coarse_period_s))
+    scaling = scaling_note(gpus)
+    if scaling is not None and state in (State.STARVED, State.SYNC_STALL):
+        notes.append(scaling)
+    if state is State.HEALTHY or state is State.IDLE:
+        speedup = None if state is State.IDLE else speedup
+    adv = advice.for_verdict(state, cause) if state is not State.HEALTHY else ()
+    return RunSummary(
+        verdict=state,
+        cause=cause,
+        reason=main[0] if main else None,
+        seconds=dict(run.seconds),
+        startup_s=run.startup_s,
+        duty_cycle=sum(duties) / len(duties) if duties else None,
+        effective_gpus=round(sum(duties), 2) if duties else None,
+        lost_gpu_seconds=lost_gpu_seconds,
+        straggler=straggler,
+        advice=adv,
+        notes=tuple(notes),
+        gpus=tuple(runs),
+        speedup_if_fed=speedup,
+        work_duty_cycle=work_duty,
+    )
+
+
+def speedup_sentence(summary: RunSummary) -> str | None:
+    """The speed-up if fed, in words, with its basis: what fixing the verdict is worth."""
+    x, duty = summary.speedup_if_fed, summary.work_duty_cycle
+    if x is None or duty is None or x < 1.1:
+        return None
+    if summary.verdict is State.STARVED:
+        what = "fixing the input pipeline"
+    elif summary.verdict is State.SYNC_STALL:
+        what = "removing the waits on peers"
+    else:
+        return None
+    return (
+        f"{what} could make this run up to {x:.1f}x faster (its GPUs computed "
+        f"{duty * 100:.0f} % of their working time)"
+    )
+
+
+# What data-parallel training usually delivers on n GPUs, as GPUs of work: 2.5-3x the
+# speed of one on 4 GPUs is common, 3.6-3.8x for well-optimised code (so ~0.62n-0.95n).
+SCALING_USUAL = (0.62, 0.95)
+
+
+def scaling_note(gpus: Iterable[GpuFacts]) -> str | None:
+    """Several GPUs: the work they deliver beside what data-parallel training usually does."""
+    facts = [g for g in gpus if g.work_covered_s > 0]
+    n = len(facts)
+    if n < 2:
+        return None
+    eff = sum(min(1.0, g.work_busy_s / g.work_covered_s) for g in facts)
+    lo, hi = (n * f for f in SCALING_USUAL)
+    return (
+        f"{n} GPUs deliver {eff:.1f} GPUs of work while working; data-parallel training "
+        f"usually reaches {lo:.1f}-{hi:.1f} on {n}"
+    )

@@ -14,7 +14,7 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from gpumon.detect import Detector, DetectorConfig, RunSummary
+from gpumon.detect import Detector, DetectorConfig, RunSummary, speedup_sentence
 from gpumon.model import Cause, Episode, Snapshot, State, TraceHeader, Verdict
 
 BLOCKS = " ▁▂▃▄▅▆▇█"
@@ -390,6 +390,9 @@ def render_text(result: AnalysisResult, max_episodes: int = 12) -> str:
     if result.lost_gpu_seconds > 0:
         line += f" · {result.lost_gpu_seconds:.0f} GPU-seconds lost waiting"
     out.append(line)
+    gain = speedup_sentence(result.summary)
+    if gain:
+        out.append(f"  {gain}")
     for note in result.summary.notes:
         out.append(f"  note: {note}")
     if v.note and v.state is not result.state:
@@ -541,6 +544,8 @@ def to_json(result: AnalysisResult) -> dict:
         "duty_cycle": None if summ.duty_cycle is None else round(summ.duty_cycle, 4),
         "lost_gpu_seconds": round(result.lost_gpu_seconds, 1),
         "effective_gpus": summ.effective_gpus,
+        "speedup_if_fed": summ.speedup_if_fed,
+        "work_duty_cycle": summ.work_duty_cycle,
         "evidence": dict(v.evidence),
         "episodes": [_episode_json(ep, result.end_s) for ep in result.run_episodes],
     }
