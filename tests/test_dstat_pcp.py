@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import configparser
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -121,3 +122,35 @@ def test_node_script_is_executable_stdlib_python() -> None:
     assert SCRIPT.read_text().startswith("#!/usr/bin/python3\n")
     imports = set(re.findall(r"^import (\w+)", SCRIPT.read_text(), re.MULTILINE))
     assert imports <= set(sys.stdlib_module_names)
+
+
+def pcp_dstat() -> str:
+    """pcp-dstat's path (Debian with pcp: /usr/bin/dstat links to it); skip where absent."""
+    for candidate in ("/usr/lib/pcp/bin/pcp-dstat", "/usr/libexec/pcp/bin/pcp-dstat"):
+        if Path(candidate).is_file():
+            return candidate
+    found = shutil.which("pcp-dstat")
+    if found is None:
+        pytest.skip("pcp-dstat not installed (pcp; it replaces Debian's dstat, so CI has none)")
+    return found
+
+
+def test_pcp_dstat_loads_the_ini_plugin_from_home(tmp_path: Path) -> None:
+    """The real pcp-dstat finds and parses both plugins where docs/dstat.md puts them."""
+    exe = pcp_dstat()
+    plugins = tmp_path / ".pcp" / "dstat"
+    plugins.mkdir(parents=True)
+    shutil.copy(PCP / "dstat" / "gpumon", plugins / "gpumon")
+    proc = subprocess.run(
+        [exe, "--list"],
+        env={"HOME": str(tmp_path), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    listed = proc.stdout.split(f"{plugins} plugins:", 1)
+    assert len(listed) == 2, proc.stdout
+    names = {n.strip() for n in listed[1].split("\n", 2)[1].split(",")}
+    assert names == {"gpumon", "gpumon-gpu"}, proc.stdout
