@@ -41,3 +41,10 @@ class ConfigError(GpumonError):
     """An invalid configuration file or option; names the key and line."""
 
     exit_status = 2
+
+
+class UsageError(GpumonError):
+    """A command line gpumon cannot carry out as given (nothing to watch, an output file
+    that already exists): the status of argparse's own usage errors."""
+
+    exit_status = 2

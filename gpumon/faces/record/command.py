@@ -3,7 +3,8 @@
 Each tick is flushed as it is written, so a crash loses at most the last interval; the
 recording ends when the duration is over, on Ctrl-C/SIGTERM, or when the watched pid
 exits.  A write that fails (full disk) stops the recording with a clear message and
-leaves what was written intact.
+leaves what was written intact.  An existing output file is never overwritten without
+``--force``; a ``.gz`` name is written gzip-compressed.
 """
 
 from __future__ import annotations
@@ -11,10 +12,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from gpumon.errors import GpumonError
 from gpumon.faces.common import build_monitor, positive_float, write_tick
+from gpumon.faces.record.output import trace_writer
 from gpumon.monitor import StopFlag, paced
-from gpumon.traces.jsonl import TraceWriter
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -24,7 +24,15 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Record every GPU's driver utilisation samples, memory, power and "
         "processes, host CPU and (with --pid) the process tree, as JSON lines.",
     )
-    p.add_argument("-o", "--output", required=True, help="trace file to write (JSON lines)")
+    p.add_argument(
+        "-o",
+        "--output",
+        required=True,
+        metavar="FILE",
+        help="trace file to write (JSON lines; gzip-compressed when FILE ends in .gz); an "
+        "existing FILE is refused unless --force",
+    )
+    p.add_argument("--force", action="store_true", help="replace FILE if it exists")
     p.add_argument(
         "--interval",
         type=positive_float,
@@ -45,11 +53,7 @@ def run(args: argparse.Namespace) -> int:
     stop = StopFlag().install()
     ticks = 0
     try:
-        try:
-            writer = TraceWriter.open(args.output, monitor.header())
-        except OSError as exc:
-            raise GpumonError(f"cannot write {args.output}: {exc.strerror or exc}.") from None
-        with writer:
+        with trace_writer(args.output, monitor.header(), force=args.force) as writer:
             for _ in paced(args.interval, stop.event, duration_s=args.duration):
                 tick = monitor.tick()
                 write_tick(writer, tick.snapshot, args.output)
