@@ -4,12 +4,21 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import pty
+import re
+import termios
+import threading
+import time
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from rich.console import Console
+from rich.screen import Screen
+from rich.text import Text
 
+from gpumon.faces.watch.keys import KeyReader, ViewControls, parse_keys
 from gpumon.faces.watch.summary import (
     EXIT_FAIL_ON,
     EpisodeLog,
@@ -111,12 +120,55 @@ def state_with(verdict: Verdict | None, snap: Snapshot | None = None) -> WatchSt
     return st
 
 
-def screen(st: WatchState, width: int = 110) -> str:
+def screen(
+    st: WatchState, width: int = 110, height: int = 60, controls: ViewControls | None = None
+) -> str:
+    return "\n".join(screen_lines(st, width, height, controls))
+
+
+def screen_lines(
+    st: WatchState, width: int, height: int, controls: ViewControls | None = None
+) -> list[str]:
+    """What a terminal of ``width`` x ``height`` shows, through rich as the live view draws."""
     console = Console(
-        width=width, record=True, force_terminal=True, color_system="truecolor", file=io.StringIO()
+        width=width,
+        height=height,
+        record=True,
+        force_terminal=True,
+        color_system="truecolor",
+        file=io.StringIO(),
+        legacy_windows=False,
     )
-    console.print(LiveView(st))
-    return console.export_text()
+    console.print(Screen(LiveView(st, controls)))
+    return console.export_text().split("\n")[:height]
+
+
+def many_gpus(n: int, t: float = 10.0) -> WatchState:
+    """``n`` starved GPUs with a minute of driver samples each (the view's full history)."""
+    snap = snapshot(t)
+    gpus = tuple(
+        GpuSample(
+            t_s=t,
+            gpu=i,
+            uuid=f"GPU-{i}",
+            util_samples=burst_points(t - 60, 360),
+            util_pct=40.0,
+            mem_used_bytes=2**34,
+            mem_total_bytes=80 * 2**30,
+            power_watts=133.0 + i,
+            power_limit_watts=700.0,
+        )
+        for i in range(n)
+    )
+    v = starved_verdict(t)
+    g0 = v.gpus[0]
+    per_gpu = tuple(
+        replace(g0, gpu=i, uuid=f"GPU-{i}", evidence={**g0.evidence, "power_watts": 133.0 + i})
+        for i in range(n)
+    )
+    st = WatchState(pid=100, command=("python", "train.py", "--lr", "3e-4"), started_mono_s=0.0)
+    st.feed(Snapshot(t_s=t, gpus=gpus, host=snap.host, tree=snap.tree), replace(v, gpus=per_gpu))
+    return st
 
 
 # --- the full-screen view ------------------------------------------------------------------
@@ -124,21 +176,20 @@ def screen(st: WatchState, width: int = 110) -> str:
 
 def test_view_shows_timeline_memory_power_tree_state_evidence_and_advice() -> None:
     text = screen(state_with(starved_verdict()))
-    assert "state: starved  cause: cpu" in text
+    assert "state: starved  cause: cpu" in text.splitlines()[0]  # the top line
     assert "for 6.0s" in text  # since the episode began (t 10 - since 4)
     assert "duty cycle 31%" in text and "gap p50 0.67s" in text and "workers CPU 98%" in text
     assert "some new key 1.5" in text  # evidence the view has no label for still shows
-    assert "samples" not in text.split("GPU 0 NVIDIA")[0].split("advice")[0].replace(
-        "per driver sample", ""
-    )
-    assert "raise num_workers (now 2 on 8 cores)" in text
-    row = next(line for line in text.splitlines() if "█" in line and "▁" in line)
-    assert "██▁▁▁▁██▁▁▁▁██▁▁▁▁" in row  # one character per driver sample, oldest first
-    assert "20.0 GiB / 80.0 GiB" in text and "250 W / 700 W" in text
+    assert "samples 60" not in text and "window" not in text  # bookkeeping is not evidence
+    assert "advice • raise num_workers (now 2 on 8 cores)" in text
+    row = next(line for line in text.splitlines() if line.startswith("GPU 0 "))
+    assert "starved/cpu" in row and "██▁▁▁▁██▁▁▁▁██▁▁▁▁" in row  # a character per sample
+    assert "20.0 GiB / 80.0 GiB" in text and "250 W / 700 W" in text  # the GPU's details
     assert "main" in text and "worker+GPU" in text and "pt_data_worker" in text
     assert "host CPU 96%" in text and "iowait 0.5%" in text
     # Busiest worker first after the main process.
     assert text.index(" 101 ") < text.index(" 102 ")
+    assert "? help" in text.splitlines()[-1] and "q quit" in text.splitlines()[-1]
 
 
 def test_view_before_the_run_uses_a_gpu_says_waiting() -> None:
@@ -146,7 +197,7 @@ def test_view_before_the_run_uses_a_gpu_says_waiting() -> None:
     st.feed(Snapshot(t_s=1.0, gpus=(), tree=snapshot().tree), None)
     text = screen(st)
     assert "waiting for the run to use a GPU" in text
-    assert "state: unknown" in text
+    assert "state: unknown" in text and "advice – none yet" in text
 
 
 def test_view_in_a_container_says_so_instead_of_nothing() -> None:
@@ -160,6 +211,175 @@ def test_view_falls_back_to_ticks_without_the_driver_buffer() -> None:
     snap = snapshot(points=())
     text = screen(state_with(None, snap))
     assert "per tick" in text
+
+
+SIZES = [(80, 24), (81, 25), (97, 28), (100, 30), (120, 40), (133, 50), (200, 60), (240, 70)]
+
+
+@pytest.mark.parametrize("gpus", [1, 2, 3, 8, 16, 40])
+@pytest.mark.parametrize(("width", "height"), SIZES)
+def test_layout_keeps_what_matters_at_every_size_and_never_cuts_a_value(
+    gpus: int, width: int, height: int
+) -> None:
+    st = many_gpus(gpus)
+    lines = screen_lines(st, width, height)
+    assert len(lines) == height and all(Text(ln).cell_len <= width for ln in lines)
+    top, footer = lines[0], lines[-1]
+    assert "state: starved  cause: cpu" in top and "elapsed " in top and "pid 100" in top
+    assert "? help" in footer and "g/←/→ GPUs" in footer and "q quit" in footer
+    rows = {int(ln.split()[1]): ln for ln in lines if re.match(r"GPU \d+ +starved/cpu ", ln)}
+    fit = height - 4  # top, the GPUs' rule, the advice line, the footer
+    shown = gpus if gpus <= fit else fit - 1
+    assert sorted(rows) == list(range(shown))  # a timeline row per GPU, in order ...
+    for row in rows.values():
+        assert sum(row.count(c) for c in "█▁") >= 30  # ... the timeline the widest part
+    more = [ln for ln in lines if ln.startswith("+")]
+    assert more == ([] if gpus <= fit else [more[0]]) and (
+        not more or f"+{gpus - shown} more" in more[0]
+    )
+    if gpus == 8 and height >= 24:
+        assert len(rows) == 8  # eight GPUs at 80x24: eight rows
+    assert any(ln.startswith("advice • raise num_workers") for ln in lines)
+    _assert_chips_whole(st, lines)
+
+
+def _assert_chips_whole(st: WatchState, lines: list[str]) -> None:
+    """Every evidence value shown is shown whole, never split across lines or cut."""
+    v = st.verdict
+    assert v is not None
+    chips = {f"{label} {value}" for label, value in evidence_items(v.evidence)}
+    for g in v.gpus:
+        own = {k: x for k, x in g.evidence.items() if k not in v.evidence}
+        chips |= {f"{label} {value}" for label, value in evidence_items(own)}
+    if not any(ln.startswith("── evidence") for ln in lines):
+        return
+    start = next(i for i, ln in enumerate(lines) if ln.startswith("── evidence")) + 1
+    for ln in lines[start:-1]:  # up to the footer
+        if ln.startswith("──") or not ln.strip():
+            break
+        for piece in ln[7:].strip().split("  "):
+            assert piece in chips, (piece, ln)
+
+
+def test_a_narrow_terminal_gets_the_plain_lines_with_a_note() -> None:
+    st = many_gpus(2)
+    st.feed(st.snapshot, st.verdict)  # type: ignore[arg-type]
+    lines = screen_lines(st, 60, 20)
+    text = "\n".join(lines)
+    assert "60 columns wide" in text and "needs 80" in text
+    assert "state=starved cause=cpu" in text and "╭" not in text and "GPU 0 " not in text
+    assert all(Text(ln).cell_len <= 60 for ln in lines)
+    for ln in lines:  # wrapped at spaces: every token whole
+        assert not re.search(r"gpu\d+=\d+$", ln.strip()) or ln.strip().endswith("%")
+
+
+# --- keys ----------------------------------------------------------------------------------
+
+
+def controls_for(st: WatchState) -> ViewControls:
+    return ViewControls(st, threading.Event())
+
+
+def test_help_key_shows_the_keys_and_the_legend_then_closes() -> None:
+    st = many_gpus(2)
+    c = controls_for(st)
+    c.press("?")
+    text = screen(st, 80, 24, c)
+    assert "── keys" in text and "pause the view" in text and "no sample" in text
+    assert "close help" in text.splitlines()[-1]
+    assert "GPU 1 " not in text  # the overlay replaces the rows
+    c.press("?")
+    assert "── keys" not in screen(st, 80, 24, c)
+    c.press("?")
+    c.press("esc")
+    assert "── keys" not in screen(st, 80, 24, c)
+
+
+def test_advice_key_shows_every_advice_in_full() -> None:
+    st = many_gpus(8)
+    long = "move decoding and augmentation onto the GPU " * 4
+    st.verdict = replace(st.verdict, advice=(*ADVICE, long.strip()))  # type: ignore[type-var]
+    c = controls_for(st)
+    main = screen(st, 80, 24, c)
+    assert "pin_memory=True" not in main or "move decoding" not in main  # not all fit
+    c.press("a")
+    text = screen(st, 80, 24, c)
+    assert "advice (3, in full)" in text and "pin_memory=True" in text
+    assert "".join(text.split()).count("".join(long.split())) == 1  # whole, wrapped
+    c.press("a")
+    assert "in full" not in screen(st, 80, 24, c)
+
+
+def test_paging_keys_go_through_the_gpus_and_wrap_round() -> None:
+    st = many_gpus(8)
+    c = controls_for(st)
+
+    def rows() -> list[int]:
+        lines = screen_lines(st, 80, 10, c)  # room for 5 GPU rows and "+N more"
+        return [int(ln.split()[1]) for ln in lines if re.match(r"GPU \d+ ", ln)]
+
+    assert rows() == [0, 1, 2, 3, 4]
+    assert "GPUs 1–5 of 8" in screen(st, 80, 10, c)
+    c.press("g")
+    assert rows() == [5, 6, 7]
+    c.press("right")
+    assert rows() == [0, 1, 2, 3, 4]  # round to the first page
+    c.press("left")
+    assert rows() == [5, 6, 7]
+    c.press("left")
+    assert rows() == [0, 1, 2, 3, 4]
+
+
+def test_pause_key_freezes_the_view_while_the_state_goes_on() -> None:
+    st = state_with(starved_verdict())
+    c = controls_for(st)
+    c.press("p")
+    later = snapshot(t=20.0, points=tuple(UtilPoint(17 + i / 6, 100.0) for i in range(18)))
+    st.feed(later, replace(starved_verdict(20.0), state=State.HEALTHY, cause=None))
+    paused = screen(st, 100, 30, c)
+    assert (
+        "PAUSED" in paused and "state: starved" in paused and "paused: sampling goes on" in paused
+    )
+    assert st.verdict is not None and st.verdict.state is State.HEALTHY  # fed all the same
+    c.press("p")
+    resumed = screen(st, 100, 30, c)
+    assert "PAUSED" not in resumed and "state: healthy" in resumed
+
+
+def test_quit_key_sets_the_quit_event_only() -> None:
+    st = many_gpus(1)
+    c = controls_for(st)
+    c.press("x")  # not a key of ours: nothing happens
+    assert c.overlay is None and not c.paused and c.page == 0 and not c.quit.is_set()
+    c.press("q")
+    assert c.quit.is_set()
+
+
+def test_parse_keys_names_letters_arrows_and_escape() -> None:
+    assert parse_keys(b"?aGpQ") == ["?", "a", "g", "p", "q"]
+    assert parse_keys(b"\x1b[C\x1b[D\x1bOC\x1bOD") == ["right", "left", "right", "left"]
+    assert parse_keys(b"\x1b") == ["esc"]
+    assert parse_keys(b"\x1b[15~g") == ["g"]  # F5, skipped whole
+
+
+def test_key_reader_reads_a_real_terminal_in_cbreak_mode() -> None:
+    """A pty stands for the terminal: keys typed arrive one by one, settings come back."""
+    master, slave = pty.openpty()
+    got: list[str] = []
+    before = termios.tcgetattr(slave)
+    reader = KeyReader(got.append, fd=slave).start()
+    try:
+        assert not termios.tcgetattr(slave)[3] & termios.ICANON  # cbreak: no line buffering
+        os.write(master, b"?\x1b[Cp")
+        deadline = time.monotonic() + 5
+        while len(got) < 3 and time.monotonic() < deadline:
+            time.sleep(0.02)
+    finally:
+        reader.close()
+        assert termios.tcgetattr(slave) == before
+        os.close(master)
+        os.close(slave)
+    assert got == ["?", "right", "p"]
 
 
 # --- pieces -------------------------------------------------------------------------------
@@ -355,34 +575,3 @@ def test_parse_states() -> None:
     assert parse_states("starved, sync_stall,starved") == (State.STARVED, State.SYNC_STALL)
     with pytest.raises(ValueError, match="unknown state 'slow'"):
         parse_states("starved,slow")
-
-
-def test_many_gpus_on_a_small_terminal_fit_one_line_each() -> None:
-    snap = snapshot()
-    gpus = tuple(
-        GpuSample(
-            t_s=10.0,
-            gpu=i,
-            uuid=f"GPU-{i}",
-            util_samples=burst_points(7, 18),
-            mem_used_bytes=2**34,
-            power_watts=300.0,
-            power_limit_watts=700.0,
-        )
-        for i in range(8)
-    )
-    v = starved_verdict()
-    per_gpu = tuple(replace(v.gpus[0], gpu=i, uuid=f"GPU-{i}") for i in range(8))
-    st = WatchState(pid=100, command=None, started_mono_s=0.0)
-    st.feed(Snapshot(t_s=10.0, gpus=gpus, host=snap.host, tree=snap.tree), replace(v, gpus=per_gpu))
-    console = Console(width=100, height=30, record=True, file=io.StringIO())
-    with console.screen():
-        console.print(LiveView(st), height=30)
-    small = console.export_text()
-    lines = [ln for ln in small.splitlines() if ln.strip()]
-    assert len(lines) <= 30 and lines[-1].startswith("╰")  # nothing cut off the bottom
-    assert sum(1 for ln in lines if "GPU " in ln and "██▁▁▁▁" in ln) == 8  # one line each
-    assert "state: starved" in small and "host CPU" in small
-    tall = Console(width=100, record=True, file=io.StringIO())
-    tall.print(LiveView(st))  # no height: every GPU gets its full panel
-    assert tall.export_text().count("utilisation, last") == 8

@@ -45,7 +45,7 @@ _init_done = False
 _NO_DRIVER = {
     pynvml.NVML_ERROR_LIBRARY_NOT_FOUND: "no NVIDIA driver found (libnvidia-ml.so.1, the "
     "driver's NVML library, cannot be loaded); run gpumon on a machine with an NVIDIA GPU "
-    "and driver, or try `gpumon demo` to see it work on a recorded trace",
+    "and driver, or try `gpumon demo` to see it work on a bundled synthetic trace",
     pynvml.NVML_ERROR_DRIVER_NOT_LOADED: "the NVIDIA kernel driver is not loaded "
     "(nvidia-smi would fail too); load it or run gpumon on a GPU node",
     pynvml.NVML_ERROR_NO_PERMISSION: "no permission to talk to the NVIDIA driver; check "

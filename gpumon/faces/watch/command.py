@@ -25,9 +25,11 @@ from contextlib import ExitStack
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from gpumon.errors import GpumonError
+from gpumon.errors import GpumonError, ProcessGoneError, UsageError
 from gpumon.faces.common import build_monitor, positive_float, write_tick
 from gpumon.faces.watch.child import Child
+from gpumon.faces.watch.keys import KeyReader, ViewControls
+from gpumon.faces.watch.layout import MIN_WIDTH
 from gpumon.faces.watch.summary import (
     EXIT_FAIL_ON,
     EpisodeLog,
@@ -38,7 +40,7 @@ from gpumon.faces.watch.summary import (
     dominant_cause,
     parse_states,
 )
-from gpumon.faces.watch.view import KeyReader, LiveView, WatchState, plain_line
+from gpumon.faces.watch.view import LiveView, WatchState, plain_line
 from gpumon.model import State, Verdict
 from gpumon.monitor import StopFlag, paced
 
@@ -55,11 +57,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         "follow its whole process tree: per GPU a sub-second utilisation timeline from the "
         "driver's sample buffer, memory and power; the workers' CPU and reads; the state "
         "(healthy, starved, sync_stall, idle, unknown) with its cause, evidence and advice. "
-        "Full-screen on a terminal (q quits), one plain line per interval otherwise; a "
-        "summary when the run ends.",
+        "Full-screen on a terminal of 80 columns or more (keys: ? help, a advice, g and "
+        "the arrows page the GPUs, p pause, q quit), one plain line per interval "
+        "otherwise; a summary when the run ends.",
         epilog=f"Exit status: the command's own in `watch -- CMD` mode; {EXIT_FAIL_ON} when "
         "--fail-on trips (and the command itself succeeded); 4 when the pid does not exist "
-        "or cannot be read; 127/126 when the command cannot be started.",
+        "or cannot be read; 2 when nothing to watch is given; 127/126 when the command "
+        "cannot be started.",
     )
     p.add_argument("--pid", type=int, help="watch this running process and its descendants")
     p.add_argument(
@@ -137,7 +141,7 @@ class _Run:
         self.args = args
         self.monitor_factory = monitor_factory
         self.command = command or None
-        self.tui = sys.stdout.isatty() and not args.plain
+        self.tui = sys.stdout.isatty() and not args.plain and _wide_enough()
         self.child: Child | None = None
         self.monitor: Monitor | None = None
         self.episodes = EpisodeLog()
@@ -394,12 +398,12 @@ def run(
     if args.pid is not None and command:
         raise GpumonError("give either --pid PID or -- CMD, not both.")
     if args.pid is None and not command:
-        raise GpumonError(
+        raise UsageError(
             "nothing to watch: give --pid PID or -- CMD ARGS... "
             "(e.g. gpumon watch -- python train.py)."
         )
     if args.pid is not None and args.pid <= 0:
-        raise GpumonError(f"no process with pid {args.pid} exists.")
+        raise ProcessGoneError(f"no process with pid {args.pid} exists.")
     r = _Run(args, command, monitor_factory)
     r.start()
     assert r.monitor is not None
@@ -447,6 +451,24 @@ def run(
     return EXIT_FAIL_ON if summary.failed else 0
 
 
+def _wide_enough() -> bool:
+    """The full view needs MIN_WIDTH columns; a narrower terminal gets the plain lines,
+    with a note saying why (a resize below it mid-run shows them inside the view)."""
+    try:
+        columns = os.get_terminal_size(sys.stdout.fileno()).columns
+    except OSError:
+        return True
+    if columns >= MIN_WIDTH:
+        return True
+    print(
+        f"gpumon: this terminal is {columns} columns wide and the full view needs "
+        f"{MIN_WIDTH}; printing one plain line per interval instead.",
+        file=sys.stderr,
+        flush=True,
+    )
+    return False
+
+
 def _silence_stdout() -> None:
     """After a broken pipe: send stdout to /dev/null so later writes and exit are quiet."""
     devnull = os.open(os.devnull, os.O_WRONLY)
@@ -484,8 +506,9 @@ def _open_view(r: _Run) -> Any:
     from rich.console import Console
     from rich.live import Live
 
+    controls = ViewControls(r.state, r.quit_view, quit_closes_view_only=r.child is not None)
     live = Live(
-        LiveView(r.state),
+        LiveView(r.state, controls),
         console=Console(),
         screen=True,
         auto_refresh=True,
@@ -496,7 +519,8 @@ def _open_view(r: _Run) -> Any:
     r._closer.stack.callback(live.stop)
     r._closer.stack.enter_context(_LogsToStatus(r.state))
     live.start()
-    keys = KeyReader(r.quit_view).start()
+    controls.on_change = live.refresh  # a key's effect is seen at once, not at the next tick
+    keys = KeyReader(controls.press).start()
     r._closer.stack.callback(keys.close)
     r.view_open = True
     return live
