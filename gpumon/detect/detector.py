@@ -295,9 +295,9 @@ class Detector:
         w = cfg.window_s
         if per is not None and per * cfg.window_periods > w:
             w = per * cfg.window_periods
-        if tr.period_s is not None and tr.period_s * 4 > w:
-            w = tr.period_s * 4  # at least four driver samples
         w = min(w, cfg.window_max_s)
+        if tr.period_s is not None and tr.period_s * 4 > w:
+            w = tr.period_s * 4  # at least four samples, however coarse the log
         ws = tr.work_start_s
         if ws is not None and self._t is not None and self._t - ws < w:
             w = max(2 * cfg.eval_interval_s, self._t - ws)  # never reach into start-up

@@ -233,8 +233,8 @@ def periodic_gaps(c: GpuContext) -> Candidate | None:
     epoch, or a checkpoint or evaluation every N steps."""
     tr, cfg, t = c.tr, c.cfg, c.t
     rh = tr.rhythm()
-    if rh is None:
-        return None
+    if rh is None or rh.period_s * 2.5 > cfg.rhythm_window_max_s:
+        return None  # none, or too slow for a window to hold a few of its cycles
     if rh.period_s < cfg.window_s and c.duty is not None and c.duty < cfg.starved_duty:
         return None  # a short rhythm well below the line: plain starvation (``starved``)
     gap = tr.open_gap_s()
