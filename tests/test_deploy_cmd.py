@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import ast
 import os
-import shutil
 import subprocess
 import sys
 import tarfile
@@ -13,14 +12,13 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from helpers.image import build_distribution, copy_sources
 
 from gpumon.cli import main
 from gpumon.faces.deploy.shipped import shipped
 
 REPO = Path(__file__).resolve().parent.parent
 DEPLOY = REPO / "deploy"
-# What the source tree of a build needs (a copy, so no build output lands in the checkout).
-SOURCES = ("pyproject.toml", "README.md", "gpumon", "dstat_plugins", "deploy")
 
 
 def repo_deploy_files() -> dict[str, bytes]:
@@ -112,32 +110,14 @@ def test_no_hint_in_gpumon_points_at_a_deploy_folder_pip_users_lack() -> None:
 
 
 # --------------------------------------------------------------------------- a real wheel
-def build(kind: str, src: Path, out: Path) -> Path:
-    """The PEP 517 hook pip would call, offline (the installed setuptools)."""
-    hook = f"build_{kind}"
-    code = f"from setuptools import build_meta as b; print(b.{hook}({str(out)!r}))"
-    res = subprocess.run(
-        [sys.executable, "-c", code], cwd=src, capture_output=True, text=True, timeout=300
-    )
-    assert res.returncode == 0, res.stdout + res.stderr
-    return out / res.stdout.strip().splitlines()[-1]
-
-
 @pytest.fixture(scope="module")
 def source_copy(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    src = tmp_path_factory.mktemp("src")
-    for name in SOURCES:
-        p = REPO / name
-        if p.is_dir():
-            shutil.copytree(p, src / name, ignore=shutil.ignore_patterns("__pycache__"))
-        else:
-            shutil.copy2(p, src / name)
-    return src
+    return copy_sources(tmp_path_factory.mktemp("src"))
 
 
 @pytest.mark.slow
 def test_a_fresh_wheel_install_deploys_the_files(source_copy: Path, tmp_path: Path) -> None:
-    wheel = build("wheel", source_copy, tmp_path)
+    wheel = build_distribution("wheel", source_copy, tmp_path)
     names = zipfile.ZipFile(wheel).namelist()
     assert "gpumon/faces/deploy/files/kubernetes/base/daemonset.yaml" in names
     # A venv of its own; the dependencies come from this interpreter's site-packages
@@ -168,7 +148,7 @@ def test_a_fresh_wheel_install_deploys_the_files(source_copy: Path, tmp_path: Pa
 
 @pytest.mark.slow
 def test_the_sdist_carries_deploy(source_copy: Path, tmp_path: Path) -> None:
-    sdist = build("sdist", source_copy, tmp_path)
+    sdist = build_distribution("sdist", source_copy, tmp_path)
     with tarfile.open(sdist) as tar:
         names = {n.split("/", 1)[1] for n in tar.getnames() if "/" in n}
     missing = {f"deploy/{rel}" for rel in repo_deploy_files()} - names

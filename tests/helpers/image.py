@@ -36,6 +36,24 @@ path-exclude=/usr/share/locale/*
 SOURCES = ("pyproject.toml", "README.md", "gpumon", "dstat_plugins", "deploy")
 
 
+def copy_sources(dest: Path) -> Path:
+    """What a build of gpumon reads, copied, so no build output lands in the checkout."""
+    dest.mkdir(parents=True, exist_ok=True)
+    for name in SOURCES:
+        p = REPO / name
+        if p.is_dir():
+            shutil.copytree(p, dest / name, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy2(p, dest / name)
+    return dest
+
+
+def build_distribution(kind: str, src: Path, out: Path) -> Path:
+    """A wheel or sdist by the PEP 517 hook pip would call, offline (installed setuptools)."""
+    code = f"from setuptools import build_meta as b; print(b.build_{kind}({str(out)!r}))"
+    return out / run([sys.executable, "-c", code], cwd=src).strip().splitlines()[-1]
+
+
 def cache_dir() -> Path:
     return Path(os.environ.get("GPUMON_IMAGE_CACHE", "/var/tmp/gpumon-image-cache"))
 
@@ -149,16 +167,9 @@ class Builder:
         t0 = time.monotonic()
         src = dest.parent / "src"
         shutil.rmtree(src, ignore_errors=True)
-        src.mkdir(parents=True)
-        for name in SOURCES:
-            p = REPO / name
-            if p.is_dir():
-                shutil.copytree(p, src / name, ignore=shutil.ignore_patterns("__pycache__"))
-            else:
-                shutil.copy2(p, src / name)
+        copy_sources(src)
         dest.mkdir(parents=True, exist_ok=True)
-        code = f"from setuptools import build_meta as b; print(b.build_wheel({str(dest)!r}))"
-        wheel = dest / run([sys.executable, "-c", code], cwd=src).strip().splitlines()[-1]
+        wheel = build_distribution("wheel", src, dest)
         # The dependencies as the image's Python (CPython 3.11, glibc) takes them.
         run(
             [
