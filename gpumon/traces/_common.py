@@ -135,13 +135,12 @@ def fnum(cell: str) -> float | None:
 def mem_mib(cell: str, default_scale: float = 1.0) -> float | None:
     """A memory cell in MiB, whatever unit it carries (``24 GiB``, ``7982 MB``, ``512``);
     a bare number is scaled by ``default_scale`` (the unit named in the header)."""
-    s = cell.strip()
-    if s.endswith(" MiB"):  # nvidia-smi's own: the common case, without the general parser
+    if cell.endswith(" MiB"):  # nvidia-smi's own: the common case, without the general parser
         try:
-            return float(s[:-4])
+            return float(cell[:-4]) * default_scale
         except ValueError:
             pass
-    got = split_number(s)
+    got = split_number(cell)
     if got is None:
         return None
     value, unit = got
@@ -225,20 +224,23 @@ class Assembler:
     """Turns per-GPU rows into snapshots, one tick (or one ~1 s window) at a time.
 
     ``add(t, gpu, util, payload)`` takes one row and returns the snapshot it closed, if
-    any; ``flush()`` returns the last one.  Memory is bounded by one window, whatever the
-    length of the log.  Both are closures over their state: called once per log row, they
+    any; ``flush()`` returns the last one.  ``build`` None: each payload's first item is
+    the builder for its row (a reader whose columns change mid-file).  Memory is bounded
+    by one window, whatever the length of the log.  Both are closures over their state:
+    called once per log row, they
     are the hottest code of ``gpumon analyze`` on a CSV log.  A row that ``build`` cannot
     read raises ``TraceFormatError`` naming its line in ``path``.
     """
 
     def __init__(
         self,
-        build: Builder,
+        build: Builder | None,
         interval_s: float | None,
         path: str,
         host: HostBuilder | None = None,
     ):
         self.windowed = interval_s is not None and interval_s < SUB_SECOND_S
+        own_builder = build is None
         split = 0.5 * interval_s if interval_s else 0.5
         # gpu -> [util points (windowed) or None, (t, util, payload) of its last row]
         rows: dict[int, list[Any]] = {}
@@ -255,7 +257,8 @@ class Assembler:
             for gpu in sorted(done):
                 points, (t, util, payload) = done[gpu]
                 try:
-                    samples.append(build(gpu, t, util, tuple(points) if points else (), payload))
+                    make = payload[0] if own_builder else build
+                    samples.append(make(gpu, t, util, tuple(points) if points else (), payload))
                 except (ValueError, IndexError) as exc:
                     no, line = payload[-2:]
                     raise bad_line(path, no, line, f"malformed value ({exc})") from None

@@ -247,6 +247,8 @@ def _read(
             line=1,
         )
     header, snapshots = read(src, path=path, warnings=warnings, interval_s=interval_s)
+    if warnings is not None:
+        snapshots = _frozen_clock(snapshots, path, warnings)
     return fmt, header, snapshots, lambda: None
 
 
@@ -312,6 +314,29 @@ def open_trace(
     except BaseException:
         _close(text, name)
         raise
+
+
+def _frozen_clock(
+    snapshots: Iterator[Snapshot], path: str, warnings: list[str]
+) -> Iterator[Snapshot]:
+    """The snapshots, then a warning when every one of them carries the same time (a log
+    whose time column was written once, or frozen): durations would all read 0:00."""
+    ticks = 0
+    first: float | None = None
+    moved = False
+    for snap in snapshots:
+        ticks += 1
+        if first is None:
+            first = snap.t_s
+        elif snap.t_s != first:
+            moved = True
+        yield snap
+    if ticks >= 3 and not moved:
+        warnings.append(
+            f"{path}: all {ticks:,} ticks carry the same time: the log's timestamps cannot "
+            "order them, so durations and changes over time mean nothing (was the time "
+            "column written once, or frozen?)"
+        )
 
 
 def _noting_cut(

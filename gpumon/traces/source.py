@@ -9,6 +9,7 @@ Prometheus export) read ``chunks()`` instead and scan them.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from functools import partial as partial_call
 from itertools import chain, islice
 from typing import IO
 
@@ -71,44 +72,38 @@ class Source:
             raise RuntimeError("a Source is read once")
         self._used = True
 
-    def lines(self) -> Iterator[str]:
-        """Every line with its line ending; TraceFormatError for one over MAX_LINE."""
+    def lines(self, checked: bool = True) -> Iterator[str]:
+        """Every line with its line ending; TraceFormatError for one over MAX_LINE.
+
+        ``checked=False``: a C-level iterator, for the hot loops that check lengths
+        themselves (a line over the bound arrives as a piece of MAX_LINE + 1 characters
+        without a line ending, which such a loop must not take as a row).
+        """
         self._take()
-        path = self.path
+        raw = self._raw()
+        return self._checked(raw) if checked else raw
+
+    def _raw(self) -> Iterator[str]:
         if self._stream is None:
-            for no, line in enumerate(chain(self.head, self._rest or ()), 1):
-                if len(line) > MAX_LINE:
-                    raise too_long(path, no)
-                yield line
-            return
+            return chain(self.head, self._rest or ())
         head = self.head
         partial = ""
         if head and not head[-1].endswith("\n"):
             partial = head.pop()
-        no = 0
-        for line in head:
-            no += 1
-            if len(line) > MAX_LINE:
-                raise too_long(path, no)
-            yield line
         readline = self._stream.readline
+        first: list[str] = []
         if partial:
-            line = (
+            first = [
                 partial + readline(MAX_LINE + 1 - len(partial))
                 if len(partial) <= MAX_LINE
                 else partial
-            )
-            no += 1
+            ]
+        return chain(head, first, iter(partial_call(readline, MAX_LINE + 1), ""))
+
+    def _checked(self, raw: Iterator[str]) -> Iterator[str]:
+        for no, line in enumerate(raw, 1):
             if len(line) > MAX_LINE:
-                raise too_long(path, no)
-            yield line
-        while True:
-            line = readline(MAX_LINE + 1)
-            if not line:
-                return
-            no += 1
-            if len(line) > MAX_LINE:
-                raise too_long(path, no)
+                raise too_long(self.path, no)
             yield line
 
     def chunks(self) -> Iterator[str]:

@@ -39,7 +39,7 @@ from gpumon.traces._common import (
     split_number,
 )
 from gpumon.traces.columns import Layout, is_nvsmi_name, resolve
-from gpumon.traces.source import Source, as_source
+from gpumon.traces.source import MAX_LINE, Source, as_source, too_long
 from gpumon.traces.table import (
     WS,
     join_quoted,
@@ -48,7 +48,7 @@ from gpumon.traces.table import (
     split_plain,
     split_quoted,
 )
-from gpumon.traces.timefmt import TimeParser, date_only, day_first_date, pick
+from gpumon.traces.timefmt import TimeParser, date_only, day_first_date, pick, rolling
 
 FORMAT = "csv"
 NVSMI = "nvidia-smi-csv"
@@ -253,93 +253,100 @@ def _scale_of(lay: Layout, i: int | None) -> float:
     return lay.columns[i].scale if i is not None and i < len(lay.columns) else 1.0
 
 
-Build = Callable[[int, float, float | None, tuple[Point, ...], list[str]], GpuSample]
+Build = Callable[[int, float, float | None, tuple[Point, ...], tuple[Any, ...]], GpuSample]
 
 
 def compile_builder(
-    lay: Layout, fields: dict[str, int], uuid_of: Callable[[int, list[str]], str]
+    lay: Layout,
+    fields: dict[str, int],
+    uuids: dict[int, str],
+    uuid_of: Callable[[int, list[str]], str],
 ) -> Build:
-    """A GpuSample builder for one GPU's columns: positions looked up once, not per sample."""
-    i_used, i_total, i_free = (
-        fields.get("mem_used"),
-        fields.get("mem_total"),
-        fields.get("mem_free"),
-    )
-    i_mutil, i_power, i_limit = (
-        fields.get("mem_util"),
-        fields.get("power"),
-        fields.get("power_limit"),
-    )
-    i_clock, i_temp, i_util = fields.get("sm_clock"), fields.get("temp"), fields.get("util")
-    i_pct, i_ppct, i_bytes = (
-        fields.get("mem_pct"),
-        fields.get("power_pct"),
-        fields.get("mem_used_bytes"),
-    )
-    i_reasons = fields.get("reasons")
+    """A GpuSample builder for one GPU's columns: positions looked up once, not per sample
+    (a day of 8 GPUs at -lms 167 makes ~700 k samples).  It takes the row's payload
+    ``(table, cells, line_no, line)``; a cell it cannot read raises ValueError naming the
+    column."""
+    get = fields.get
+    i_used, i_total, i_free = get("mem_used"), get("mem_total"), get("mem_free")
+    i_mutil, i_power, i_limit = get("mem_util"), get("power"), get("power_limit")
+    i_clock, i_temp, i_util = get("sm_clock"), get("temp"), get("util")
+    i_pct, i_ppct, i_bytes = get("mem_pct"), get("power_pct"), get("mem_used_bytes")
+    i_reasons = get("reasons")
     s_used, s_total, s_free = (
         _scale_of(lay, i_used),
         _scale_of(lay, i_total),
         _scale_of(lay, i_free),
     )
-
-    def mem(cells: list[str], i: int | None, scale: float) -> float | None:
-        return None if i is None else mem_mib(cells[i], scale)
+    derived = i_bytes is not None or i_free is not None or i_pct is not None or i_ppct is not None
 
     def build(
-        gpu: int, t: float, util: float | None, points: tuple[Point, ...], cells: list[str]
+        gpu: int, t: float, util: float | None, points: tuple[Point, ...], payload: tuple
     ) -> GpuSample:
-        used = mem(cells, i_used, s_used)
-        total = mem(cells, i_total, s_total)
+        cells = payload[2]
+        try:
+            used = None if i_used is None else mem_mib(cells[i_used], s_used)
+            total = None if i_total is None else mem_mib(cells[i_total], s_total)
+            power = None if i_power is None else fnum(cells[i_power])
+            limit = None if i_limit is None else fnum(cells[i_limit])
+            if derived:
+                used, limit = _derive(cells, used, total, power, limit)
+            clock = None if i_clock is None else fnum(cells[i_clock])
+            sample = GpuSample(
+                t_s=t,
+                gpu=gpu,
+                uuid=uuids.get(gpu) or uuid_of(gpu, cells),
+                util_samples=points,
+                util_pct=util,
+                mem_util_pct=None if i_mutil is None else fnum(cells[i_mutil]),
+                mem_used_bytes=None if used is None else int(used * MIB),
+                mem_total_bytes=None if total is None else int(total * MIB),
+                power_watts=power,
+                power_limit_watts=limit,
+                sm_clock_mhz=None if clock is None else int(clock),
+                clock_event_reasons=None if i_reasons is None else _reasons(cells[i_reasons]),
+                temperature_c=None if i_temp is None else fnum(cells[i_temp]),
+                # A GPU that fell off the bus reads "[GPU is lost]" in every cell.
+                lost=util is None and i_util is not None and "lost" in cells[i_util].lower(),
+            )
+        except ValueError as exc:
+            raise ValueError(_which_cell(lay, fields, cells) or str(exc)) from None
+        return sample
+
+    def _derive(
+        cells: list[str],
+        used: float | None,
+        total: float | None,
+        power: float | None,
+        limit: float | None,
+    ) -> tuple[float | None, float | None]:
+        """Memory used from bytes, total - free or a percent; the limit from a percent."""
         if used is None and i_bytes is not None:
             b = fnum(cells[i_bytes])
             used = None if b is None else b / MIB
         if used is None and total is not None and i_free is not None:
-            free = mem(cells, i_free, s_free)
+            free = mem_mib(cells[i_free], s_free)
             used = None if free is None else total - free
         if used is None and total is not None and i_pct is not None:
             pct = fnum(cells[i_pct])
             used = None if pct is None else total * pct / 100
-        power = None if i_power is None else fnum(cells[i_power])
-        limit = None if i_limit is None else fnum(cells[i_limit])
         if limit is None and power is not None and i_ppct is not None:
             share = fnum(cells[i_ppct])
             limit = power * 100 / share if share else None
-        clock = None if i_clock is None else fnum(cells[i_clock])
-        return GpuSample(
-            t_s=t,
-            gpu=gpu,
-            uuid=uuid_of(gpu, cells),
-            util_samples=points,
-            util_pct=util,
-            mem_util_pct=None if i_mutil is None else fnum(cells[i_mutil]),
-            mem_used_bytes=None if used is None else int(used * MIB),
-            mem_total_bytes=None if total is None else int(total * MIB),
-            power_watts=power,
-            power_limit_watts=limit,
-            sm_clock_mhz=None if clock is None else int(clock),
-            clock_event_reasons=None if i_reasons is None else _reasons(cells[i_reasons]),
-            temperature_c=None if i_temp is None else fnum(cells[i_temp]),
-            # A GPU that fell off the bus reads "[GPU is lost]" in every cell.
-            lost=util is None and i_util is not None and "lost" in cells[i_util].lower(),
-        )
+        return used, limit
 
-    def checked(
-        gpu: int, t: float, util: float | None, points: tuple[Point, ...], cells: list[str]
-    ) -> GpuSample:
+    return build
+
+
+def _which_cell(lay: Layout, fields: dict[str, int], cells: list[str]) -> str | None:
+    """Which of a row's cells is malformed, and why (the error path only)."""
+    for fld, i in fields.items():
+        if fld in ("util", "name", "uuid", "bus", "index") or i >= len(cells):
+            continue
         try:
-            return build(gpu, t, util, points, cells)
+            _reasons(cells[i]) if fld == "reasons" else num(cells[i])
         except ValueError as exc:
-            for fld, i in fields.items():
-                if fld in ("util", "name", "uuid", "bus", "index"):
-                    continue
-                try:
-                    _reasons(cells[i]) if fld == "reasons" else num(cells[i])
-                except ValueError as cell_exc:
-                    raise ValueError(f"column {lay.columns[i].label!r}: {cell_exc}") from None
-            raise ValueError(str(exc)) from None
-
-    return checked
+            return f"column {lay.columns[i].label!r}: {exc}"
+    return None
 
 
 # --- reading -------------------------------------------------------------------------------
@@ -409,9 +416,11 @@ def _pick_time(
         tab.clock = pick(_time_samples(rows, lay.clock_at))
 
 
-def _row_time(tab: _Table, cells: list[str]) -> float | None:
+def _row_time(
+    tab: _Table, cells: list[str], parse: Callable[[str], float] | None = None
+) -> float | None:
     if tab.time is not None:
-        return tab.time.parse(cells[tab.lay.time_at])  # type: ignore[index]
+        return (parse or tab.time.parse)(cells[tab.lay.time_at])  # type: ignore[index]
     if tab.clock is not None and tab.date is not None:
         return tab.date(cells[tab.lay.date_at]) + tab.clock.parse(cells[tab.lay.clock_at])  # type: ignore[index]
     return None
@@ -468,9 +477,11 @@ def read(
     """
     warns = warnings if warnings is not None else []
     src = as_source(lines, path)
-    numbered = enumerate(src.lines(), 1)
+    numbered = enumerate(src.lines(checked=False), 1)  # the row loop checks line lengths
     prefix: list[tuple[int, str]] = []
     for no, line in numbered:
+        if len(line) > MAX_LINE:
+            raise too_long(path, no)
         prefix.append((no, line))
         if len(prefix) >= PREFIX_LINES:
             break
@@ -564,9 +575,10 @@ def read(
     times: list[float] | None = None
     if tab.time is not None or tab.clock is not None:
         timed: list[tuple[float, list[str]]] = []
+        parse = rolling(tab.time.parse) if tab.time is not None and tab.time.time_of_day else None
         for r in rows:
             try:
-                t = _row_time(tab, r)
+                t = _row_time(tab, r, parse)
             except (ValueError, IndexError, TypeError):
                 continue  # the row loop names it (or skips a garbled first row)
             if t is not None:
@@ -778,15 +790,47 @@ def _snapshots(
 ) -> Iterator[Snapshot]:
     interval = header.interval_s or 1.0
     state = _RowState(tab, header, t0, sub_stamp, interval, path)
-    asm = Assembler(state.build, interval, path, state.host)
+    asm = Assembler(None, interval, path, state.host)
     add = asm.add
     count = tab.count
     valid = 0
     skipped_first = False
     header_text = tab.header_text
-    ticks = 0
-    t_lo, t_hi = float("inf"), float("-inf")
+    fast = state.fast_path(delim)
+    frac = state.fraction
+    builder = tab.builders.get(-1)
+    split = str.split
+    last_stamp, last_t = "", 0.0  # the GPUs of one tick share their timestamp text
     for no, line in lines:
+        # The fast path: a plain row of an nvidia-smi-like log (time, index, utilisation).
+        # Anything it cannot read (a header again, a quote, a bad cell) takes the general
+        # path below, which reads it or says what is wrong.
+        if fast is not None and line[-1:] == "\n" and '"' not in line:
+            cells = split(line, delim)
+            if len(cells) == count:
+                t_at, i_at, u_at, parse = fast
+                try:
+                    stamp = cells[t_at]
+                    if stamp != last_stamp:
+                        last_t = round(parse(stamp) - t0, 6)
+                        last_stamp = stamp
+                    gpu = 0 if i_at is None else int(cells[i_at])
+                    if u_at is None:
+                        util = None
+                    else:
+                        util = float(cells[u_at].rstrip(" %\r\n"))
+                        if not -1e300 < util < 1e300 or frac:
+                            raise ValueError  # nan, inf, a fraction: the general path
+                except (ValueError, IndexError):
+                    pass
+                else:
+                    valid += 1
+                    snap = add(last_t, gpu, util, (builder, tab, cells, no, line))
+                    if snap is not None:
+                        yield snap
+                    continue
+        if len(line) > MAX_LINE:
+            raise too_long(path, no)
         if '"' in line:
             text = line
             if open_quote(line):
@@ -808,6 +852,8 @@ def _snapshots(
                 if (line[:1].isalpha() or line[:1] == '"') and is_header(cells):
                     tab = state.new_header(cells)
                     count, header_text = tab.count, tab.header_text
+                    fast, frac = state.fast_path(delim), state.fraction
+                    builder = tab.builders.get(-1)
                     continue
                 if is_cut_short(line):
                     warns.append(cut_short_warning(path, no))
@@ -832,6 +878,8 @@ def _snapshots(
             if is_header(cells):
                 tab = state.new_header(cells)
                 count, header_text = tab.count, tab.header_text
+                fast, frac = state.fast_path(delim), state.fraction
+                builder = tab.builders.get(-1)
                 continue
         try:
             got = state.row(cells, no)
@@ -848,28 +896,15 @@ def _snapshots(
                 continue
             raise bad_line(path, no, line, f"malformed value ({exc})") from None
         valid += 1
-        payload = (tab, cells, no, line)
         t = got[0]
+        builders = tab.builders
         for gpu, util in got[1]:
-            snap = add(t, gpu, util, payload)
+            snap = add(t, gpu, util, (builders.get(gpu) or builders[-1], tab, cells, no, line))
             if snap is not None:
-                ticks += 1
-                if snap.t_s < t_lo:
-                    t_lo = snap.t_s
-                if snap.t_s > t_hi:
-                    t_hi = snap.t_s
                 yield snap
     snap = asm.flush()
     if snap is not None:
-        ticks += 1
-        t_lo, t_hi = min(t_lo, snap.t_s), max(t_hi, snap.t_s)
         yield snap
-    if ticks >= 3 and t_hi - t_lo == 0:
-        warns.append(
-            f"{path}: all {ticks} ticks carry the same time: the log's timestamps cannot order "
-            "them, so durations and the verdict over time mean nothing (was the time column "
-            "written once, or frozen?)"
-        )
     state.finish(warns)
 
 
@@ -920,6 +955,10 @@ class _RowState:
     def _setup(self, tab: _Table) -> None:
         lay = tab.lay
         self.tab = tab
+        self.fraction = tab.fraction
+        self.parse_time: Callable[[str], float] | None = None
+        if tab.time is not None:
+            self.parse_time = rolling(tab.time.parse) if tab.time.time_of_day else tab.time.parse
         self.t_at = lay.time_at
         self.index_at = lay.at.get("index") if lay.key == "index" else None
         self.key_at = lay.at.get(lay.key) if lay.key in ("uuid", "bus") else None
@@ -938,14 +977,32 @@ class _RowState:
         self.u_at = per.get(-1, {}).get("util") if not lay.wide else None
         self.series = list(tab.series_gpus.items())
         tab.builders = {}
+
+        def uuid_of(gpu: int, cells: list[str]) -> str:
+            return _uuid(tab, gpu, cells)
+
         for g, fields in per.items():
-            tab.builders[g] = compile_builder(
-                lay, fields, lambda gpu, cells: _uuid(self.tab, gpu, cells)
-            )
+            tab.builders[g] = compile_builder(lay, fields, tab.uuids, uuid_of)
         for col, g in tab.series_gpus.items():
-            tab.builders[g] = compile_builder(
-                lay, {"util": col}, lambda gpu, cells: _uuid(self.tab, gpu, cells)
-            )
+            tab.builders[g] = compile_builder(lay, {"util": col}, tab.uuids, uuid_of)
+
+    def fast_path(
+        self, delim: str
+    ) -> tuple[int, int | None, int | None, Callable[[str], float]] | None:
+        """(time, index, utilisation columns, time parser) when rows can take the fast
+        path: one GPU per row known by an index column (or a single GPU), absolute or
+        elapsed times, nothing to spread or infer."""
+        tab = self.tab
+        lay = tab.lay
+        if delim == WS or lay.wide or lay.series or self.sub_stamp is not None:
+            return None
+        if self.t_at is None or tab.time is None or tab.time.time_of_day:
+            return None
+        if self.key_at is not None or self.assigner is not None:
+            return None
+        if self.index_at is None and tab.cycle is not None and tab.cycle.n > 1:
+            return None
+        return self.t_at, self.index_at, self.u_at, tab.time.parse
 
     def new_header(self, cells: list[str]) -> _Table:
         """A different header mid-file: re-map the columns (the same time form is kept)."""
@@ -993,7 +1050,7 @@ class _RowState:
         if self.t_at is not None:
             stamp = cells[self.t_at]
             if stamp != self.last_stamp:
-                self.last_t = round(tab.time.parse(stamp) - self.t0, 6)  # type: ignore[union-attr]
+                self.last_t = round(self.parse_time(stamp) - self.t0, 6)  # type: ignore[misc]
                 self.last_stamp = stamp
                 self.sub = 0
                 self.sub_gpus.clear()
@@ -1057,20 +1114,8 @@ class _RowState:
         util = None if self.u_at is None else self._util(cells, self.u_at)
         return t, [(gpu, util)]
 
-    def build(
-        self,
-        gpu: int,
-        t: float,
-        util: float | None,
-        points: tuple[Point, ...],
-        payload: tuple[Any, ...],
-    ) -> GpuSample:
-        tab, cells = payload[0], payload[1]
-        b = tab.builders.get(gpu) or tab.builders[-1]
-        return b(gpu, t, util, points, cells)
-
     def host(self, payload: tuple[Any, ...], t: float) -> HostSample | None:
-        tab, cells = payload[0], payload[1]
+        tab, cells = payload[1], payload[2]
         lay = tab.lay
         if lay.host_cpu is None and not lay.host_cores:
             return None

@@ -90,11 +90,11 @@ def date_time(cell: str) -> float:
     """
     s = cell.strip()
     base = _day_text.get(s[:10])
-    if base is not None and len(s) >= 19 and s[13] == ":" and s[16] == ":":
+    if base is not None and s[13:14] == ":":
         try:
             return base + int(s[11:13]) * 3600 + int(s[14:16]) * 60 + float(s[17:])
         except ValueError:
-            pass  # a zone, a comma fraction: the full parse below
+            pass  # a zone, a comma fraction, no seconds: the full parse below
     return _date_time(s)
 
 
@@ -264,3 +264,21 @@ def _is_elapsed(c: str) -> bool:
     except ValueError:
         return False
     return True
+
+
+def rolling(parse: Callable[[str], float]) -> Callable[[str], float]:
+    """``parse`` for times of day: a time more than 12 h before the last one is on the
+    next day (a log running past midnight).  Stateful: one per pass over a file."""
+    day = 0.0
+    last = float("-inf")
+
+    def parse_rolling(cell: str) -> float:
+        nonlocal day, last
+        t = parse(cell) + day
+        if t < last - 43200:
+            day += 86400.0
+            t += 86400.0
+        last = t
+        return t
+
+    return parse_rolling

@@ -1,7 +1,9 @@
 """`gpumon analyze FILE`: why the GPUs waited, from a recorded trace or an existing log.
 
-Reads gpumon traces and nvidia-smi CSV / dmon / table logs and home-made CSV, by content
-(``--format`` overrides), streams them through the detector and prints the report.
+Reads gpumon traces and the logs people already have (nvidia-smi CSV / dmon / tables,
+gpustat, W&B, dcgmi, Prometheus exports, home-made CSV) by content (``--format``
+overrides), from a file or stdin (``-``), streams them through the detector and prints the
+report.  What a reader had to assume (GPU count, interval) is printed as ``gpumon: note:``.
 
 Exit status: 0 whatever the verdict.  A file no reader recognises, or malformed before
 any valid tick, is an error (the message names the line; status 2).  A malformed line
@@ -22,7 +24,8 @@ from gpumon.errors import GpumonError, TraceFormatError
 from gpumon.model import Snapshot
 from gpumon.traces.sniff import FORMATS, open_trace
 
-# Assumptions a reader had to make (header ``extra``) that change how to read the report.
+# Assumptions a reader had to make (header ``extra``) that change how to read the report;
+# ``notes`` is a list of further sentences.
 _NOTES = {"interval_assumed": "", "gpus_inferred": "GPUs: ", "util_scale": "", "date": ""}
 
 
@@ -31,11 +34,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         "analyze",
         help="say why the GPUs waited, from a gpumon trace or an nvidia-smi log",
         description="Analyse a gpumon trace or a log you already have: nvidia-smi "
-        "--query-gpu CSV, nvidia-smi dmon, repeated nvidia-smi tables, or a CSV with time "
-        "and GPU utilisation columns (UTF-8/UTF-16, gzip). The format is detected from the "
-        "content.",
+        "--query-gpu CSV, nvidia-smi dmon, repeated nvidia-smi tables, gpustat (text or "
+        "--json), W&B system metrics (wandb-events.jsonl or a CSV export), dcgmi dmon, a "
+        "Prometheus query_range JSON export, or a CSV/TSV with GPU columns (UTF-8/UTF-16, "
+        "gzip). The format is detected from the content.",
     )
-    p.add_argument("file", metavar="FILE", help="trace or log to analyse")
+    p.add_argument("file", metavar="FILE", help="trace or log to analyse ('-': stdin)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     p.add_argument(
         "--format",
@@ -43,7 +47,24 @@ def register(sub: argparse._SubParsersAction) -> None:
         default="auto",
         help="the file's format (default: detect it from the content)",
     )
+    p.add_argument(
+        "--interval",
+        type=_seconds,
+        metavar="S",
+        help="seconds between rows for logs that carry no times (dmon without -o T, dcgmi, "
+        "gpustat --no-header, a CSV without a time column); default 1",
+    )
     p.set_defaults(func=run)
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not (0.001 <= value <= 86400):
+        raise argparse.ArgumentTypeError(f"{text} s is not an interval between 1 ms and a day")
+    return value
 
 
 class _UntilError:
@@ -80,7 +101,7 @@ def _finite(obj: object) -> object:
 def run(args: argparse.Namespace) -> int:
     from gpumon.faces.analyze.report import analyze_snapshots, render_text, to_json
 
-    with open_trace(args.file, args.format) as trace:
+    with open_trace(args.file, args.format, getattr(args, "interval", None)) as trace:
         guarded = _UntilError(iter(trace), trace.path)
         result = analyze_snapshots(trace.header, iter(guarded))
         if result.bad_tick is not None:
@@ -102,9 +123,13 @@ def run(args: argparse.Namespace) -> int:
         print(f"gpumon: warning: {warning}", file=sys.stderr)
     if guarded.count == 0 and guarded.error is None:
         print(f"gpumon: warning: {trace.path}: no samples in this file", file=sys.stderr)
+    extra = trace.header.extra
     for key, label in _NOTES.items():
-        if key in trace.header.extra:
-            print(f"gpumon: note: {label}{trace.header.extra[key]}", file=sys.stderr)
+        if key in extra:
+            print(f"gpumon: note: {label}{extra[key]}", file=sys.stderr)
+    notes = extra.get("notes")
+    for note in notes if isinstance(notes, list) else ():
+        print(f"gpumon: note: {note}", file=sys.stderr)
     if guarded.error is not None:
         print(
             f"gpumon: {guarded.error} (the report above covers the {guarded.count} ticks "

@@ -1,0 +1,263 @@
+"""Real-shaped logs (tests/data/logs/quirks, see its manifest.toml) are read right: the
+format, the GPU count and identity, the interval, the values; and what had to be assumed
+is said in the header's notes."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from gpumon.model import Snapshot, TraceHeader
+from gpumon.traces.sniff import open_trace
+
+QUIRKS = Path(__file__).parent / "data" / "logs" / "quirks"
+MANIFEST = tomllib.loads((QUIRKS / "manifest.toml").read_text(encoding="utf-8"))["files"]
+MIB = 1 << 20
+
+
+def load(name: str) -> tuple[str, TraceHeader, list[Snapshot], list[str]]:
+    with open_trace(QUIRKS / name) as trace:
+        snaps = list(trace)
+        return trace.format, trace.header, snaps, trace.warnings
+
+
+def notes(header: TraceHeader) -> str:
+    extra = header.extra
+    return " | ".join(str(v) for k, v in extra.items() if k != "ignored_columns")
+
+
+def test_every_fixture_is_in_the_manifest_and_back() -> None:
+    files = {p.name for p in QUIRKS.iterdir() if p.name != "manifest.toml"}
+    assert files == set(MANIFEST)
+    for name, entry in MANIFEST.items():
+        assert {"kind", "quirks", "format", "gpus", "interval", "verdict"} <= set(entry), name
+        assert entry["verdict"] in ("healthy", "starved", "sync_stall", "idle"), name
+
+
+@pytest.mark.parametrize("name", sorted(MANIFEST))
+def test_format_gpus_and_interval(name: str) -> None:
+    entry = MANIFEST[name]
+    fmt, header, snaps, warnings = load(name)
+    assert fmt == entry["format"]
+    assert header.source == entry["format"]
+    assert len(header.gpus) == entry["gpus"], notes(header)
+    assert {g.gpu for s in snaps for g in s.gpus} == set(range(entry["gpus"]))
+    assert header.interval_s == pytest.approx(entry["interval"], rel=0.05)
+    assert len(snaps) >= 10
+    times = [s.t_s for s in snaps]
+    assert times == sorted(times) or name == "concat_runs_cut_start.csv"
+    assert not any("Traceback" in w for w in warnings)
+
+
+def test_8gpu_same_timestamp_keeps_each_gpu_apart() -> None:
+    _, header, snaps, _ = load("nvsmi_8gpu_same_stamp.csv")
+    assert "share one timestamp" in header.extra["gpus_inferred"]
+    assert len(snaps) == 180 and all(len(s.gpus) == 8 for s in snaps)
+    # Each GPU keeps its own memory: no row landed on another GPU.
+    mem = {g: {x.mem_used_bytes // MIB for s in snaps for x in s.gpus if x.gpu == g} for g in range(8)}
+    spans = [max(v) - min(v) for v in mem.values()]
+    assert max(spans) <= 8
+    # The stalled rank reads 0 % while the others read 100 % at low power.
+    stall = snaps[15]  # 15 s into a 20 s period: the stall window
+    rank3 = next(g for g in stall.gpus if g.gpu == 3)
+    others = [g for g in stall.gpus if g.gpu != 3]
+    assert rank3.util_pct == 0.0
+    assert all(g.util_pct == 100.0 and g.power_watts < 200 for g in others)
+
+
+def test_2gpu_ms_apart_sub_second_rows_become_util_samples() -> None:
+    _, header, snaps, _ = load("nvsmi_2gpu_ms_apart.csv")
+    assert "a few ms apart" in header.extra["gpus_inferred"]
+    points = [(g.gpu, p) for s in snaps for g in s.gpus for p in g.util_samples]
+    assert len(points) == 1800  # 900 ticks x 2 GPUs, one point per row
+    assert all(8 <= len(g.util_samples) <= 12 for s in snaps[1:-1] for g in s.gpus)
+
+
+def test_crlf_bom_straggler_by_bus_id() -> None:
+    _, header, snaps, _ = load("nvsmi_4gpu_straggler_crlf.csv")
+    assert [g.pci_bus_id for g in header.gpus] == [
+        "00000000:1A:00.0",
+        "00000000:3A:00.0",
+        "00000000:5A:00.0",
+        "00000000:7A:00.0",
+    ]
+    assert header.gpus[0].power_limit_watts == 350.0
+    assert "gpus_inferred" not in header.extra
+
+
+def test_header_before_every_row() -> None:
+    _, header, snaps, warnings = load("nvsmi_header_every_row.csv")
+    assert len(snaps) == 120 and warnings == []
+    g = snaps[5].gpus[0]
+    assert g.util_pct == 0.0 and g.mem_used_bytes >= 9812 * MIB
+    assert g.mem_total_bytes == 11264 * MIB
+
+
+def test_epoch_seconds_with_spaces() -> None:
+    """``1764189075,1, 24576, 0`` once failed with "month must be in 1..12"."""
+    _, header, snaps, _ = load("home_epoch_spaces.csv")
+    assert header.started_wall_s == pytest.approx(1764189075, abs=2)
+    assert "epoch seconds" in header.extra["timestamps"]
+    g = snaps[10].gpus[0]
+    assert g.mem_total_bytes == 24576 * MIB and 90 <= g.util_pct <= 100
+
+
+def test_quoted_cell_spanning_two_lines() -> None:
+    _, header, snaps, warnings = load("home_quoted_newline.csv")
+    assert any("span lines" in w and "power_w" in w for w in warnings)
+    powers = [g.power_watts for s in snaps for g in s.gpus]
+    assert all(p is not None and 50 < p < 320 for p in powers)
+    assert header.started_wall_s is None  # elapsed seconds
+
+
+def test_tab_separated_seconds_suffix_and_aggregates() -> None:
+    _, header, snaps, _ = load("tsv_time_s_aggregates.tsv")
+    assert header.gpus[0].uuid == "aggregate" and "aggregate" in (header.gpus[0].name or "")
+    assert header.gpus[1].uuid == "series:LGPU"
+    assert snaps[1].t_s == 1.0  # "1s"
+    # The CPU column is the host's, never a GPU.
+    assert all(s.host is not None and s.host.cpu_pct is not None for s in snaps)
+    assert "host CPU" in notes(header)
+
+
+def test_gpustat_text_with_headers() -> None:
+    _, header, snaps, _ = load("gpustat_loop.txt")
+    assert header.hostname == "compute3" and header.driver_version == "465.19.01"
+    assert header.gpus[0].name == "NVIDIA GeForce RTX 2070 SUPER"
+    g = snaps[3].gpus[1]
+    assert g.mem_total_bytes == 7982 * MIB and g.temperature_c is not None
+    assert snaps[1].t_s == 1.0
+
+
+def test_gpustat_colour_fan_codec_and_unknown_power() -> None:
+    _, header, snaps, _ = load("gpustat_full_color.txt")
+    assert "interval_assumed" in header.extra
+    utils = [s.gpus[0].util_pct for s in snaps]
+    assert min(utils) < 5 and max(utils) > 90  # the utilisation, not the fan's 40 %
+    assert snaps[5].gpus[0].power_watts is None  # "?? / 250 W"
+    assert snaps[6].gpus[0].power_limit_watts == 250.0
+    assert header.gpus[0].name == "GeForce GTX TITAN X"
+
+
+def test_gpustat_json_pretty_printed_objects() -> None:
+    _, header, snaps, _ = load("gpustat_json_loop.json")
+    assert header.hostname == "ws-lab-2" and header.driver_version == "535.129.03"
+    assert len(snaps) == 100
+    g = snaps[0].gpus[1]
+    assert g.uuid.startswith("GPU-") and g.mem_used_bytes == 18024 * MIB
+    assert g.util_pct == 0.0 and g.power_limit_watts == 230.0
+
+
+def test_wandb_events() -> None:
+    _, header, snaps, _ = load("wandb-events.jsonl")
+    assert "averages" in notes(header)
+    g = snaps[0].gpus[0]
+    assert g.util_pct is not None and g.power_watts is not None
+    assert g.power_limit_watts == pytest.approx(300.0, rel=0.01)  # from powerPercent
+    assert g.mem_used_bytes is None  # memoryAllocated is a percent of an unknown total
+    assert snaps[0].host is not None and snaps[0].host.cpu_pct is not None
+
+
+def test_wandb_csv_export_sparse_cells() -> None:
+    _, header, snaps, _ = load("wandb_export.csv")
+    utils = [s.gpus[0].util_pct for s in snaps]
+    assert all(30 < u < 65 for u in utils)
+    sparse = snaps[4]  # GPU 1 not logged in that row
+    assert next(g for g in sparse.gpus if g.gpu == 1).util_pct is None
+    assert header.started_wall_s is None
+
+
+def test_dmon_every_column_set() -> None:
+    _, header, snaps, _ = load("dmon_all_columns.txt")
+    assert len(snaps) == 200 and all(len(s.gpus) == 4 for s in snaps)
+    g = snaps[0].gpus[2]
+    assert g.mem_used_bytes is not None and g.sm_clock_mhz in (1410, 210)
+    assert g.pcie_rx_bytes_per_s is not None and g.temperature_c is not None
+
+
+def test_dmon_time_only_over_midnight() -> None:
+    _, _, snaps, _ = load("dmon_time_only_midnight.txt")
+    assert [s.t_s for s in snaps[88:93]] == [88.0, 89.0, 90.0, 91.0, 92.0]
+
+
+def test_dcgmi_reverse_order_and_na() -> None:
+    _, header, snaps, _ = load("dcgmi_dmon.txt")
+    assert len(snaps) == 160 and [g.gpu for g in snaps[0].gpus] == [0, 1, 2, 3]
+    g = snaps[10].gpus[0]
+    assert g.power_watts is not None and g.mem_used_bytes is not None and g.util_pct is not None
+    assert "no time" in header.extra["interval_assumed"]
+
+
+def test_prometheus_dcgm() -> None:
+    _, header, snaps, _ = load("prom_dcgm.json")
+    assert [g.uuid[:8] for g in header.gpus] == ["GPU-3f2a", "GPU-3f2a"]
+    assert header.gpus[0].name == "NVIDIA H100 80GB HBM3"
+    assert header.started_wall_s == pytest.approx(1764189000)
+    assert snaps[37].gpus[0].power_watts is None  # NaN: no reading
+    assert snaps[1].t_s == 5.0
+
+
+def test_prometheus_nvidia_gpu_exporter_ratios_and_bytes() -> None:
+    _, header, snaps, _ = load("prom_nvidia_gpu_exporter.json")
+    g = snaps[0].gpus[0]
+    assert g.util_pct == 0.0 and g.mem_total_bytes == 16384 * MIB
+    assert header.gpus[0].uuid == "72f02a28-5140-325e-ba49-1ae77c6b4e30"
+
+
+def test_prometheus_gpumon_series_with_host() -> None:
+    _, _, snaps, _ = load("prom_gpumon.json")
+    assert all(s.host is not None and 30 <= s.host.cpu_pct <= 40 for s in snaps)
+    assert all(90 <= g.util_pct <= 100 for s in snaps for g in s.gpus)
+
+
+def test_wide_file_one_series_per_gpu() -> None:
+    _, header, snaps, _ = load("wide_per_gpu.csv")
+    assert len(header.gpus) == 2 and all(len(s.gpus) == 2 for s in snaps)
+    assert snaps[0].host is not None and 40 <= snaps[0].host.cpu_pct <= 60
+    assert snaps[0].gpus[1].temperature_c is not None
+
+
+def test_semicolons_decimal_commas_and_midnight() -> None:
+    _, _, snaps, _ = load("semicolon_decimal_comma.csv")
+    assert len(snaps) == 300
+    assert [s.t_s for s in snaps[178:183]] == [178.0, 179.0, 180.0, 181.0, 182.0]  # 00:00
+    assert any(g.util_pct % 1 for s in snaps for g in s.gpus)  # "45,5" read as 45.5
+
+
+def test_concatenated_runs_and_a_cut_start() -> None:
+    _, _, snaps, warnings = load("concat_runs_cut_start.csv")
+    assert any(":2: first row is malformed" in w for w in warnings)
+    assert len(snaps) == 199
+    assert snaps[-1].t_s - snaps[0].t_s > 7000  # the second run, two hours later
+    assert snaps[-1].gpus[0].temperature_c is not None  # the second header's column
+
+
+def test_gnu_iso_comma_fraction_split_in_two_cells() -> None:
+    _, header, snaps, _ = load("gnu_iso_ns.csv")
+    assert header.started_wall_s == pytest.approx(1764189000.0131, abs=0.001)
+    points = [p for s in snaps for g in s.gpus for p in g.util_samples]
+    assert len(points) == 600
+
+
+def test_whole_second_stamps_spread_within_the_second() -> None:
+    _, header, snaps, _ = load("whole_second_fast.csv")
+    assert "whole-second" in notes(header)
+    points = [p for s in snaps for g in s.gpus for p in g.util_samples]
+    assert len(points) == 800
+    ts = [t for t, _ in points]
+    assert ts == sorted(ts) and len(set(ts)) == 800
+
+
+def test_three_gpus_told_apart_by_temperature() -> None:
+    _, header, snaps, _ = load("three_gpu_date_time.csv")
+    assert "temperature" in header.extra["gpus_inferred"]
+    temps = {g: {x.temperature_c for s in snaps for x in s.gpus if x.gpu == g} for g in range(3)}
+    assert max(temps[0]) < min(temps[1])  # GPU 1 runs hot: never mixed with GPU 0
+    assert "DD-MM-YYYY" in notes(header)
+
+
+def test_short_log_is_read_whole() -> None:
+    _, _, snaps, _ = load("short_v100.csv")
+    assert [s.gpus[0].util_pct for s in snaps] == [0, 31, 0, 95, 0, 24, 0, 94, 0, 0]
