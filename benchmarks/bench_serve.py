@@ -12,6 +12,16 @@ and at the end, and scrape latency (median and max).
 Targets (issue 5): < 1 % of a core at the default 1 s interval; RSS < 80 MB and flat;
 a scrape < 20 ms.  The fake library's own cost is inside the daemon's CPU, so real NVML
 calls (slower: microseconds each in the driver) add to the 10 Hz figure.
+
+``--baseline-src DIR`` runs a second daemon from another source tree (say an earlier
+commit, ``git archive REV gpumon | tar -x -C DIR``) beside this one, at the same time, on
+the same fake GPUs and scrape schedule, and reports the CPU per tick of both and their
+ratio: two daemons measured side by side see the same machine load.  The CPU per tick is
+the daemon's CPU seconds over its own tick count (``gpumon_samples_total``).
+
+Last, in this process, the cost of one re-enumeration (``NvmlSampler._rediscover``: the
+GPU count, plus a handle and UUID call per lost GPU) against one tick of the same
+sampler, interleaved (benchmarks/_timing.py), and what it adds per tick at its period.
 """
 
 from __future__ import annotations
@@ -53,7 +63,24 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_one(interval: float, seconds: float, n_gpus: int, tmp: Path) -> dict[str, float]:
+def scrape(url: str) -> tuple[float, bytes]:
+    s = time.perf_counter()
+    with urllib.request.urlopen(url, timeout=5) as r:
+        body = r.read()
+    return (time.perf_counter() - s) * 1000.0, body
+
+
+def samples_total(body: bytes) -> float:
+    for line in body.decode().splitlines():
+        if line.startswith("gpumon_samples_total "):
+            return float(line.split()[1])
+    return float("nan")
+
+
+def run_one(
+    interval: float, seconds: float, n_gpus: int, tmp: Path, sources: dict[str, str | None]
+) -> dict[str, dict[str, object]]:
+    """Every daemon of ``sources`` (name -> source tree, None: this checkout) at once."""
     holders = [
         subprocess.Popen(
             [sys.executable, "-c", "import time; time.sleep(100000)"],
@@ -71,67 +98,117 @@ def run_one(interval: float, seconds: float, n_gpus: int, tmp: Path) -> dict[str
         ]
     )
     path = write_scenario(tmp / f"scenario-{interval}.txt", scn)
-    port = free_port()
-    log = tmp / f"gpumon-{interval}.jsonl"
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "gpumon",
-            "serve",
-            "--config",
-            os.devnull,
-            "--listen",
-            f"127.0.0.1:{port}",
-            "--interval",
-            str(interval),
-            "--log",
-            str(log),
-        ],
-        env=fake_env(path),
-        stderr=subprocess.DEVNULL,
-    )
-    url = f"http://127.0.0.1:{port}/metrics"
+    procs: dict[str, tuple[subprocess.Popen[bytes], str]] = {}
+    for name, src in sources.items():
+        port = free_port()
+        env = fake_env(path)
+        if src is not None:
+            env["PYTHONPATH"] = os.pathsep.join(filter(None, [src, env.get("PYTHONPATH")]))
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "gpumon",
+                "serve",
+                "--config",
+                os.devnull,
+                "--listen",
+                f"127.0.0.1:{port}",
+                "--interval",
+                str(interval),
+                "--log",
+                str(tmp / f"gpumon-{name}-{interval}.jsonl"),
+            ],
+            env=env,
+            stderr=subprocess.DEVNULL,
+        )
+        procs[name] = (proc, f"http://127.0.0.1:{port}/metrics")
+    out: dict[str, dict[str, object]] = {}
     try:
         time.sleep(15)  # warm-up: imports, first windows, detector start-up
-        rss0 = rss_mb(proc.pid)
-        cpu0, t0 = cpu_seconds(proc.pid), time.monotonic()
-        scrapes: list[float] = []
-        rss_max = rss0
-        rss_trace = [rss0]  # one reading per minute: flat means bounded state
+        start = {}
+        for name, (proc, url) in procs.items():
+            _, body = scrape(url)
+            start[name] = (cpu_seconds(proc.pid), samples_total(body), rss_mb(proc.pid))
+        t0 = time.monotonic()
+        scrapes: dict[str, list[float]] = {n: [] for n in procs}
+        rss_max = {n: start[n][2] for n in procs}
+        rss_trace = {n: [start[n][2]] for n in procs}  # one a minute: flat means bounded
+        last: dict[str, bytes] = {}
         next_minute = t0 + 60
         while time.monotonic() - t0 < seconds:
-            s = time.perf_counter()
-            with urllib.request.urlopen(url, timeout=5) as r:
-                body = r.read()
-            scrapes.append((time.perf_counter() - s) * 1000.0)
-            rss_max = max(rss_max, rss_mb(proc.pid))
+            for name, (proc, url) in procs.items():
+                ms, last[name] = scrape(url)
+                scrapes[name].append(ms)
+                rss_max[name] = max(rss_max[name], rss_mb(proc.pid))
             if time.monotonic() >= next_minute:
-                rss_trace.append(rss_mb(proc.pid))
+                for name, (proc, _) in procs.items():
+                    rss_trace[name].append(rss_mb(proc.pid))
                 next_minute += 60
             time.sleep(5)
-        cpu1, t1 = cpu_seconds(proc.pid), time.monotonic()
-        rss1 = rss_mb(proc.pid)
-        assert b'state="starved"' in body
+        t1 = time.monotonic()
+        for name, (proc, url) in procs.items():
+            _, body = scrape(url)
+            cpu1, ticks1 = cpu_seconds(proc.pid), samples_total(body)
+            cpu0, ticks0, rss0 = start[name]
+            assert b'state="starved"' in last[name], name
+            out[name] = {
+                "interval_s": interval,
+                "cpu_pct": 100.0 * (cpu1 - cpu0) / (t1 - t0),
+                "cpu_per_tick_ms": 1000.0 * (cpu1 - cpu0) / max(1.0, ticks1 - ticks0),
+                "rss_start_mb": rss0,
+                "rss_end_mb": rss_mb(proc.pid),
+                "rss_max_mb": rss_max[name],
+                "scrape_p50_ms": statistics.median(scrapes[name]),
+                "scrape_max_ms": max(scrapes[name]),
+                "seconds": t1 - t0,
+                "body_kb": len(body) / 1024.0,
+                "rss_trace": rss_trace[name],
+            }
     finally:
-        proc.terminate()
-        proc.wait(timeout=20)
+        for proc, _ in procs.values():
+            proc.terminate()
+            proc.wait(timeout=20)
         for h in holders:
             h.kill()
             h.wait()
-    return {
-        "interval_s": interval,
-        "cpu_pct": 100.0 * (cpu1 - cpu0) / (t1 - t0),
-        "rss_start_mb": rss0,
-        "rss_end_mb": rss1,
-        "rss_max_mb": rss_max,
-        "scrape_p50_ms": statistics.median(scrapes),
-        "scrape_max_ms": max(scrapes),
-        "scrapes": len(scrapes),
-        "seconds": t1 - t0,
-        "body_kb": len(body) / 1024.0,
-        "rss_trace": rss_trace,
-    }
+    return out
+
+
+def rediscovery_cost(n_gpus: int, tmp: Path) -> dict[str, float]:
+    """One re-enumeration against one tick, in this process on the fake (µs of CPU): with
+    every GPU up, then with GPU 0 off the bus (asked again, and still gone, each time)."""
+    import logging
+
+    from _timing import interleaved
+    from fakenvml import load_in_process
+
+    from gpumon.sample.nvml import NvmlSampler
+
+    logging.getLogger("gpumon").setLevel(logging.CRITICAL)  # the lost GPU's line, once
+    scn = Scenario.uniform(n_gpus)
+    path = write_scenario(tmp / "rediscover.txt", scn)
+    load_in_process(path)
+    sampler = NvmlSampler(rediscover_every_s=1e9)  # only when the benchmark asks
+    up = interleaved(
+        {"tick": sampler.sample, "rediscover": lambda: sampler._rediscover(time.monotonic())},
+        rounds=15,
+        per_batch={"tick": 50, "rediscover": 200},
+    )
+    write_scenario(path, scn.with_gpu(0, lost=True))
+    time.sleep(0.05)  # the fake rereads its scenario within 10 ms
+    sampler.sample()  # GPU 0 found lost
+    assert sampler._gpus[0].lost
+    down = interleaved(
+        {
+            "tick_one_lost": sampler.sample,
+            "rediscover_one_lost": lambda: sampler._rediscover(time.monotonic()),
+        },
+        rounds=15,
+        per_batch={"tick_one_lost": 50, "rediscover_one_lost": 200},
+    )
+    assert sampler._gpus[0].lost  # asked again every time, never wrongly revived
+    return {k: v.cpu_us for k, v in {**up, **down}.items()}
 
 
 def main() -> None:
@@ -139,31 +216,58 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=180.0, help="measured time per interval")
     ap.add_argument("--gpus", type=int, default=8)
     ap.add_argument("--intervals", type=float, nargs="+", default=[1.0, 0.1])
+    ap.add_argument(
+        "--baseline-src",
+        metavar="DIR",
+        help="a gpumon source tree to run beside this one (its gpumon/ package in DIR)",
+    )
     args = ap.parse_args()
+    sources: dict[str, str | None] = {"gpumon": None}
+    if args.baseline_src:
+        sources["baseline"] = str(Path(args.baseline_src).resolve())
     rows = []
     with tempfile.TemporaryDirectory() as d:
         for interval in args.intervals:
-            rows.append(run_one(interval, args.seconds, args.gpus, Path(d)))
+            rows.append(run_one(interval, args.seconds, args.gpus, Path(d), sources))
+        redisc = rediscovery_cost(args.gpus, Path(d))
     print(
         f"gpumon serve, {args.gpus} fake GPUs, {args.seconds:.0f} s measured per row, "
         f"{os.cpu_count()} CPUs"
     )
     print(
-        "| interval | CPU (% of a core) | target | RSS start -> end (max) MB | target | "
-        "scrape p50 / max ms | target | /metrics size |"
+        "| daemon | interval | CPU (% of a core) | CPU per tick | target | "
+        "RSS start -> end (max) MB | target | scrape p50 / max ms | target | /metrics size |"
     )
-    print("|---|---|---|---|---|---|---|---|")
-    for r in rows:
-        cpu_target = "< 1 %" if r["interval_s"] >= 1.0 else "-"
-        print(
-            f"| {r['interval_s']:g} s | {r['cpu_pct']:.2f} | {cpu_target} | "
-            f"{r['rss_start_mb']:.1f} -> {r['rss_end_mb']:.1f} ({r['rss_max_mb']:.1f}) | "
-            f"< 80, flat | {r['scrape_p50_ms']:.1f} / {r['scrape_max_ms']:.1f} | < 20 | "
-            f"{r['body_kb']:.0f} KiB |"
-        )
-    for r in rows:
-        trace = " ".join(f"{x:.1f}" for x in r["rss_trace"])
-        print(f"RSS per minute at {r['interval_s']:g} s (MB): {trace}")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for row in rows:
+        for name, r in row.items():
+            cpu_target = "< 1 %" if r["interval_s"] >= 1.0 else "-"  # type: ignore[operator]
+            print(
+                f"| {name} | {r['interval_s']:g} s | {r['cpu_pct']:.2f} | "
+                f"{r['cpu_per_tick_ms']:.2f} ms | {cpu_target} | "
+                f"{r['rss_start_mb']:.1f} -> {r['rss_end_mb']:.1f} ({r['rss_max_mb']:.1f}) | "
+                f"< 80, flat | {r['scrape_p50_ms']:.1f} / {r['scrape_max_ms']:.1f} | < 20 | "
+                f"{r['body_kb']:.0f} KiB |"
+            )
+    for row in rows:
+        for name, r in row.items():
+            trace = " ".join(f"{x:.1f}" for x in r["rss_trace"])  # type: ignore[attr-defined]
+            print(f"RSS per minute, {name} at {r['interval_s']:g} s (MB): {trace}")
+    if "baseline" in sources:
+        for row in rows:
+            a, b = row["gpumon"], row["baseline"]
+            print(
+                f"CPU per tick at {a['interval_s']:g} s: gpumon / baseline = "
+                f"{a['cpu_per_tick_ms'] / b['cpu_per_tick_ms']:.2f} "  # type: ignore[operator]
+                f"({a['cpu_per_tick_ms']:.2f} / {b['cpu_per_tick_ms']:.2f} ms, side by side)"
+            )
+    per_tick = redisc["rediscover"] / 10.0  # every 10 s at the default 1 s interval
+    print(
+        f"re-enumeration: {redisc['rediscover']:.1f} µs CPU against {redisc['tick']:.0f} µs "
+        f"for one tick of {args.gpus} GPUs ({redisc['rediscover_one_lost']:.1f} µs against "
+        f"{redisc['tick_one_lost']:.0f} µs with one GPU lost); every 10 s at a 1 s interval "
+        f"that is {per_tick:.2f} µs a tick ({100.0 * per_tick / redisc['tick']:.3f} % of one)"
+    )
 
 
 if __name__ == "__main__":
