@@ -56,7 +56,9 @@ def test_8gpu_same_timestamp_keeps_each_gpu_apart() -> None:
     assert "share one timestamp" in header.extra["gpus_inferred"]
     assert len(snaps) == 180 and all(len(s.gpus) == 8 for s in snaps)
     # Each GPU keeps its own memory: no row landed on another GPU.
-    mem = {g: {x.mem_used_bytes // MIB for s in snaps for x in s.gpus if x.gpu == g} for g in range(8)}
+    mem = {
+        g: {x.mem_used_bytes // MIB for s in snaps for x in s.gpus if x.gpu == g} for g in range(8)
+    }
     spans = [max(v) - min(v) for v in mem.values()]
     assert max(spans) <= 8
     # The stalled rank reads 0 % while the others read 100 % at low power.

@@ -92,6 +92,8 @@ class Buffer:
         while True:
             try:
                 obj, end = self._decoder.raw_decode(self.buf, self.pos)
+            except RecursionError:
+                raise self.error("JSON nested too deeply to be a GPU log") from None
             except json.JSONDecodeError as exc:
                 pending = len(self.buf) - self.pos
                 if pending > self.max:

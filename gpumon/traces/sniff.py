@@ -13,7 +13,6 @@ then the reader takes bounded lines (or chunks) from a ``Source``; every reader 
 
 from __future__ import annotations
 
-import gzip
 import io
 import json
 import os
@@ -130,34 +129,47 @@ class OpenedTrace:
         self.close()
 
 
-class _UntilCutShort(io.RawIOBase):
-    """A gzip stream that ends where a file cut short ends, instead of raising EOFError
-    (losing what was decompressed); ``cut_short`` says it happened."""
+class _Gunzip(io.RawIOBase):
+    """gzip decompression that hands over every byte a stream cut short still holds
+    (``gzip.GzipFile`` raises EOFError and loses the last block it was decoding), and
+    reads concatenated members; ``cut_short`` says whether the stream ended early."""
 
-    def __init__(self, inner: gzip.GzipFile):
-        self._inner = inner
+    def __init__(self, raw: IO[bytes]):
+        self._raw = raw
+        self._z = zlib.decompressobj(wbits=47)  # a gzip header, checked
+        self._pending = b""
+        self._done = False
         self.cut_short = False
 
     def readable(self) -> bool:
         return True
 
     def readinto(self, b: Any) -> int:
-        if self.cut_short:
-            return 0
-        try:
-            data = self._inner.read(len(b))
-        except (EOFError, zlib.error, gzip.BadGzipFile, OSError):
-            self.cut_short = True
-            return 0
-        b[: len(data)] = data
-        return len(data)
+        while not self._pending and not self._done:
+            data = self._raw.read(1 << 16)
+            if not data:
+                self._done = True
+                self.cut_short = not self._z.eof
+                break
+            try:
+                self._pending = self._z.decompress(data)
+                while self._z.eof and self._z.unused_data:  # another member follows
+                    rest = self._z.unused_data
+                    self._z = zlib.decompressobj(wbits=47)
+                    self._pending += self._z.decompress(rest)
+            except zlib.error:
+                self._done = self.cut_short = True
+        n = min(len(b), len(self._pending))
+        b[:n] = self._pending[:n]
+        self._pending = self._pending[n:]
+        return n
 
     def close(self) -> None:
-        self._inner.close()
+        self._raw.close()
         super().close()
 
 
-def _open(path: str) -> tuple[IO[str], _UntilCutShort | None]:
+def _open(path: str) -> tuple[IO[str], _Gunzip | None]:
     """The file (``-``: stdin) as text, whatever its compression, encoding and line endings;
     and the guard that knows whether a gzip stream was cut short."""
     raw: IO[bytes] = sys.stdin.buffer if path == "-" else open(path, "rb")  # noqa: SIM115
@@ -167,7 +179,7 @@ def _open(path: str) -> tuple[IO[str], _UntilCutShort | None]:
         stream: io.BufferedReader = buffered
         guard = None
         if head[:2] == b"\x1f\x8b":
-            guard = _UntilCutShort(gzip.GzipFile(fileobj=buffered))  # type: ignore[arg-type]
+            guard = _Gunzip(buffered)
             stream = io.BufferedReader(guard)
             head = stream.peek(4)[:4]
         if head[:3] == b"\xef\xbb\xbf":
@@ -340,7 +352,7 @@ def _frozen_clock(
 
 
 def _noting_cut(
-    snapshots: Iterator[Snapshot], guard: _UntilCutShort, path: str, warnings: list[str]
+    snapshots: Iterator[Snapshot], guard: _Gunzip, path: str, warnings: list[str]
 ) -> Iterator[Snapshot]:
     """The snapshots, then a warning if the gzip stream they came from was cut short."""
     try:

@@ -95,17 +95,20 @@ def _is_value(cell: str) -> bool:
 
 
 def is_header(cells: list[str]) -> bool:
-    """A row of names: no cell reads as a value, and some cell names a field we know."""
-    if not any(c.strip() for c in cells):
+    """A row of names: no cell reads as a value, and its names are ours -- every one
+    nvidia-smi's, or at least two (a quarter of them) fields we know."""
+    named = [c for c in cells if c.strip()]
+    if not named:
         return False
-    for c in cells:
+    for c in named:
         s = c.strip().strip('"').strip()
-        if s and _is_value(s) and not s[:1].isalpha():
+        if _is_value(s) and not s[:1].isalpha():
             return False
+    if all(is_nvsmi_name(c) for c in named):
+        return True
     lay = resolve(cells)
-    return bool(lay.at or lay.wide or lay.series or lay.time_at is not None) or all(
-        is_nvsmi_name(c) for c in cells if c.strip()
-    )
+    known = sum(1 for col in lay.columns if col.field is not None)
+    return known >= min(2, len(named)) and known >= 0.25 * len(named)
 
 
 def _gpu_fields(lay: Layout) -> bool:
@@ -119,17 +122,31 @@ def sniff_format(head: list[str]) -> str | None:
         return None
     delim = sniff_delimiter(lines) or ","
     first = _cells(lines[0].lstrip("\ufeff"), delim)
-    if is_header(first):
-        lay = resolve(first)
-        if not _gpu_fields(lay):
-            return None
-        if len(first) < 2 and len(lines) < 2:
-            return None
-        return _label(first, lay)
+    at = header_index([_cells(ln, delim) for ln in lines[: PREAMBLE + 1]])
+    if at is not None:
+        cells = _cells(lines[at], delim)
+        rows = [_cells(ln, delim) for ln in lines[at + 1 : at + 20]]
+        if not any(len(r) in (len(cells), len(cells) + 1) for r in rows):
+            return None  # names, but no rows under them
+        return _label(cells, resolve(cells))
     if len(lines) >= 2 and delim != WS and guess_layout([_cells(ln, delim) for ln in lines[:64]]):
         return NVSMI
     if len(first) > 1 and _nvsmi_stamp(first[0]):
         return NVSMI  # nvidia-smi rows without header or units: read() says how to re-run
+    return None
+
+
+PREAMBLE = 8  # lines of text (a banner, a note) allowed before the header
+
+
+def header_index(rows: list[list[str]]) -> int | None:
+    """Which of the first rows is the header (naming GPU fields), after at most PREAMBLE
+    lines that are neither a header nor data; None when there is none."""
+    for k, cells in enumerate(rows[: PREAMBLE + 1]):
+        if is_header(cells):
+            return k if _gpu_fields(resolve(cells)) else None
+        if any(_is_value(c) and c.strip() and not c.strip()[:1].isalpha() for c in cells):
+            return None  # a data row before any header: not a preamble
     return None
 
 
@@ -481,7 +498,10 @@ def read(
     prefix: list[tuple[int, str]] = []
     for no, line in numbered:
         if len(line) > MAX_LINE:
-            raise too_long(path, no)
+            if not prefix:
+                raise too_long(path, no)
+            numbered = _raising(too_long(path, no))  # after the rows before it
+            break
         prefix.append((no, line))
         if len(prefix) >= PREFIX_LINES:
             break
@@ -509,13 +529,18 @@ def read(
         records.append((no, cells, text))
 
     extra: dict[str, object] = {}
-    first_cells = records[0][1]
-    first_cells[0] = first_cells[0].lstrip("\ufeff")
-    if is_header(first_cells):
+    records[0][1][0] = records[0][1][0].lstrip("\ufeff")
+    at = header_index([r[1] for r in records[: PREAMBLE + 1]])
+    header_no = 0
+    if at is not None:
+        first_cells = records[at][1]
+        header_no = records[at][0]
+        if at:
+            warns.append(f"{path}: lines 1-{header_no - 1} come before the header line; skipped")
         lay = resolve(first_cells)
         fmt = _label(first_cells, lay)
         tab = _Table(lay, first_cells)
-        data = [r for r in records[1:] if not is_header(r[1])]
+        data = [r for r in records[at + 1 :] if not is_header(r[1])]
     else:
         guessed = guess_layout([r[1] for r in records])
         if guessed is None:
@@ -717,9 +742,13 @@ def read(
         gpus=tuple(identities[g] for g in sorted(identities)),
         extra=extra,
     )
-    return header, _snapshots(
-        chain(prefix, numbered), tab, delim, header, t0, sub_stamp, path, warns
-    )
+    body = chain((p for p in prefix if p[0] > header_no), numbered)
+    return header, _snapshots(body, tab, delim, header, t0, sub_stamp, path, warns)
+
+
+def _raising(exc: Exception) -> Iterator[tuple[int, str]]:
+    raise exc
+    yield  # a generator: raises when iteration reaches it
 
 
 def _uuid(tab: _Table, gpu: int, cells: list[str]) -> str:
@@ -767,6 +796,8 @@ def _sub_stamp(times: list[float], tab: _Table, rows: list[list[str]]) -> float 
     ticks = _tick_times(times, tab, rows)
     if len(ticks) < 6 or any(abs(t - round(t)) > 1e-6 for t in ticks):
         return None
+    if len(set(ticks)) < 3:
+        return None  # a clock that does not advance is not one of whole seconds
     runs = ident.runs_of_equal(ticks)
     inner = runs[1:-1] if len(runs) > 3 else runs
     if not inner:
