@@ -78,7 +78,7 @@ def test_2gpu_ms_apart_sub_second_rows_become_util_samples() -> None:
 
 
 def test_crlf_bom_straggler_by_bus_id() -> None:
-    _, header, snaps, _ = load("nvsmi_4gpu_straggler_crlf.csv")
+    _, header, _snaps, _ = load("nvsmi_4gpu_straggler_crlf.csv")
     assert [g.pci_bus_id for g in header.gpus] == [
         "00000000:1A:00.0",
         "00000000:3A:00.0",
@@ -90,7 +90,7 @@ def test_crlf_bom_straggler_by_bus_id() -> None:
 
 
 def test_header_before_every_row() -> None:
-    _, header, snaps, warnings = load("nvsmi_header_every_row.csv")
+    _, _header, snaps, warnings = load("nvsmi_header_every_row.csv")
     assert len(snaps) == 120 and warnings == []
     g = snaps[5].gpus[0]
     assert g.util_pct == 0.0 and g.mem_used_bytes >= 9812 * MIB
@@ -172,7 +172,7 @@ def test_wandb_csv_export_sparse_cells() -> None:
 
 
 def test_dmon_every_column_set() -> None:
-    _, header, snaps, _ = load("dmon_all_columns.txt")
+    _, _header, snaps, _ = load("dmon_all_columns.txt")
     assert len(snaps) == 200 and all(len(s.gpus) == 4 for s in snaps)
     g = snaps[0].gpus[2]
     assert g.mem_used_bytes is not None and g.sm_clock_mhz in (1410, 210)
