@@ -575,3 +575,49 @@ def test_parse_states() -> None:
     assert parse_states("starved, sync_stall,starved") == (State.STARVED, State.SYNC_STALL)
     with pytest.raises(ValueError, match="unknown state 'slow'"):
         parse_states("starved,slow")
+
+
+# --- the captures in the docs are screens of this view ---------------------------------------
+
+DOCS = Path(__file__).resolve().parent.parent
+
+
+def _capture_after(doc: str, marker: str) -> list[str]:
+    """The code block that follows ``marker`` in ``doc``."""
+    text = (DOCS / doc).read_text()
+    block = text[text.index(marker) :].split("```\n", 2)[1]
+    return block.rstrip("\n").split("\n")
+
+
+def with_three_advices(st: WatchState) -> WatchState:
+    """The demo's starved phase gives three distinct advices (the footer counts them)."""
+    v = st.verdict
+    assert v is not None
+    gpus = tuple(replace(g, advice=()) for g in v.gpus)
+    st.verdict = replace(v, advice=("a", "b", "c"), gpus=gpus)
+    return st
+
+
+def test_readme_capture_is_an_80x24_screen_of_this_view() -> None:
+    lines = _capture_after("README.md", "`gpumon demo` at 80x24 (`tmux capture-pane`):")
+    assert len(lines) == 24 and all(Text(ln).cell_len <= 80 for ln in lines)
+    assert "state: starved  cause: cpu" in lines[0] and "elapsed" in lines[0]
+    assert [ln for ln in lines if ln.startswith("── ")] == [
+        ln for ln in lines if ln.startswith("── ") and Text(ln).cell_len == 80
+    ]
+    assert [ln.split()[1] for ln in lines if re.match(r"GPU \d+  starved/cpu [▁-█]", ln)] == [
+        "0",
+        "1",
+    ]
+    assert lines[4].startswith("advice • ")
+    st = with_three_advices(many_gpus(2))
+    assert lines[-1] == screen_lines(st, 80, 24)[-1].rstrip()  # today's footer
+
+
+def test_docs_help_capture_is_the_help_this_view_draws() -> None:
+    lines = _capture_after("docs/watch.md", "and at 80×24 with `?` pressed:")
+    st = with_three_advices(many_gpus(2))
+    c = controls_for(st)
+    c.press("?")
+    drawn = [ln.rstrip() for ln in screen_lines(st, 80, 24, c)]
+    assert lines[1:] == drawn[1:]  # all but the top line (its clock and command)

@@ -13,6 +13,7 @@ A terminal narrower than ``MIN_WIDTH`` gets the plain per-interval lines instead
 from __future__ import annotations
 
 import math
+import re
 import textwrap
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -37,7 +38,7 @@ from gpumon.model import GpuVerdict, ProcessSample, State, Verdict
 
 MIN_WIDTH = 80
 LABEL_WIDTH = 6  # "GPU 10": the label column of GPU rows and evidence lines
-MIN_TIMELINE = 30  # cells; at 80 columns a GPU row drops its other numbers before this
+MIN_TIMELINE = 30  # cells at 80 columns (5 s of samples); half the width, less 10, wider
 BAR_WIDTH = 12
 TREE_FEW_ROWS = 3  # process rows shown before per-GPU details get the room
 UNLIMITED = 10_000  # rows, when printed without a height (tests, a plain `console.print`)
@@ -339,6 +340,7 @@ class _GpuRows:
         self.more = total - len(shown)
         self.page_note = f"GPUs {start + 1}–{start + len(shown)} of {total}" if self.more else ""
         self.rows = [(t, *self._cells(t)) for t in shown]
+        self._timelines: dict[tuple[str, int], tuple[Text, float]] = {}
 
     def _cells(self, t: GpuTrace) -> tuple[Text, Text, dict[str, str]]:
         g, gv = t.latest, self.by_uuid.get(t.identity.uuid)
@@ -385,8 +387,9 @@ class _GpuRows:
         widths = {c: max((len(r[3].get(c, "")) for r in self.rows), default=0) for c in _COLUMNS}
         cols = [c for c in _COLUMNS if widths[c]]
         fixed = LABEL_WIDTH + 1 + state_w + 1
+        least = max(MIN_TIMELINE, self.width // 2 - 10)  # the timeline is the signature
         for c in _DROP:
-            if self.width - fixed - sum(widths[x] + 1 for x in cols) >= MIN_TIMELINE:
+            if self.width - fixed - sum(widths[x] + 1 for x in cols) >= least:
                 break
             if c in cols:
                 cols.remove(c)
@@ -398,7 +401,10 @@ class _GpuRows:
             line.pad_right(LABEL_WIDTH + 1 - line.cell_len)
             line.append_text(state)
             line.pad_right(fixed - line.cell_len)
-            tl, span = timeline(list(trace.points), tl_width)
+            key = (trace.identity.uuid, tl_width)
+            if key not in self._timelines:  # the rows and the detailed rows draw it alike
+                self._timelines[key] = timeline(list(trace.points), tl_width)
+            tl, span = self._timelines[key]
             spans.append(span)
             line.append_text(tl)
             for c in cols:
@@ -501,9 +507,17 @@ def _waiting_lines(st: WatchState, width: int) -> list[Text]:
 
 
 def _all_advice(v: Verdict | None) -> list[str]:
+    """The run's advice, then each GPU's that says something else: advice that differs
+    only in its numbers (each GPU's own count of workers needed) is given once."""
     if v is None:
         return []
-    return list(dict.fromkeys([*v.advice, *(a for g in v.gpus for a in g.advice)]))
+    seen: dict[str, str] = {}
+    for a in (*v.advice, *(a for g in v.gpus for a in g.advice)):
+        seen.setdefault(_NUMBERS.sub("#", a), a)
+    return list(seen.values())
+
+
+_NUMBERS = re.compile(r"\d+(?:\.\d+)?")
 
 
 _ADVICE_INDENT = 9  # "advice • "

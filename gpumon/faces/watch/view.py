@@ -222,28 +222,31 @@ def timeline(points: Sequence[Point], width: int) -> tuple[Text, float]:
     """One character per driver sample, newest at the right; returns (text, span seconds).
 
     A hole longer than 1.5 sample periods (the buffer ran dry) is drawn as dots, one per
-    missing period, so silence is never drawn as a zero.
+    missing period, so silence is never drawn as a zero.  Only the samples that fit are
+    looked at (the view redraws four times a second, the buffer holds minutes).
     """
-    cells: list[tuple[str, str]] = []
-    period = 0.0
-    if points:
-        diffs = sorted(b[0] - a[0] for a, b in itertools.pairwise(points) if b[0] > a[0])
-        period = diffs[len(diffs) // 2] if diffs else 0.0
-        prev_t: float | None = None
-        for t, u in points:
-            if prev_t is not None and period > 0 and t - prev_t > 1.5 * period:
-                missing = min(width, round((t - prev_t) / period) - 1)
-                cells.extend([(HOLE, "dim")] * missing)
-            cells.append(_block(u))
-            prev_t = t
-    cells = cells[-width:]
+    recent = points[-(width + 1) :]
+    diffs = sorted(b[0] - a[0] for a, b in itertools.pairwise(recent) if b[0] > a[0])
+    period = diffs[len(diffs) // 2] if diffs else 0.0
+    cells: list[tuple[str, str]] = []  # newest first
+    oldest = None
+    next_t: float | None = None
+    for t, u in reversed(recent):
+        if next_t is not None and period > 0 and next_t - t > 1.5 * period:
+            missing = min(width, round((next_t - t) / period) - 1)
+            cells.extend([(HOLE, "dim")] * missing)
+        if len(cells) >= width:
+            break
+        cells.append(_block(u))
+        oldest, next_t = t, t
+    cells = cells[:width][::-1]
     span = 0.0
-    if len(points) > 1:
-        span = points[-1][0] - points[0][0]
+    if oldest is not None and len(points) > 1:
+        span = points[-1][0] - oldest
         if period > 0:
             span = min(span, len(cells) * period)
     text = Text(" " * (width - len(cells)))
-    # One span per run of a colour, not per character: the view redraws four times a second.
+    # One span per run of a colour, not per character.
     for style, run in itertools.groupby(cells, key=lambda c: c[1]):
         text.append("".join(ch for ch, _ in run), style=style)
     return text, span
