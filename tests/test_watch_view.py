@@ -18,17 +18,9 @@ from rich.console import Console
 from rich.screen import Screen
 from rich.text import Text
 
+from gpumon.detect import RunSummary
 from gpumon.faces.watch.keys import KeyReader, ViewControls, parse_keys
-from gpumon.faces.watch.summary import (
-    EXIT_FAIL_ON,
-    EpisodeLog,
-    GpuUse,
-    Summary,
-    advice_for_run,
-    dominant,
-    dominant_cause,
-    parse_states,
-)
+from gpumon.faces.watch.summary import EXIT_FAIL_ON, GpuLine, Summary, parse_states
 from gpumon.faces.watch.view import (
     HOLE,
     LiveView,
@@ -40,7 +32,6 @@ from gpumon.faces.watch.view import (
 )
 from gpumon.model import (
     Cause,
-    Episode,
     GpuIdentity,
     GpuProcess,
     GpuSample,
@@ -427,108 +418,60 @@ def test_hole_marker_is_not_a_block() -> None:
 # --- the summary ---------------------------------------------------------------------------
 
 
-def _ep(
-    state: State,
-    cause: Cause | None,
-    start: float,
-    end: float,
-    advice: tuple[str, ...] = (),
-    note: str | None = None,
-) -> Episode:
-    return Episode(None, None, state, cause, start, end, {}, advice, note)
-
-
-def test_dominant_state_and_cause() -> None:
-    secs = {State.HEALTHY: 10.0, State.STARVED: 30.0, State.UNKNOWN: 100.0}
-    assert dominant(secs) is State.STARVED  # unknown only when nothing else was seen
-    assert dominant({State.UNKNOWN: 5.0}) is State.UNKNOWN
-    eps = [
-        _ep(State.STARVED, Cause.IO, 0, 5),
-        _ep(State.STARVED, Cause.CPU, 5, 20),
-        _ep(State.HEALTHY, None, 20, 60),
-    ]
-    assert dominant_cause(eps, State.STARVED) is Cause.CPU
-    assert dominant_cause(eps, State.IDLE) is None
-
-
-def test_advice_comes_from_the_longest_matching_episode() -> None:
-    eps = [
-        _ep(State.STARVED, Cause.CPU, 0, 2, ("short",)),
-        _ep(State.STARVED, Cause.CPU, 2, 20, ("long",)),
-        _ep(State.STARVED, Cause.IO, 20, 60, ("io",)),
-    ]
-    assert advice_for_run(eps, State.STARVED, Cause.CPU, None) == ("long",)
-    assert advice_for_run([], State.STARVED, Cause.CPU, starved_verdict()) == ADVICE
-    assert advice_for_run([], State.HEALTHY, None, starved_verdict()) == ()
-
-
-def test_episode_log_keeps_closed_run_episodes() -> None:
-    log = EpisodeLog()
-    gpu_ep = Episode(0, UUID, State.STARVED, Cause.CPU, 0, 1)
-    log.add([gpu_ep, _ep(State.IDLE, None, 0, None), _ep(State.HEALTHY, None, 1, 2)])  # type: ignore[arg-type]
-    assert [e.state for e in log.run_level()] == [State.HEALTHY]
-
-
-def test_episode_log_memory_is_flat_and_its_answers_are_a_full_scan() -> None:
-    """A long run: only recent episodes are kept, the totals match scanning them all."""
-    import random
-
-    from gpumon.faces.watch.summary import RECENT_EPISODES
-
-    rng = random.Random(7)
-    states = [State.STARVED, State.HEALTHY, State.IDLE, State.SYNC_STALL]
-    causes = [None, *Cause]
-    every: list[Episode] = []
-    log = EpisodeLog()
-    t = 0.0
-    for i in range(5 * RECENT_EPISODES):
-        dur = rng.choice([0.0, 1.0, 2.5, rng.random() * 30])
-        st = rng.choice(states)
-        ep = _ep(
-            st,
-            rng.choice(causes),
-            t,
-            t + dur,
-            (f"a{i}",) if rng.random() < 0.5 else (),
-            "start-up" if st is State.IDLE and rng.random() < 0.3 else None,
-        )
-        t += dur
-        every.append(ep)
-        log.add([ep])
-    assert len(log.run_level()) == RECENT_EPISODES
-    tally = log.tally()
-    assert tally.startup_s == sum(
-        e.duration_s or 0.0 for e in every if e.state is State.IDLE and e.note == "start-up"
+def _run(**kw: object) -> RunSummary:
+    base: dict[str, object] = dict(
+        verdict=State.STARVED,
+        cause=Cause.CPU,
+        reason=None,
+        seconds={
+            **dict.fromkeys(State, 0.0),
+            State.HEALTHY: 20.0,
+            State.STARVED: 50.0,
+            State.IDLE: 5.0,
+        },
+        startup_s=5.0,
+        duty_cycle=0.31,
+        effective_gpus=0.31,
+        lost_gpu_seconds=34.5,
+        straggler=None,
+        advice=ADVICE,
+        notes=(),
+        gpus=(),
     )
-    for st in states:
-        by: dict[Cause, float] = {}
-        for e in every:
-            if e.state is st and e.cause is not None:
-                by[e.cause] = by.get(e.cause, 0.0) + (e.duration_s or 0.0)
-        assert dominant_cause(tally, st) == (max(by, key=lambda c: by[c]) if by else None)
-        for cause in causes:
-            m = [e for e in every if e.state is st and (cause is None or e.cause == cause)]
-            m = [e for e in m if e.advice]
-            want = max(m, key=lambda e: e.duration_s or 0.0).advice if m else ()
-            assert advice_for_run(tally, st, cause, None) == want
+    base.update(kw)
+    return RunSummary(**base)  # type: ignore[arg-type]
 
 
-def _summary(**kw: object) -> Summary:
+def _summary(run: RunSummary | None = None, **kw: object) -> Summary:
     base: dict[str, object] = dict(
         pid=100,
         command=("python", "train.py"),
         wall_s=75.2,
-        verdict=State.STARVED,
-        cause=Cause.CPU,
-        seconds={State.HEALTHY: 20.0, State.STARVED: 50.0, State.IDLE: 5.0},
-        gpus=[GpuUse(0, UUID, "Fake H100", util_sum=3100.0, util_n=100)],
-        lost_gpu_seconds=34.5,
-        advice=ADVICE,
+        run=run or _run(),
+        gpus=[GpuLine(0, UUID, "Fake H100", 0.31)],
         used_gpu=True,
         exit_status=0,
     )
     base.update(kw)
     return Summary(**base)  # type: ignore[arg-type]
+
+
+def test_the_summary_is_the_detectors_run_summary() -> None:
+    """The watch summary says what `gpumon analyze` would: the detector's one summary."""
+    from gpumon.detect import Detector
+    from gpumon.lab.synth import generate
+
+    trace = generate("healthy_then_starved", seed=3, gpus=1, duration_s=200.0)
+    det = Detector(gpus=trace.header.gpus)
+    for snap in trace.snapshots:
+        det.update(snap)
+    det.finish()
+    run = det.summary()
+    s = _summary(run, gpus=[GpuLine(0, run.gpus[0].uuid, None, run.gpus[0].duty_cycle)])
+    data = s.to_json()
+    assert (data["verdict"], data["cause"]) == (run.verdict.value, run.cause and run.cause.value)
+    assert data["seconds"] == {k.value: round(v, 3) for k, v in run.seconds.items()}
+    assert data["advice"] == list(run.advice) and data["startup_s"] == round(run.startup_s, 3)
 
 
 def test_fail_on_trips_above_the_threshold_share() -> None:
@@ -554,8 +497,11 @@ def test_summary_json_has_every_documented_key(tmp_path: Path) -> None:
         "idle": 5.0,
         "unknown": 0.0,
     }
-    assert data["gpus"] == [{"gpu": 0, "uuid": UUID, "name": "Fake H100", "duty_cycle": 0.31}]
+    assert data["gpus"] == [
+        {"gpu": 0, "uuid": UUID, "name": "Fake H100", "duty_cycle": 0.31, "lost_s": 0.0}
+    ]
     assert data["lost_gpu_seconds"] == 34.5 and data["advice"] == list(ADVICE)
+    assert data["startup_s"] == 5.0
     assert data["fail_on"]["failed"] is True
     assert not list(tmp_path.glob("*.tmp*"))  # written atomically
 
@@ -564,11 +510,27 @@ def test_summary_text_reads_well() -> None:
     text = _summary().text()
     assert "wall time        1m 15s" in text
     assert "starved 50.0s (67%)" in text
+    assert "5.0s of it start-up" in text
     assert "GPU-seconds lost waiting  34.5" in text
     assert "verdict          starved (cause: cpu)" in text
     assert "advice           - raise num_workers" in text
-    none = _summary(used_gpu=False, gpus=[], verdict=State.UNKNOWN, cause=None).text()
+    gain = _summary(_run(speedup_if_fed=2.5, work_duty_cycle=0.4)).text()
+    assert "worth            fixing the input pipeline could make this run up to 2.5x" in gain
+    none = _summary(_run(verdict=State.UNKNOWN, cause=None), used_gpu=False, gpus=[]).text()
     assert "none: no process of the run appeared" in none
+
+
+def test_summary_says_when_a_gpu_fell_off_the_bus_and_names_the_straggler() -> None:
+    run = _run(
+        verdict=State.SYNC_STALL,
+        cause=None,
+        straggler=1,
+        notes=("the straggler's peers read busy while it idles",),
+    )
+    text = _summary(run, gpus=[GpuLine(0, UUID, None, 0.9, lost_s=12.0)]).text()
+    assert "fell off the bus: unknown for 12.0s" in text
+    assert "verdict          sync_stall, straggler GPU 1" in text
+    assert "note             the straggler's peers read busy" in text
 
 
 def test_parse_states() -> None:

@@ -30,16 +30,7 @@ from gpumon.faces.common import build_monitor, positive_float, write_tick
 from gpumon.faces.watch.child import Child
 from gpumon.faces.watch.keys import KeyReader, ViewControls
 from gpumon.faces.watch.layout import MIN_WIDTH
-from gpumon.faces.watch.summary import (
-    EXIT_FAIL_ON,
-    EpisodeLog,
-    GpuUse,
-    Summary,
-    advice_for_run,
-    dominant,
-    dominant_cause,
-    parse_states,
-)
+from gpumon.faces.watch.summary import EXIT_FAIL_ON, GpuLine, Summary, parse_states
 from gpumon.faces.watch.view import LiveView, WatchState, plain_line
 from gpumon.model import State, Verdict
 from gpumon.monitor import StopFlag, paced
@@ -144,8 +135,6 @@ class _Run:
         self.tui = sys.stdout.isatty() and not args.plain and _wide_enough()
         self.child: Child | None = None
         self.monitor: Monitor | None = None
-        self.episodes = EpisodeLog()
-        self.uses: dict[str, GpuUse] = {}
         self.verdict: Verdict | None = None
         self.ended = "exited"
         self.started_mono_s = time.monotonic()
@@ -205,18 +194,7 @@ class _Run:
             snap = tick.snapshot
             if writer is not None:
                 write_tick(writer, snap, self.args.record)
-            if tick.update is not None:
-                self.episodes.add(tick.update.closed)
             self.verdict = monitor.detector.verdict() if monitor.detector else None
-            for g in snap.gpus:
-                use = self.uses.get(g.uuid)
-                if use is None:
-                    ident = next((i for i in monitor.nvml.gpus if i.uuid == g.uuid), None)
-                    use = self.uses[g.uuid] = GpuUse(
-                        gpu=g.gpu, uuid=g.uuid, name=None if ident is None else ident.name
-                    )
-                if not g.lost:
-                    use.add(g.util_samples, g.util_pct)
             self.state.feed(snap, self.verdict, monitor.invisible_gpu_pids)
             if not self.view_open:
                 if not self.tui and not self.quiet:
@@ -260,39 +238,13 @@ class _Run:
 
     def summary(self, exit_status: int | None) -> Summary:
         monitor = self.monitor
-        assert monitor is not None
+        assert monitor is not None and monitor.detector is not None
         det = monitor.detector
-        if det is not None:
-            self.episodes.add(det.finish().closed)
-        per = det.seconds_in_state() if det is not None else {}
-        run_seconds = per.get(None)
-        if run_seconds is None and per:
-            run_seconds = next(iter(per.values()))
-        seconds = {State(s): float(v) for s, v in (run_seconds or {}).items()}
-        lost = det.lost_gpu_seconds() if det is not None else None
-        if det is not None:
-            self.verdict = det.verdict()
-        episodes = self.episodes.tally()
-        # Start-up (before the first sustained work) is idle to the detector, but it is not
-        # what the run did: it counts in "seconds", never towards the verdict.
-        startup = episodes.startup_s
-        judged = dict(seconds)
-        judged[State.IDLE] = max(0.0, judged.get(State.IDLE, 0.0) - startup)
-        verdict = dominant(judged)
-        cause = dominant_cause(episodes, verdict) if verdict is State.STARVED else None
-        if verdict is State.STARVED and cause is None:
-            cause = _cause_from(self.verdict, verdict)
-        advice = advice_for_run(episodes, verdict, cause, self.verdict)
+        det.finish()
+        self.verdict = det.verdict()
+        run = det.summary()
         notes: list[str] = []
         used_gpu = bool(monitor.tree_gpu_uuids)
-        if used_gpu and verdict is State.UNKNOWN and startup > 0:
-            window = det.cfg.window_s if det is not None else None
-            notes.append(
-                "the run was too short to judge: it ended in start-up, before a full window "
-                f"({window:g} s) of GPU work was seen; --window shortens it"
-                if window is not None
-                else "the run ended in start-up"
-            )
         invisible = tuple(sorted(monitor.invisible_gpu_pids))
         if not used_gpu:
             notes.append(
@@ -305,21 +257,20 @@ class _Run:
                     f"({', '.join(map(str, invisible[:6]))}): running in a container without "
                     "the host PID namespace? (docker run --pid=host)"
                 )
-        uses = [
-            self.uses.get(u) or GpuUse(gpu=g.index, uuid=g.uuid, name=g.name)
-            for g in monitor.nvml.gpus
-            if (u := g.uuid) in monitor.tree_gpu_uuids
+        elif run.verdict is State.IDLE and run.startup_s > 0 and run.working_s == 0:
+            notes.append("the run ended in start-up, before any sustained GPU work was seen")
+        names = {g.uuid: g.name for g in monitor.nvml.gpus}
+        gpus = [
+            GpuLine(g.gpu, g.uuid, names.get(g.uuid), g.duty_cycle, g.lost_s)
+            for g in run.gpus
+            if g.uuid in monitor.tree_gpu_uuids
         ]
         return Summary(
             pid=self.state.pid,
             command=self.state.command,
             wall_s=time.monotonic() - self.started_mono_s,
-            verdict=verdict,
-            cause=cause,
-            seconds=seconds,
-            gpus=sorted(uses, key=lambda g: g.gpu),
-            lost_gpu_seconds=None if lost is None else float(lost),
-            advice=tuple(advice),
+            run=run,
+            gpus=gpus,
             used_gpu=used_gpu,
             exit_status=exit_status,
             ended=self.ended,
@@ -327,7 +278,6 @@ class _Run:
             invisible_gpu_pids=invisible,
             fail_on=self.args.fail_on or (),
             fail_threshold=self.args.fail_threshold if self.args.fail_on else None,
-            startup_s=startup,
         )
 
 
@@ -377,14 +327,6 @@ class _LogsToStatus(logging.Handler):
     def __exit__(self, *exc: object) -> None:
         self.logger.removeHandler(self)
         self.logger.propagate = self._propagate
-
-
-def _cause_from(verdict: Verdict | None, state: State) -> Any:
-    if verdict is None:
-        return None
-    if verdict.state is state and verdict.cause is not None:
-        return verdict.cause
-    return next((g.cause for g in verdict.gpus if g.state is state and g.cause), None)
 
 
 def run(

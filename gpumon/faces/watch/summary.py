@@ -1,8 +1,9 @@
 """The end-of-run summary of `gpumon watch`: text for people, JSON for CI, and --fail-on.
 
-Everything here is arithmetic on what the detector already decided (seconds per state,
-episodes with causes and advice) plus the face's own bookkeeping (wall time, which GPUs
-the run used, their mean utilisation).  No classification happens here.
+The verdict, its cause, the time per state, the GPUs' duty cycles and the advice are the
+detector's run summary (gpumon.detect.summary), the same that `gpumon analyze` reports;
+this module adds only what the face itself knows (pid, command, wall time, how the watch
+ended, GPU names) and renders it.  No classification happens here.
 """
 
 from __future__ import annotations
@@ -10,12 +11,12 @@ from __future__ import annotations
 import json
 import os
 import textwrap
-from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpumon.model import Cause, Episode, Point, State, Verdict
+from gpumon.detect import RunSummary, speedup_sentence
+from gpumon.model import Cause, State
 
 # Exit status when --fail-on trips (and the watched command itself succeeded).  Distinct
 # from gpumon's error statuses (1-4), from 130 (interrupted) and from argparse's 2.
@@ -41,113 +42,15 @@ def parse_states(text: str) -> tuple[State, ...]:
     return tuple(dict.fromkeys(out))
 
 
-@dataclass
-class GpuUse:
-    """What the face saw of one GPU of the run: enough for its mean duty cycle."""
+@dataclass(frozen=True, slots=True)
+class GpuLine:
+    """One GPU of the run as the summary shows it (duty cycle: the detector's)."""
 
     gpu: int
     uuid: str
-    name: str | None = None
-    util_sum: float = 0.0
-    util_n: int = 0
-
-    def add(self, points: Iterable[Point], tick_util_pct: float | None) -> None:
-        """Driver samples where there are any; the tick's utilization.gpu otherwise."""
-        pts = list(points)
-        if pts:
-            self.util_sum += sum(u for _, u in pts)
-            self.util_n += len(pts)
-        elif tick_util_pct is not None:
-            self.util_sum += tick_util_pct
-            self.util_n += 1
-
-    @property
-    def duty_cycle(self) -> float | None:
-        return None if self.util_n == 0 else round(self.util_sum / self.util_n / 100.0, 4)
-
-
-# Closed episodes kept as they were (the rest of a long run lives on as running totals).
-RECENT_EPISODES = 1_000
-
-
-class EpisodeTally:
-    """Running totals over closed episodes, in the order they came: flat memory however
-    long the run, and the same answers as scanning every episode."""
-
-    def __init__(self, episodes: Iterable[Episode] = ()) -> None:
-        # (state, cause) -> seconds; insertion order is first-seen order (ties go to it).
-        self.seconds: dict[tuple[State, Cause], float] = {}
-        # (state, cause) -> (duration, arrival, advice) of the longest episode with advice.
-        self.best_advice: dict[tuple[State, Cause | None], tuple[float, int, tuple[str, ...]]] = {}
-        self.startup_s = 0.0  # run-level idle episodes noted "start-up"
-        self.n = 0
-        for ep in episodes:
-            self.add(ep)
-
-    def add(self, ep: Episode) -> None:
-        self.n += 1
-        dur = ep.duration_s
-        if ep.cause is not None and dur is not None:
-            key = (ep.state, ep.cause)
-            self.seconds[key] = self.seconds.get(key, 0.0) + dur
-        if ep.advice:
-            akey = (ep.state, ep.cause)
-            d = dur or 0.0
-            best = self.best_advice.get(akey)
-            if best is None or d > best[0]:
-                self.best_advice[akey] = (d, self.n, ep.advice)
-        if ep.gpu is None and ep.state is State.IDLE and ep.note == "start-up":
-            self.startup_s += dur or 0.0
-
-    def dominant_cause(self, state: State) -> Cause | None:
-        by_cause = {c: v for (s, c), v in self.seconds.items() if s is state}
-        if not by_cause:
-            return None
-        return max(by_cause, key=lambda c: by_cause[c])
-
-    def advice(self, state: State, cause: Cause | None) -> tuple[str, ...] | None:
-        """The longest matching episode's advice (the earliest of equals); None if none."""
-        found = [
-            v
-            for (s, c), v in self.best_advice.items()
-            if s is state and (cause is None or c == cause)
-        ]
-        if not found:
-            return None
-        return max(found, key=lambda v: (v[0], -v[1]))[2]
-
-
-@dataclass
-class EpisodeLog:
-    """Closed episodes as the detector hands them out, for the dominant cause and advice.
-
-    Only running totals and the most recent episodes are kept, so a week-long watch
-    uses as much memory as a minute-long one.
-    """
-
-    run: EpisodeTally = field(default_factory=EpisodeTally)  # the run's own (gpu None)
-    per_gpu: EpisodeTally = field(default_factory=EpisodeTally)
-    recent_run: deque[Episode] = field(default_factory=lambda: deque(maxlen=RECENT_EPISODES))
-    recent_gpu: deque[Episode] = field(default_factory=lambda: deque(maxlen=RECENT_EPISODES))
-
-    def add(self, episodes: Iterable[Episode] | None) -> None:
-        for ep in episodes or ():
-            if ep.end_s is None:
-                continue
-            if ep.gpu is None:
-                self.run.add(ep)
-                self.recent_run.append(ep)
-            else:
-                self.per_gpu.add(ep)
-                self.recent_gpu.append(ep)
-
-    def run_level(self) -> list[Episode]:
-        """The run's own recent episodes (gpu None); per-GPU ones when the detector has none."""
-        return list(self.recent_run if self.run.n else self.recent_gpu)
-
-    def tally(self) -> EpisodeTally:
-        """Totals over the run's own episodes; over per-GPU ones when the detector has none."""
-        return self.run if self.run.n else self.per_gpu
+    name: str | None
+    duty_cycle: float | None
+    lost_s: float = 0.0  # time it was off the bus
 
 
 @dataclass
@@ -157,20 +60,43 @@ class Summary:
     pid: int | None
     command: tuple[str, ...] | None
     wall_s: float
-    verdict: State
-    cause: Cause | None
-    seconds: dict[State, float]
-    gpus: list[GpuUse]
-    lost_gpu_seconds: float | None
-    advice: tuple[str, ...]
+    run: RunSummary  # the detector's: verdict, cause, seconds, advice, notes
+    gpus: list[GpuLine]
     used_gpu: bool
     exit_status: int | None = None  # the command's, in `watch -- CMD` mode
     ended: str = "exited"  # "exited", "stopped" (q / Ctrl-C in --pid mode)
-    notes: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # the face's own (no GPU used, ...)
     invisible_gpu_pids: tuple[int, ...] = ()
     fail_on: tuple[State, ...] = ()
     fail_threshold: float | None = None
-    startup_s: float = 0.0  # of the idle seconds, those before the first sustained work
+
+    @property
+    def verdict(self) -> State:
+        return self.run.verdict
+
+    @property
+    def cause(self) -> Cause | None:
+        return self.run.cause
+
+    @property
+    def seconds(self) -> dict[State, float]:
+        return self.run.seconds
+
+    @property
+    def advice(self) -> tuple[str, ...]:
+        return self.run.advice
+
+    @property
+    def startup_s(self) -> float:
+        return self.run.startup_s
+
+    @property
+    def lost_gpu_seconds(self) -> float:
+        return self.run.lost_gpu_seconds
+
+    @property
+    def all_notes(self) -> list[str]:
+        return [*self.run.notes, *self.notes]
 
     @property
     def tracked_s(self) -> float:
@@ -196,19 +122,27 @@ class Summary:
             "verdict": self.verdict.value,
             "cause": None if self.cause is None else self.cause.value,
             "seconds": {s.value: round(self.seconds.get(s, 0.0), 3) for s in STATES},
+            "reason": None if self.run.reason is None else self.run.reason.value,
             "gpus": [
-                {"gpu": g.gpu, "uuid": g.uuid, "name": g.name, "duty_cycle": g.duty_cycle}
+                {
+                    "gpu": g.gpu,
+                    "uuid": g.uuid,
+                    "name": g.name,
+                    "duty_cycle": None if g.duty_cycle is None else round(g.duty_cycle, 4),
+                    "lost_s": round(g.lost_s, 3),
+                }
                 for g in self.gpus
             ],
+            "effective_gpus": self.run.effective_gpus,
+            "speedup_if_fed": self.run.speedup_if_fed,
+            "straggler": self.run.straggler,
             "startup_s": round(self.startup_s, 3),
-            "lost_gpu_seconds": None
-            if self.lost_gpu_seconds is None
-            else round(self.lost_gpu_seconds, 3),
+            "lost_gpu_seconds": round(self.lost_gpu_seconds, 3),
             "advice": list(self.advice),
             "used_gpu": self.used_gpu,
             "ended": self.ended,
             "exit_status": self.exit_status,
-            "notes": list(self.notes),
+            "notes": self.all_notes,
             "invisible_gpu_pids": list(self.invisible_gpu_pids),
             "fail_on": {
                 "states": [s.value for s in self.fail_on],
@@ -263,12 +197,21 @@ class Summary:
             duty = "n/a" if g.duty_cycle is None else f"{100 * g.duty_cycle:.0f}%"
             name = f"{g.name}, " if g.name else ""
             lines.append(f"  GPU {g.gpu:<13d}{name}mean utilisation {duty} ({g.uuid})")
-        if self.lost_gpu_seconds is not None and self.used_gpu:
+            if g.lost_s > 0:
+                lines.append(f"  {'':17}fell off the bus: unknown for {fmt_duration(g.lost_s)}")
+        if self.used_gpu:
             lines.append(f"  GPU-seconds lost waiting  {self.lost_gpu_seconds:.1f}")
         verdict = self.verdict.value
         if self.cause is not None:
             verdict += f" (cause: {self.cause.value})"
+        if self.run.straggler is not None and self.verdict is State.SYNC_STALL:
+            verdict += f", straggler GPU {self.run.straggler}"
+        gain = speedup_sentence(self.run)
         lines.append(f"  verdict          {verdict}")
+        if gain:
+            lines += textwrap.wrap(
+                gain, width=100, initial_indent="  worth            ", subsequent_indent=" " * 19
+            )
         for i, a in enumerate(self.advice):
             lines += textwrap.wrap(
                 a,
@@ -283,46 +226,11 @@ class Summary:
                 f"  --fail-on {states}: {100 * self.share(self.fail_on):.0f}% of the run "
                 f"(threshold {100 * (self.fail_threshold or 0):.0f}%) -> {mark}"
             )
-        lines += [f"  note             {n}" for n in self.notes]
+        for n in self.all_notes:
+            lines += textwrap.wrap(
+                n, width=100, initial_indent="  note             ", subsequent_indent=" " * 19
+            )
         return "\n".join(lines)
-
-
-def dominant(seconds: Mapping[State, float]) -> State:
-    """The state the run spent most time in; ``unknown`` only when nothing else was seen."""
-    known = {s: v for s, v in seconds.items() if s is not State.UNKNOWN and v > 0}
-    if not known:
-        return State.UNKNOWN
-    return max(known, key=lambda s: known[s])
-
-
-def dominant_cause(episodes: Iterable[Episode] | EpisodeTally, state: State) -> Cause | None:
-    """The cause holding the most time among the episodes in ``state``."""
-    tally = episodes if isinstance(episodes, EpisodeTally) else EpisodeTally(episodes)
-    return tally.dominant_cause(state)
-
-
-def advice_for_run(
-    episodes: Iterable[Episode] | EpisodeTally,
-    state: State,
-    cause: Cause | None,
-    last: Verdict | None,
-) -> tuple[str, ...]:
-    """The detector's advice from the longest episode matching the verdict.
-
-    Falls back to the last live verdict when it matches (the run ended inside its only
-    episode), and to nothing: gpumon never invents advice of its own.
-    """
-    tally = episodes if isinstance(episodes, EpisodeTally) else EpisodeTally(episodes)
-    best = tally.advice(state, cause)
-    if best is not None:
-        return best
-    if last is not None:
-        if last.state is state and last.advice:
-            return last.advice
-        for g in last.gpus:
-            if g.state is state and g.advice:
-                return g.advice
-    return ()
 
 
 def fmt_duration(seconds: float) -> str:
