@@ -18,6 +18,7 @@ from gpumon.errors import TraceFormatError
 from gpumon.model import GpuSample, Point, Snapshot
 
 MIB = 1 << 20
+MAX_MIB = 1e12  # an exabyte: more is not a GPU's memory, and would overflow as bytes
 
 # A log whose rows come faster than this is "sub-second": rows are gathered into windows of
 # WINDOW_S seconds, each GPU's rows becoming the util_samples of one GpuSample.
@@ -137,19 +138,28 @@ def mem_mib(cell: str, default_scale: float = 1.0) -> float | None:
     a bare number is scaled by ``default_scale`` (the unit named in the header)."""
     if cell.endswith(" MiB"):  # nvidia-smi's own: the common case, without the general parser
         try:
-            return float(cell[:-4]) * default_scale
+            v = float(cell[:-4])
         except ValueError:
             pass
+        else:
+            if isfinite(v):
+                return _sane_mib(v * default_scale, cell)
     got = split_number(cell)
     if got is None:
         return None
     value, unit = got
     if not unit:
-        return value * default_scale
+        return _sane_mib(value * default_scale, cell)
     factor = _MEMORY_UNITS.get(unit)
     if factor is None:
         raise ValueError(f"{cell.strip()!r} is not an amount of memory")
-    return value * factor
+    return _sane_mib(value * factor, cell)
+
+
+def _sane_mib(value: float, cell: str) -> float:
+    if not -MAX_MIB <= value <= MAX_MIB:
+        raise ValueError(f"{cell.strip()!r} is not an amount of GPU memory")
+    return value
 
 
 def mib_bytes(value: float | None) -> int | None:
@@ -259,7 +269,7 @@ class Assembler:
                 try:
                     make = payload[0] if own_builder else build
                     samples.append(make(gpu, t, util, tuple(points) if points else (), payload))
-                except (ValueError, IndexError) as exc:
+                except (ValueError, IndexError, OverflowError) as exc:
                     no, line = payload[-2:]
                     raise bad_line(path, no, line, f"malformed value ({exc})") from None
                 if t > t_max:
@@ -269,7 +279,7 @@ class Assembler:
             if host is not None and last_payload is not None:
                 try:
                     host_sample = host(last_payload, t_max)
-                except (ValueError, IndexError) as exc:
+                except (ValueError, IndexError, OverflowError) as exc:
                     no, line = last_payload[-2:]
                     raise bad_line(path, no, line, f"malformed value ({exc})") from None
             return Snapshot(t_s=t_max, gpus=tuple(samples), host=host_sample)

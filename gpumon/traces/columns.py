@@ -142,7 +142,7 @@ def tokens(name: str) -> list[str]:
     word = ""
     kind = ""
     for c in name.lower():
-        k = "a" if c.isalpha() else "d" if c.isdigit() else "%" if c == "%" else ""
+        k = "a" if c.isalpha() else "d" if c.isdecimal() else "%" if c == "%" else ""
         if k and k == kind and k != "%":
             word += c
             continue
@@ -197,7 +197,7 @@ def _wandb(lname: str) -> Column | None:
     parts = rest.split(".")
     if len(parts) == 4 and parts[1] == "process":  # system.gpu.process.0.gpu: the process's
         parts = ["gpu", parts[2], parts[3], "process"]
-    if len(parts) < 3 or not parts[1].isdigit():
+    if len(parts) < 3 or not parts[1].isdecimal() or len(parts[1]) > 4:
         return Column(None)
     fld = WANDB_GPU_FIELDS.get(parts[2])
     if fld is None:
@@ -223,11 +223,11 @@ def classify(cell: str) -> Column:
         return Column("util", None, 1.0, label, True)
     toks = tokens(lname)
     scale, percent = _unit_scale(toks, lname)
-    words = [t for t in toks if not t.isdigit() and t != "%"]
+    words = [t for t in toks if not t.isdecimal() and t != "%"]
     # A GPU number: next to a GPU word ("gpu0", "gpu_1", "cuda:0") or leading ("0GPU (%)").
     gpu = None
     for i, t in enumerate(toks):
-        if not t.isdigit():
+        if not t.isdecimal() or len(t) > 4:
             continue
         before = toks[i - 1] if i > 0 else ""
         after = toks[i + 1] if i + 1 < len(toks) else ""
@@ -245,7 +245,7 @@ def classify(cell: str) -> Column:
     if "cpu" in wset and not (wset & GPU_WORDS) and not (wset & _MEM):
         rest = wset - {"cpu", "host", "total", "system", "avg", "mean", "all"} - _UTIL
         if not rest:
-            if any(t.isdigit() for t in toks) and gpu is None:
+            if any(t.isdecimal() for t in toks) and gpu is None:
                 return Column("host_core", label=label, percent=True)
             return Column("host_cpu", label=label, percent=True)
         return Column(None, label=label)

@@ -57,6 +57,10 @@ def _names(line: str) -> list[str] | None:
     return toks[1:]
 
 
+def _gpu_id(tok: str) -> bool:
+    return tok.isdecimal() and len(tok) <= 4
+
+
 def _is_units(line: str) -> bool:
     first = line.strip().lstrip("#").split()
     return bool(first) and first[0].lower() in ("id", "entityid")
@@ -69,7 +73,7 @@ def sniff(head: list[str]) -> bool:
             named = True
         elif named:
             toks = ln.split()
-            if len(toks) >= 3 and toks[0] in ("GPU", "GPU-I", "GPU-CI") and toks[1].isdigit():
+            if len(toks) >= 3 and toks[0] in ("GPU", "GPU-I", "GPU-CI") and toks[1].isdecimal():
                 return True
     return False
 
@@ -126,7 +130,7 @@ def read(
             cols = cols or _Columns(names)
             continue
         toks = line.split()
-        if cols is not None and len(toks) >= 2 and toks[0] == "GPU" and toks[1].isdigit():
+        if cols is not None and len(toks) >= 2 and toks[0] == "GPU" and _gpu_id(toks[1]):
             g = int(toks[1])
             cells = cols.values(toks)
             name = None
@@ -216,14 +220,14 @@ def _snapshots(
             raise bad_line(path, no, line, "not a dcgmi dmon row ('GPU 0 ...')")
         cells = cols.values(toks)
         try:
-            if cells is None or not toks[1].isdigit():
+            if cells is None or not _gpu_id(toks[1]):
                 raise ValueError(f"expected {cols.count} values after the entity")
             gpu = int(toks[1])
             util = None
             if cols.util_at is not None:
                 u = num(cells[cols.util_at])
                 util = None if u is None else u * cols.util_scale
-        except (ValueError, IndexError) as exc:
+        except (ValueError, IndexError, OverflowError) as exc:
             if not line.endswith("\n"):
                 warns.append(cut_short_warning(path, no))
                 break

@@ -286,7 +286,7 @@ def _snapshots(
                 t -= t0
             u_at = cols.util_at
             util = _val(cells, u_at)
-        except (ValueError, IndexError) as exc:
+        except (ValueError, IndexError, OverflowError) as exc:
             if is_cut_short(line):
                 warns.append(cut_short_warning(path, no))
                 break

@@ -72,7 +72,7 @@ def parse_row(line: str) -> Row | None:
     if not s.startswith("[") or s.count("|") < 2:
         return None
     close = s.find("]")
-    if close < 2 or not s[1:close].isdigit():
+    if close < 2 or close > 5 or not s[1:close].isdecimal():
         return None
     parts = s.split("|")
     name = parts[0][close + 1 :].strip()
@@ -107,9 +107,11 @@ def parse_header(line: str) -> tuple[str | None, float, str | None] | None:
     for k in range(min(len(toks) - 4, 4)):
         if toks[k] in _DAYS and toks[k + 1] in _MONTHS:
             day, hms, year = toks[k + 2], toks[k + 3].split(":"), toks[k + 4]
-            if not (day.isdigit() and year.isdigit() and len(hms) == 3):
+            if not (day.isdecimal() and year.isdecimal() and len(hms) == 3):
                 return None
-            if not all(x.isdigit() for x in hms):
+            if len(day) > 2 or len(year) != 4:
+                return None
+            if not all(x.isdecimal() and len(x) <= 2 for x in hms):
                 return None
             h, mi, sec = (int(x) for x in hms)
             if not (1 <= int(day) <= 31 and h < 24 and mi < 60 and sec < 61):

@@ -158,7 +158,7 @@ def _snapshots(
             t, gpus = _snapshot(obj, t0)
             t = round(t - t0, 6)
             samples = tuple(_sample(index, t, g) for index, g in sorted(gpus, key=lambda x: x[0]))
-        except (ValueError, TypeError) as exc:
+        except (ValueError, TypeError, OverflowError) as exc:
             raise TraceFormatError(
                 f"malformed gpustat snapshot ({exc})", path=path, line=line
             ) from None

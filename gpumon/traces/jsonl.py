@@ -254,7 +254,15 @@ class TraceReader:
         self._lines = lines
         try:
             self.header = decode_header(json.loads(next(lines, "")))
-        except (ValueError, TypeError, KeyError, AttributeError, OSError, EOFError) as exc:
+        except (
+            ValueError,
+            TypeError,
+            KeyError,
+            AttributeError,
+            OSError,
+            EOFError,
+            RecursionError,
+        ) as exc:
             self.close()
             raise TraceFormatError(_describe(exc), path=self.path, line=1) from None
 
@@ -286,7 +294,14 @@ class TraceReader:
                         self.events.append(obj)
                         continue
                     snapshot = decode_snapshot(obj)
-                except (ValueError, TypeError, KeyError, AttributeError) as exc:
+                except (
+                    ValueError,
+                    TypeError,
+                    KeyError,
+                    AttributeError,
+                    OverflowError,
+                    RecursionError,
+                ) as exc:
                     if not line.endswith("\n"):
                         self.warnings.append(
                             f"{self.path}:{line_no}: last line is incomplete (the recorder "
@@ -307,6 +322,8 @@ def _describe(exc: Exception) -> str:
         return f"invalid JSON at column {exc.colno}: {exc.msg}"
     if isinstance(exc, KeyError):
         return f"missing field {exc}"
+    if isinstance(exc, RecursionError):
+        return "JSON nested too deeply"
     return str(exc)
 
 

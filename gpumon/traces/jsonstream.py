@@ -108,6 +108,8 @@ class Buffer:
                 ) or exc.msg.startswith("Unterminated string"):
                     raise EOFError("the JSON value is cut short") from None
                 raise self.error(f"invalid JSON ({exc.msg})", exc.pos) from None
+            except ValueError as exc:  # an integer of more than 4300 digits
+                raise self.error(f"invalid JSON ({exc})") from None
             self._advance(end)
             return obj
 

@@ -91,7 +91,12 @@ def parse_ident(line: str) -> Ident | None:
     parts = line.split("|", 3)
     a = parts[1].split()
     b = parts[2].split()
-    if len(a) < 3 or not a[0].isdigit() or a[-1] not in _PERSISTENCE or not b:
+    if (
+        len(a) < 3
+        or not (a[0].isdecimal() and len(a[0]) <= 4)
+        or a[-1] not in _PERSISTENCE
+        or not b
+    ):
         return None
     bus = b[0]
     pieces = bus.split(":")
@@ -112,9 +117,11 @@ def parse_date(line: str) -> float | None:
     if len(s) != 5 or s[0] not in _DAYS or s[1] not in _MONTHS:
         return None
     hms = s[3].split(":")
-    if len(hms) != 3 or not all(x.isdigit() for x in hms) or not s[2].isdigit():
+    if len(hms) != 3 or not all(x.isdecimal() and len(x) <= 2 for x in hms):
         return None
-    if not s[4].isdigit() or len(s[4]) != 4:
+    if not s[2].isdecimal() or len(s[2]) > 2:
+        return None
+    if not s[4].isdecimal() or len(s[4]) != 4:
         return None
     h, mi, sec = (int(x) for x in hms)
     day = int(s[2])

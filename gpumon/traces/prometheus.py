@@ -116,7 +116,7 @@ def _series_of(obj: Any, total: list[int], path: str, line: int) -> _Series | No
             last = t
             s.times.append(t)
             s.values.append(_value(p[1]))
-    except (ValueError, TypeError, IndexError, KeyError) as exc:
+    except (ValueError, TypeError, IndexError, KeyError, OverflowError) as exc:
         raise TraceFormatError(
             f"series {name}: malformed point ({exc})", path=path, line=line
         ) from None
@@ -234,7 +234,7 @@ def read(
 
 def _order(key: tuple[str, str | None]) -> tuple[str, int, str]:
     host, gpu = key
-    return (host, int(gpu) if gpu is not None and gpu.isdigit() else 1 << 30, gpu or "")
+    return (host, int(gpu) if gpu is not None and gpu.isdecimal() else 1 << 30, gpu or "")
 
 
 def _snapshots(

@@ -280,7 +280,7 @@ def _check_gpumon(head: list[str], path: str) -> None:
     first = next((ln for ln in head if ln.strip()), "")
     try:
         obj = json.loads(first)
-    except ValueError:
+    except (ValueError, RecursionError):
         raise TraceFormatError(
             f"not a gpumon trace: its first line is not JSON ({shown(first.strip())!r}); "
             "leave out --format to let gpumon detect the format",

@@ -29,10 +29,17 @@ def split_plain(line: str, delim: str) -> list[str]:
 
 
 def split_quoted(text: str, delim: str) -> list[str]:
-    """The cells of one record holding quotes, as the ``csv`` module reads them."""
-    if delim == WS:
-        return next(csv.reader([text.strip()], delimiter=" ", skipinitialspace=True), [])
-    return next(csv.reader([text], delimiter=delim, skipinitialspace=True), [])
+    """The cells of one record holding quotes, as the ``csv`` module reads them.
+
+    A record whose quotes do not pair up (a line break outside any quoted field) is split
+    as plain text: its cells will not fit the header, and the reader names the line.
+    """
+    try:
+        if delim == WS:
+            return next(csv.reader([text.strip()], delimiter=" ", skipinitialspace=True), [])
+        return next(csv.reader([text], delimiter=delim, skipinitialspace=True), [])
+    except csv.Error:
+        return split_plain(text.rstrip("\r\n"), delim)
 
 
 def open_quote(text: str) -> bool:

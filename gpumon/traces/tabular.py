@@ -51,6 +51,7 @@ from gpumon.traces.table import (
 from gpumon.traces.timefmt import TimeParser, date_only, day_first_date, pick, rolling
 
 FORMAT = "csv"
+MAX_GPUS = 1024  # a GPU index beyond this is a malformed cell, not a machine
 NVSMI = "nvidia-smi-csv"
 WANDB = "wandb-csv"
 PREFIX_LINES = 600  # lines read ahead to name the columns, the GPUs and the interval
@@ -186,13 +187,13 @@ def guess_layout(rows: list[list[str]]) -> Layout | None:
     kinds: list[str] = []
     for i in range(ncols):
         values = [r[i].strip() for r in sample]
-        if all(pick([v]) is not None and not v.replace(".", "").isdigit() for v in values):
+        if all(pick([v]) is not None and not v.replace(".", "").isdecimal() for v in values):
             kinds.append("time")
         elif all(v.startswith(("GPU-", "MIG-")) for v in values):
             kinds.append("uuid")
         elif all(v.count(":") == 2 and "." in v and " " not in v for v in values):
             kinds.append("bus")
-        elif all(v.isdigit() for v in values):
+        elif all(v.isdecimal() for v in values):
             ints = {int(v) for v in values}
             kinds.append("index" if ints == set(range(len(ints))) else "int")
         else:
@@ -424,7 +425,7 @@ def _pick_time(
             )
     elif lay.clock_at is not None:
         dates = _time_samples(rows, lay.date_at) if lay.date_at is not None else []
-        day_first = any(int(d.strip()[:2]) > 12 for d in dates if d.strip()[:2].isdigit())
+        day_first = any(int(d.strip()[:2]) > 12 for d in dates if d.strip()[:2].isdecimal())
         if dates and dates[0].strip()[2:3] in ("-", "/", "."):
             tab.date = lambda c: day_first_date(c, day_first)
             add_note(extra, f"dates read as {'DD-MM-YYYY' if day_first else 'MM-DD-YYYY'}")
@@ -528,6 +529,9 @@ def read(
         cells = [c.split("\n", 1)[0] if "\n" in c else c for c in cells]
         records.append((no, cells, text))
 
+    records = [r for r in records if r[1]]
+    if not records:
+        raise TraceFormatError("no rows found", path=path)
     extra: dict[str, object] = {}
     records[0][1][0] = records[0][1][0].lstrip("\ufeff")
     at = header_index([r[1] for r in records[: PREAMBLE + 1]])
@@ -635,10 +639,7 @@ def read(
             if k and k not in seen:
                 seen.append(k)
         if lay_key == "index":
-            try:
-                gpu_ids = sorted({int(float(k)) for k in seen}) or [0]
-            except ValueError:
-                gpu_ids = list(range(len(seen))) or [0]
+            gpu_ids = sorted({i for k in seen if (i := _gpu_index(k)) is not None}) or [0]
         else:
             gpu_ids = list(range(len(seen))) or [0]
     else:
@@ -666,10 +667,10 @@ def read(
         for r in rows:
             k = r[key_at].strip()
             if lay_key == "index":
-                try:
-                    g = int(float(k))
-                except ValueError:
+                index = _gpu_index(k)
+                if index is None:
                     continue
+                g = index
             else:
                 g = order.setdefault(k, len(order))
             first_row.setdefault(g, r)
@@ -687,7 +688,7 @@ def read(
                 total = None if v is None else int(v * MIB)
             if "power_limit" in cols and r:
                 limit = fnum(r[cols["power_limit"]])
-        except (ValueError, IndexError):
+        except (ValueError, IndexError, OverflowError):
             pass
         identities[g] = GpuIdentity(
             index=g,
@@ -744,6 +745,15 @@ def read(
     )
     body = chain((p for p in prefix if p[0] > header_no), numbered)
     return header, _snapshots(body, tab, delim, header, t0, sub_stamp, path, warns)
+
+
+def _gpu_index(cell: str) -> int | None:
+    """The GPU index a cell holds (``0``, ``1.0``), or None when it holds none."""
+    try:
+        v = float(cell)
+    except ValueError:
+        return None
+    return int(v) if 0 <= v < MAX_GPUS else None
 
 
 def _raising(exc: Exception) -> Iterator[tuple[int, str]]:
@@ -846,6 +856,8 @@ def _snapshots(
                         last_t = round(parse(stamp) - t0, 6)
                         last_stamp = stamp
                     gpu = 0 if i_at is None else int(cells[i_at])
+                    if not 0 <= gpu < MAX_GPUS:
+                        raise ValueError
                     if u_at is None:
                         util = None
                     else:
@@ -914,7 +926,7 @@ def _snapshots(
                 continue
         try:
             got = state.row(cells, no)
-        except (ValueError, IndexError, TypeError) as exc:
+        except (ValueError, IndexError, TypeError, OverflowError) as exc:
             if is_cut_short(line):
                 warns.append(cut_short_warning(path, no))
                 break
@@ -1108,6 +1120,8 @@ class _RowState:
             return t, out
         if self.index_at is not None:
             gpu = int(float(cells[self.index_at]))
+            if not 0 <= gpu < MAX_GPUS:
+                raise ValueError(f"GPU index {cells[self.index_at].strip()!r} is not one")
         elif self.key_at is not None:
             k = cells[self.key_at].strip()
             gpu = self.ordinals.get(k)  # type: ignore[assignment]

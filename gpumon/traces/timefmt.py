@@ -35,7 +35,7 @@ def _day(y: int, m: int, d: int) -> int:
 
 def _int(s: str, a: int, b: int) -> int:
     part = s[a:b]
-    if len(part) != b - a or not part.isdigit() or not part.isascii():
+    if len(part) != b - a or not part.isdecimal() or not part.isascii():
         raise ValueError(f"{s!r} is not a timestamp")
     return int(part)
 
@@ -73,7 +73,7 @@ def _zone(s: str, j: int) -> float:
     if sign not in "+-" or len(rest) > 6:
         raise ValueError(f"{s!r} is not a timestamp")
     digits = rest[1:].replace(":", "")
-    if not digits.isdigit() or len(digits) not in (2, 4):
+    if not digits.isdecimal() or len(digits) not in (2, 4):
         raise ValueError(f"{s!r} is not a timestamp")
     offset = int(digits[:2]) * 3600 + (int(digits[2:]) * 60 if len(digits) == 4 else 0)
     return offset if sign == "+" else -offset
@@ -113,7 +113,7 @@ def _date_time(cell: str) -> float:
 def date_only(cell: str) -> int:
     """A date column alone: ``YYYYMMDD`` (dmon), ``YYYY-MM-DD``, ``YYYY/MM/DD``."""
     s = cell.strip()
-    if len(s) == 8 and s.isdigit():
+    if len(s) == 8 and s.isdecimal():
         return _day(int(s[0:4]), int(s[4:6]), int(s[6:8]))
     if len(s) == 10 and s[4] in "-/." and s[7] == s[4]:
         return _day(_int(s, 0, 4), _int(s, 5, 7), _int(s, 8, 10))
@@ -183,7 +183,7 @@ def _time_of_day(cell: str) -> float:
 
 
 def _looks_date_time(s: str) -> bool:
-    return len(s) >= 16 and s[:4].isdigit() and s[4] in "-/." and s[10:11] in ("T", " ", "t", "_")
+    return len(s) >= 16 and s[:4].isdecimal() and s[4] in "-/." and s[10:11] in ("T", " ", "t", "_")
 
 
 def pick(samples: Sequence[str], name: str = "") -> TimeParser | None:

@@ -57,6 +57,7 @@ def _fields(obj: dict[str, Any]) -> tuple[Fields, float | None]:
             continue
         if not isinstance(value, int | float):
             raise ValueError(f"{key} is {value!r}, not a number")
+        value = float(value)  # an int too large for a float: OverflowError, said by the caller
         rest = key[7:]  # after "system." / "system/"
         if rest in ("cpu", "cpu_percent"):
             cpu = float(value)
@@ -66,7 +67,7 @@ def _fields(obj: dict[str, Any]) -> tuple[Fields, float | None]:
         if len(parts) == 4 and parts[1] == "process":
             parts = [parts[0], parts[2], parts[3]]
             target = process
-        if len(parts) != 3 or parts[0] != "gpu" or not parts[1].isdigit():
+        if len(parts) != 3 or parts[0] != "gpu" or not parts[1].isdecimal() or len(parts[1]) > 4:
             continue
         fld = WANDB_GPU_FIELDS.get(parts[2].lower())
         if fld is not None:
@@ -128,7 +129,7 @@ def read(
             obj = json.loads(line)
             t, absolute = _time(obj)
             fields, _cpu = _fields(obj)
-        except (ValueError, TypeError, AttributeError):
+        except (ValueError, TypeError, AttributeError, OverflowError, RecursionError):
             continue
         if fields:
             times.append(t)
@@ -174,7 +175,7 @@ def _snapshots(
             if not fields and cpu is None:
                 continue  # an event of other metrics (network, disk) or a run marker
             t, _absolute = _time(obj)
-        except (ValueError, TypeError) as exc:
+        except (ValueError, TypeError, OverflowError, RecursionError) as exc:
             if is_cut_short(line):
                 warns.append(cut_short_warning(path, no))
                 return
