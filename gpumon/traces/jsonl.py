@@ -167,32 +167,43 @@ def decode_gpu(obj: dict[str, Any], t_s: float) -> GpuSample:
     Points become plain ``(t, u)`` tuples, unchecked: a point of the wrong shape or type
     fails where it is read (``gpumon analyze`` names its line), which costs nothing on
     the millions of good ones."""
-    obj.setdefault("t_s", t_s)
-    if "util_samples" in obj:
-        obj["util_samples"] = tuple(map(tuple, obj["util_samples"]))
-    if "processes" in obj:
-        obj["processes"] = tuple(GpuProcess(**p) for p in obj["processes"])
-    _tuple_fields(obj, ("unsupported",))
+    if "t_s" not in obj:
+        obj["t_s"] = t_s
+    points = obj.get("util_samples")
+    if points is not None:
+        obj["util_samples"] = tuple(map(tuple, points))
+    procs = obj.get("processes")
+    if procs is not None:
+        obj["processes"] = tuple([GpuProcess(**p) for p in procs])
+    unsupported = obj.get("unsupported")
+    if unsupported is not None:
+        obj["unsupported"] = tuple(unsupported)
     return GpuSample(**obj)
 
 
 def decode_snapshot(obj: dict[str, Any]) -> Snapshot:
+    """One tick line's object (changed in place, like ``decode_gpu``'s)."""
     t_s = obj["t"]
     if not isinstance(t_s, int | float):
         raise ValueError("'t' must be a number")
-    gpus = tuple(decode_gpu(g, t_s) for g in obj.get("gpus", ()))
-    host = None
-    if "host" in obj:
-        h = _tuple_fields(dict(obj["host"]), ("cpu_pct_per_core",))
-        h.setdefault("t_s", t_s)
-        host = HostSample(**h)
-    tree = None
-    if "tree" in obj:
-        tr = dict(obj["tree"])
-        tr.setdefault("t_s", t_s)
-        tr["processes"] = tuple(_process(p) for p in tr.get("processes", ()))
-        tree = ProcTreeSample(**tr)
-    return Snapshot(t_s=t_s, gpus=gpus, host=host, tree=tree)
+    gpus = obj.get("gpus")
+    samples = tuple([decode_gpu(g, t_s) for g in gpus]) if gpus is not None else ()
+    host = obj.get("host")
+    if host is not None:
+        if "t_s" not in host:
+            host["t_s"] = t_s
+        cores = host.get("cpu_pct_per_core")
+        if cores is not None:
+            host["cpu_pct_per_core"] = tuple(cores)
+        host = HostSample(**host)
+    tree = obj.get("tree")
+    if tree is not None:
+        if "t_s" not in tree:
+            tree["t_s"] = t_s
+        procs = tree.get("processes")
+        tree["processes"] = tuple([_process(p) for p in procs]) if procs else ()
+        tree = ProcTreeSample(**tree)
+    return Snapshot(t_s, samples, host, tree)
 
 
 _PROCESS_DEFAULTS: dict[str, Any] = {f.name: None for f in fields(ProcessSample)}
