@@ -320,7 +320,10 @@ def test_pause_key_freezes_the_view_and_p_resumes_it(eight: Tmux) -> None:
     eight.resize(80, 24)
     assert_screen(eight, 8)
     eight.keys("p")
-    paused = eight.wait_for(lambda s: "PAUSED" in s.splitlines()[0], 5, "the pause")
+    # The whole paused frame (its footer is drawn last), not one caught mid-redraw.
+    paused = eight.wait_for(
+        lambda s: "PAUSED" in s.splitlines()[0] and "paused: sampling goes on" in s, 5, "the pause"
+    )
     time.sleep(1.0)  # four refreshes and four ticks later ...
     assert eight.screen() == paused  # ... the same screen, clock and timelines included
     assert "paused: sampling goes on" in paused
