@@ -189,7 +189,7 @@ def test_gpustat_json_single_compact_snapshot() -> None:
         "query_time": "2024-05-01T12:00:00.5",
         "gpus": [{"index": 0, "uuid": "GPU-x", "utilization.gpu": 55, "memory.used": 10}],
     }
-    fmt, header, snaps, _ = read(json.dumps(doc) + "\n" + json.dumps(doc).replace("00.5", "01.5"))
+    fmt, _header, snaps, _ = read(json.dumps(doc) + "\n" + json.dumps(doc).replace("00.5", "01.5"))
     assert fmt == "gpustat-json" and len(snaps) == 2
     assert snaps[1].t_s == 1.0 and snaps[0].gpus[0].mem_used_bytes == 10 * MIB
 
