@@ -455,11 +455,22 @@ def test_finish_closes_open_episodes_and_update_reports_bursts() -> None:
 # --- coarse and absent data -----------------------------------------------------------------
 
 
-def test_coarse_flat_duty_without_process_info_is_unknown() -> None:
-    snaps = stream(square(0.2, 0.3), 90, fine=False, processes=None, mem=False)
+def test_coarse_flat_low_duty_without_process_info_is_unknown() -> None:
+    # 10 % of every second, seen once a second: small work or a starved GPU, who knows.
+    snaps = stream(square(0.1, 0.9), 90, fine=False, processes=None, mem=False)
     det, _, _ = run(snaps)
     g = det.verdict().gpus[0]
     assert g.state is State.UNKNOWN
+    assert "coarse" in (g.note or "")
+
+
+def test_coarse_flat_working_duty_without_process_info_is_starved() -> None:
+    # 40 %, flat (a W&B export's 15 s means, a log with no memory column): working, at a
+    # fraction of its capacity.
+    snaps = stream(square(0.2, 0.3), 90, fine=False, processes=None, mem=False)
+    det, _, _ = run(snaps)
+    g = det.verdict().gpus[0]
+    assert g.state is State.STARVED
     assert "coarse" in (g.note or "")
 
 

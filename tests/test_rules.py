@@ -180,14 +180,16 @@ def test_healthy_with_hysteresis_and_no_endless_borderline() -> None:
     assert R.healthy(context(flicker, state=State.HEALTHY)) is not None
 
 
-def test_coarse_flat_low_duty_without_process_is_unknown_but_bursts_are_not() -> None:
-    flat = working(track(steady(30), 60, period=1.0, processes=None, mem_used=None))
+def test_coarse_flat_low_duty_without_process_is_unknown_but_work_and_bursts_are_not() -> None:
+    flat = working(track(steady(12), 60, period=1.0, processes=None, mem_used=None))
     c = R.coarse_unjudgeable(context(flat))
     assert c is not None and (c.state, c.reason) == (State.UNKNOWN, Reason.COARSE_DATA)
     bursty = working(track(square(4.0, 0.5), 60, period=1.0, processes=None, mem_used=None))
     assert R.coarse_unjudgeable(context(bursty)) is None
-    held = working(track(steady(30), 60, period=1.0))
+    held = working(track(steady(12), 60, period=1.0))
     assert R.coarse_unjudgeable(context(held)) is None
+    working_flat = working(track(steady(45), 60, period=1.0, processes=None, mem_used=None))
+    assert R.coarse_unjudgeable(context(working_flat)) is None
 
 
 def test_what_is_left_is_starved_with_the_hosts_cause() -> None:

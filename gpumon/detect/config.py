@@ -79,6 +79,7 @@ class DetectorConfig:
     sync_pause_min_s: float = 5.0
     sync_pause_max_s: float = 60.0
     sync_pause_share: float = 0.15
+    sync_pause_share_max: float = 0.5
     sync_window_s: float = 120.0
     sync_min_span_s: float = 60.0
     sync_min_pauses: int = 2

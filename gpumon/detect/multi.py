@@ -93,6 +93,10 @@ def busy_wait(c: RunContext) -> None:
     working = c.working()
     others = [i for i in working if i not in waiting]
     strag = [i for i in others if (c.wins[i].duty or 0.0) * 100 < cfg.busywait_util_pct]
+    if not strag and others and len(waiting) >= len(working) / 2:
+        # Everyone reads busy, but most spin at low power while the rest draw real power:
+        # those compute the whole step while their peers wait (uneven work).
+        strag = [max(others, key=lambda i: c.wins[i].power_watts or 0.0)]
     if not (strag or len(waiting) == len(working)):
         return
     # Most peers pinned at low power: no borderline case, confirm at once.

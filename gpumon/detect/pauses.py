@@ -74,6 +74,10 @@ class PauseTracker:
     def _pattern(self, t: float, working: Sequence[GpuTrack]) -> bool:
         cfg = self.cfg
         lo = t - cfg.sync_window_s
+        # Pauses since the last GPU began its work: the tail of start-up is no pause.
+        begun = [tr.work_began_s for tr in working if tr.work_began_s is not None]
+        if begun:
+            lo = max(lo, max(begun))
         spans = [(a, b) for a, b in self.pauses if b > lo]
         if self.open_since is not None:
             if t - self.open_since > cfg.sync_pause_max_s:
@@ -93,7 +97,16 @@ class PauseTracker:
             return False
         share = sum(min(b, t) - max(a, lo) for a, b in spans) / span
         need = cfg.sync_pause_share * (0.6 if self.active else 1.0)
-        if share < need or share >= 0.95:
+        if share < need:
+            return False
+        # GPUs that idle more than they work, in lock step, are starved together (every
+        # rank's input pipeline), not pausing for a checkpoint between stretches of work.
+        # Judged on their duty cycle over the pauses' own stretch, from the first pause on
+        # (the share above is diluted by a minimum span at first, and a coarse sample
+        # shortens every pause it straddles).
+        own = [tr.window(t, t - first).duty for tr in working]
+        own_duty = [d for d in own if d is not None]
+        if own_duty and sum(own_duty) / len(own_duty) < 1.0 - cfg.sync_pause_share_max:
             return False
         # Outside the pauses the GPUs must be busy: starvation gaps that happen to line up
         # are not a sync pattern.

@@ -297,9 +297,12 @@ def bursty(w: Window) -> bool:
 
 
 def coarse_unjudgeable(c: GpuContext) -> Candidate | None:
-    """On coarse data a low *flat* duty cycle with no sign that a process holds the GPU
-    could be small work; bursts and gaps are starvation's signature whatever the rest."""
-    if not c.coarse or c.held is True or bursty(c.w):
+    """On coarse data a *flat* duty cycle below ``startup_duty`` with no sign that a
+    process holds the GPU could be small work; above it the GPU is plainly working at a
+    fraction of its capacity, and bursts and gaps are starvation's signature anyway."""
+    d = c.duty
+    assert d is not None
+    if not c.coarse or c.held is True or bursty(c.w) or d >= c.cfg.startup_duty:
         return None
     why = "no process information" if c.held is None else "no visible process"
     return Candidate(
@@ -331,8 +334,8 @@ BEFORE_WORK: tuple[Rule, ...] = (lost_gpu, stream_begins, no_data)
 ON_WORK: tuple[Rule, ...] = (
     before_work,
     too_young,
-    first_judgment,
     periodic_gaps,
+    first_judgment,
     idle,
     healthy,
     healthy_dip,

@@ -44,6 +44,7 @@ SCENARIOS = (
     "coarse_starved",
     "coarse_healthy",
     "starved_periodic",
+    "starved_lockstep",
 )
 # Driver sample periods of real products (1/6 s .. 1 s) and a coarser one.
 PERIODS = (1 / 6, 0.2, 0.25, 0.5, 1.0, 2.0)
@@ -235,7 +236,7 @@ def _cut(
 
 def _label_of(ph: Phase, gpu: int, straggler: int) -> tuple[State, Cause | None, str | None]:
     if ph.label is not None:
-        return ph.label, None, None
+        return ph.label, ph.cause if ph.label is State.STARVED else None, None
     if ph.kind == "startup":
         return State.IDLE, None, "start-up"
     if ph.kind == "healthy":
@@ -344,6 +345,20 @@ def _phases(rng: random.Random, scenario: str, n: int, dur: float) -> list[Phase
             params={"burst_s": period * duty, "duty": duty},
         )
         return [startup, ph]
+    if scenario == "starved_lockstep":
+        # Data-parallel ranks all starved: every GPU idles together, more than it works.
+        pause = rng.uniform(3.0, 12.0)
+        return [
+            startup,
+            Phase("healthy", dur * 0.25),
+            Phase(
+                "pauses",
+                dur * 0.75,
+                cause=Cause.UNKNOWN,
+                label=State.STARVED,
+                params={"pause_s": pause, "every_s": pause / rng.uniform(0.6, 0.85)},
+            ),
+        ]
     if scenario.startswith("starved_"):
         return [startup, starved(dur, Cause(scenario.split("_", 1)[1]))]
     if scenario == "healthy_then_starved":
@@ -381,8 +396,11 @@ def _phases(rng: random.Random, scenario: str, n: int, dur: float) -> list[Phase
                 dur * 0.75,
                 label=State.SYNC_STALL,
                 params={
-                    "pause_s": rng.uniform(6.0, 15.0),
-                    "every_s": rng.uniform(20.0, 40.0),
+                    "pause_s": (pause := rng.uniform(6.0, 15.0)),
+                    # Pauses between stretches of work longer than themselves (a
+                    # checkpoint or an evaluation every N steps): idling more than working
+                    # in lock step is every rank's input pipeline (starved_lockstep).
+                    "every_s": rng.uniform(max(20.0, 2.2 * pause), 40.0),
                     "spin": float(rng.random() < 0.4),
                 },
             ),
@@ -416,7 +434,7 @@ def generate(
     machine: GPU count, power, cores, workers), e.g. for a demo told in chosen phases.
     """
     rng = random.Random(f"{scenario}:{seed}")
-    multi = scenario in ("straggler", "sync_pauses")
+    multi = scenario in ("straggler", "sync_pauses", "starved_lockstep")
     n = gpus if gpus is not None else rng.choice((2, 4, 8) if multi else (1, 1, 2, 4, 8))
     if multi and n < 2:
         raise ValueError(f"{scenario} needs at least 2 GPUs")
