@@ -246,3 +246,25 @@ def test_gpustat_no_header_with_watch_title() -> None:
     )
     _, header, snaps, _ = read(text)
     assert header.interval_s == 2.0 and snaps[1].t_s == 2.0
+
+
+def test_a_broken_gpu_cycle_is_re_synced_and_warned_about() -> None:
+    """Two GPUs without an index, one row lost at tick 30: the next tick starts at GPU 0
+    again (nothing lands on the wrong GPU) and a warning names where the cycle broke."""
+    rows = ["timestamp, utilization.gpu [%], memory.used [MiB]\n"]
+    for k in range(60):
+        for g in range(2):
+            if (k, g) == (30, 1):
+                continue
+            rows.append(
+                f"2024/05/01 12:00:{k:02d}.{100 + g:03d}, {10 + 70 * g} %, {1000 + g} MiB\n"
+            )
+    _, header, snaps, warnings = read("".join(rows))
+    assert len(header.gpus) == 2
+    assert all(g.util_pct == (10.0 if g.gpu == 0 else 80.0) for s in snaps for g in s.gpus)
+    assert any("cycle of GPUs broke 1 time" in w and "log:" in w for w in warnings)
+
+
+def test_json_lines_are_never_taken_for_a_table() -> None:
+    with pytest.raises(TraceFormatError, match="not a format gpumon reads"):
+        read('{"gpus": [{"gpu": 0}], "t": 1}\n{"gpus": [{"gpu": 0}], "t": 2}\n')

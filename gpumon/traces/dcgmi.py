@@ -17,7 +17,7 @@ from itertools import chain
 from gpumon.errors import TraceFormatError
 from gpumon.model import GpuIdentity, GpuSample, Point, Snapshot, TraceHeader
 from gpumon.traces._common import MIB, Assembler, add_note, bad_line, cut_short_warning, num
-from gpumon.traces.source import Source, as_source
+from gpumon.traces.source import Source, numbered_lines
 
 FORMAT = "dcgmi"
 PREFIX_LINES = 400
@@ -118,8 +118,7 @@ def read(
     interval_s: float | None = None,
 ) -> tuple[TraceHeader, Iterator[Snapshot]]:
     """Parse a dcgmi dmon log: the header now, the snapshots lazily."""
-    warns = warnings if warnings is not None else []
-    numbered = enumerate(as_source(lines, path).lines(), 1)
+    warns, numbered = numbered_lines(lines, path, warnings)
     prefix: list[tuple[int, str]] = []
     cols: _Columns | None = None
     identities: dict[int, GpuIdentity] = {}

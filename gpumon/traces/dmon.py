@@ -24,7 +24,7 @@ from gpumon.traces._common import (
     is_cut_short,
     median_interval,
 )
-from gpumon.traces.source import Source, as_source
+from gpumon.traces.source import Source, numbered_lines
 
 FORMAT = "dmon"
 PREFIX_ROWS = 200
@@ -172,8 +172,7 @@ def read(
     interval_s: float | None = None,
 ) -> tuple[TraceHeader, Iterator[Snapshot]]:
     """Parse a dmon log: the header now, the snapshots lazily."""
-    warns = warnings if warnings is not None else []
-    numbered = enumerate(as_source(lines, path).lines(), 1)
+    warns, numbered = numbered_lines(lines, path, warnings)
     prefix: list[tuple[int, str]] = []
     cols: Columns | None = None
     rows: list[list[str]] = []

@@ -13,7 +13,6 @@ Split on ``|`` and ``,``: no regular expressions.
 
 from __future__ import annotations
 
-import calendar
 from collections.abc import Iterable, Iterator
 from itertools import chain
 
@@ -28,18 +27,11 @@ from gpumon.traces._common import (
     mib_bytes,
     num,
 )
-from gpumon.traces.source import Source, as_source
+from gpumon.traces.source import Source, numbered_lines
+from gpumon.traces.timefmt import ctime_words
 
 FORMAT = "gpustat"
 PREFIX_LINES = 400
-_DAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
-_MONTHS = {
-    m: i
-    for i, m in enumerate(
-        ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"), 1
-    )
-}
-
 # (index, name, temp, fan, util, power, power_limit, used, total) as cells
 Row = tuple[int, str, str, str | None, str, str | None, str | None, str, str]
 
@@ -105,21 +97,11 @@ def parse_header(line: str) -> tuple[str | None, float, str | None] | None:
     """``host  Mon Dec 19 18:33:32 2022  465.19.01`` -> (hostname, Unix time, driver)."""
     toks = line.split()
     for k in range(min(len(toks) - 4, 4)):
-        if toks[k] in _DAYS and toks[k + 1] in _MONTHS:
-            day, hms, year = toks[k + 2], toks[k + 3].split(":"), toks[k + 4]
-            if not (day.isdecimal() and year.isdecimal() and len(hms) == 3):
-                return None
-            if len(day) > 2 or len(year) != 4:
-                return None
-            if not all(x.isdecimal() and len(x) <= 2 for x in hms):
-                return None
-            h, mi, sec = (int(x) for x in hms)
-            if not (1 <= int(day) <= 31 and h < 24 and mi < 60 and sec < 61):
-                return None
-            t = calendar.timegm((int(year), _MONTHS[toks[k + 1]], int(day), h, mi, sec, 0, 0, 0))
+        t = ctime_words(toks[k : k + 5])
+        if t is not None:
             host = toks[0] if k > 0 else None
             driver = toks[k + 5] if len(toks) > k + 5 else None
-            return host, float(t), driver
+            return host, t, driver
     return None
 
 
@@ -146,8 +128,7 @@ def read(
     interval_s: float | None = None,
 ) -> tuple[TraceHeader, Iterator[Snapshot]]:
     """Parse logged gpustat output: the header now, the snapshots lazily."""
-    warns = warnings if warnings is not None else []
-    numbered = enumerate(as_source(lines, path).lines(), 1)
+    warns, numbered = numbered_lines(lines, path, warnings)
     prefix: list[tuple[int, str]] = []
     times: list[float] = []
     identities: dict[int, GpuIdentity] = {}

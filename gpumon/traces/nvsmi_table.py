@@ -17,7 +17,6 @@ line costs time in proportion to its length.
 
 from __future__ import annotations
 
-import calendar
 from collections.abc import Iterable, Iterator
 from itertools import chain
 
@@ -33,18 +32,12 @@ from gpumon.traces._common import (
     mib_bytes,
     num,
 )
-from gpumon.traces.source import Source, as_source
+from gpumon.traces.source import Source, numbered_lines
+from gpumon.traces.timefmt import ctime_words
 
 FORMAT = "nvidia-smi-table"
 PREFIX_LINES = 2000
 
-_MONTHS = {
-    m: i
-    for i, m in enumerate(
-        ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"), 1
-    )
-}
-_DAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
 _PERSISTENCE = ("On", "Off", "N/A", "WDDM", "TCC")
 
 # (fan, temp, perf, power, cap, used, total, util, mode)
@@ -113,21 +106,7 @@ def parse_ident(line: str) -> Ident | None:
 
 def parse_date(line: str) -> float | None:
     """``Wed May  1 12:00:00 2024`` -> Unix seconds (read as UTC)."""
-    s = line.split()
-    if len(s) != 5 or s[0] not in _DAYS or s[1] not in _MONTHS:
-        return None
-    hms = s[3].split(":")
-    if len(hms) != 3 or not all(x.isdecimal() and len(x) <= 2 for x in hms):
-        return None
-    if not s[2].isdecimal() or len(s[2]) > 2:
-        return None
-    if not s[4].isdecimal() or len(s[4]) != 4:
-        return None
-    h, mi, sec = (int(x) for x in hms)
-    day = int(s[2])
-    if not (1 <= day <= 31 and h < 24 and mi < 60 and sec < 61):
-        return None
-    return float(calendar.timegm((int(s[4]), _MONTHS[s[1]], day, h, mi, sec, 0, 0, 0)))
+    return ctime_words(line.split())
 
 
 def _driver(line: str) -> str | None:
@@ -184,8 +163,7 @@ def read(
     interval_s: float | None = None,
 ) -> tuple[TraceHeader, Iterator[Snapshot]]:
     """Parse repeated nvidia-smi tables (or grep'd GPU rows): header now, snapshots lazily."""
-    warns = warnings if warnings is not None else []
-    numbered = enumerate(as_source(lines, path).lines(), 1)
+    warns, numbered = numbered_lines(lines, path, warnings)
     prefix: list[tuple[int, str]] = []
     dates: list[float] = []
     fps: list[ident.Fingerprint] = []

@@ -131,3 +131,11 @@ def too_long(path: str, line_no: int) -> TraceFormatError:
 
 def as_source(lines: Iterable[str] | Source, path: str) -> Source:
     return lines if isinstance(lines, Source) else Source.from_lines(lines, path)
+
+
+def numbered_lines(
+    lines: Iterable[str] | Source, path: str, warnings: list[str] | None
+) -> tuple[list[str], Iterator[tuple[int, str]]]:
+    """What every line reader starts with: its warnings list and ``(line_no, line)``."""
+    warns = warnings if warnings is not None else []
+    return warns, enumerate(as_source(lines, path).lines(), 1)

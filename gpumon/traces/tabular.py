@@ -119,8 +119,8 @@ def _gpu_fields(lay: Layout) -> bool:
 def sniff_format(head: list[str]) -> str | None:
     """nvidia-smi-csv / wandb-csv / csv when these lines are such a table, else None."""
     lines = _content(head)
-    if not lines:
-        return None
+    if not lines or lines[0].lstrip("\ufeff").lstrip()[:1] in ("{", "["):
+        return None  # JSON, not a table
     delim = sniff_delimiter(lines) or ","
     first = _cells(lines[0].lstrip("\ufeff"), delim)
     at = header_index([_cells(ln, delim) for ln in lines[: PREAMBLE + 1]])
@@ -837,6 +837,26 @@ def _snapshots(
     valid = 0
     skipped_first = False
     header_text = tab.header_text
+
+    def unreadable(no: int, line: str, why: str, err: TraceFormatError) -> bool:
+        """A row that cannot be read: the last line cut short stops the reading (True);
+        a garbled first row is skipped (False); anything else is the error naming it."""
+        nonlocal skipped_first
+        if is_cut_short(line):
+            warns.append(cut_short_warning(path, no))
+            return True
+        if valid == 0 and not skipped_first:
+            skipped_first = True
+            warns.append(f"{path}:{no}: first row {why} (the log starts mid-line?); skipped")
+            return False
+        raise err
+
+    def switch(cells: list[str]) -> tuple[_Table, int, list[str] | None, Any, bool, Any]:
+        """A different header mid-file: everything the loop keeps, re-made."""
+        new = state.new_header(cells)
+        fast = state.fast_path(delim)
+        return new, new.count, new.header_text, fast, state.fraction, new.builders.get(-1)
+
     fast = state.fast_path(delim)
     frac = state.fraction
     builder = tab.builders.get(-1)
@@ -893,51 +913,27 @@ def _snapshots(
                 if header_text is not None and stripped == header_text:
                     continue
                 if (line[:1].isalpha() or line[:1] == '"') and is_header(cells):
-                    tab = state.new_header(cells)
-                    count, header_text = tab.count, tab.header_text
-                    fast, frac = state.fast_path(delim), state.fraction
-                    builder = tab.builders.get(-1)
+                    tab, count, header_text, fast, frac, builder = switch(cells)
                     continue
-                if is_cut_short(line):
-                    warns.append(cut_short_warning(path, no))
+                err = bad_line(path, no, line, f"expected {count} columns, found {len(cells)}")
+                if unreadable(no, line, "does not fit the header", err):
                     break
-                if valid == 0 and not skipped_first:
-                    skipped_first = True
-                    warns.append(
-                        f"{path}:{no}: first row does not fit the header (the log starts "
-                        "mid-line?); skipped"
-                    )
-                    continue
-                raise TraceFormatError(
-                    f"expected {count} columns, found {len(cells)}: {line.rstrip()[:77]!r}",
-                    path=path,
-                    line=no,
-                )
+                continue
             cells = fitted
         elif (line[:1].isalpha() or line[:1] == '"') and header_text is not None:
             stripped = [c.strip() for c in cells]
             if stripped == header_text:
                 continue
             if is_header(cells):
-                tab = state.new_header(cells)
-                count, header_text = tab.count, tab.header_text
-                fast, frac = state.fast_path(delim), state.fraction
-                builder = tab.builders.get(-1)
+                tab, count, header_text, fast, frac, builder = switch(cells)
                 continue
         try:
             got = state.row(cells, no)
         except (ValueError, IndexError, TypeError, OverflowError) as exc:
-            if is_cut_short(line):
-                warns.append(cut_short_warning(path, no))
+            err = bad_line(path, no, line, f"malformed value ({exc})")
+            if unreadable(no, line, f"is malformed ({exc})", err):
                 break
-            if valid == 0 and not skipped_first:
-                skipped_first = True
-                warns.append(
-                    f"{path}:{no}: first row is malformed ({exc}; the log starts mid-line?); "
-                    "skipped"
-                )
-                continue
-            raise bad_line(path, no, line, f"malformed value ({exc})") from None
+            continue
         valid += 1
         t = got[0]
         builders = tab.builders

@@ -282,3 +282,28 @@ def rolling(parse: Callable[[str], float]) -> Callable[[str], float]:
         return t
 
     return parse_rolling
+
+
+_WEEKDAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
+_MONTHS = {
+    m: i
+    for i, m in enumerate(
+        ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"), 1
+    )
+}
+
+
+def ctime_words(words: Sequence[str]) -> float | None:
+    """``["Wed", "May", "1", "12:00:00", "2024"]`` (``date``/ctime, as nvidia-smi and
+    gpustat print it) -> Unix seconds (read as UTC); None when the words are not one."""
+    if len(words) != 5 or words[0] not in _WEEKDAYS or words[1] not in _MONTHS:
+        return None
+    day, hms, year = words[2], words[3].split(":"), words[4]
+    if not (day.isdecimal() and len(day) <= 2 and year.isdecimal() and len(year) == 4):
+        return None
+    if len(hms) != 3 or not all(x.isdecimal() and len(x) <= 2 for x in hms):
+        return None
+    h, mi, sec = (int(x) for x in hms)
+    if not (1 <= int(day) <= 31 and h < 24 and mi < 60 and sec < 61):
+        return None
+    return float(calendar.timegm((int(year), _MONTHS[words[1]], int(day), h, mi, sec, 0, 0, 0)))

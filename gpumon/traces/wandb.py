@@ -21,7 +21,7 @@ from gpumon.errors import TraceFormatError
 from gpumon.model import GpuIdentity, GpuSample, HostSample, Snapshot, TraceHeader
 from gpumon.traces._common import add_note, cut_short_warning, is_cut_short, median_interval
 from gpumon.traces.columns import WANDB_GPU_FIELDS
-from gpumon.traces.source import Source, as_source
+from gpumon.traces.source import Source, numbered_lines
 
 FORMAT = "wandb"
 PREFIX_LINES = 64
@@ -117,8 +117,7 @@ def read(
     interval_s: float | None = None,
 ) -> tuple[TraceHeader, Iterator[Snapshot]]:
     """Parse W&B system-metric events: the header now, the snapshots lazily."""
-    warns = warnings if warnings is not None else []
-    numbered = enumerate(as_source(lines, path).lines(), 1)
+    warns, numbered = numbered_lines(lines, path, warnings)
     prefix: list[tuple[int, str]] = []
     times: list[float] = []
     absolute = True
