@@ -142,8 +142,8 @@ def mem_mib(cell: str, default_scale: float = 1.0) -> float | None:
         except ValueError:
             pass
         else:
-            if isfinite(v):
-                return _sane_mib(v * default_scale, cell)
+            if -MAX_MIB <= v <= MAX_MIB:  # also false for nan and inf
+                return v * default_scale
     got = split_number(cell)
     if got is None:
         return None

@@ -835,28 +835,10 @@ def _snapshots(
     add = asm.add
     count = tab.count
     valid = 0
-    skipped_first = False
     header_text = tab.header_text
 
-    def unreadable(no: int, line: str, why: str, err: TraceFormatError) -> bool:
-        """A row that cannot be read: the last line cut short stops the reading (True);
-        a garbled first row is skipped (False); anything else is the error naming it."""
-        nonlocal skipped_first
-        if is_cut_short(line):
-            warns.append(cut_short_warning(path, no))
-            return True
-        if valid == 0 and not skipped_first:
-            skipped_first = True
-            warns.append(f"{path}:{no}: first row {why} (the log starts mid-line?); skipped")
-            return False
-        raise err
-
-    def switch(cells: list[str]) -> tuple[_Table, int, list[str] | None, Any, bool, Any]:
-        """A different header mid-file: everything the loop keeps, re-made."""
-        new = state.new_header(cells)
-        fast = state.fast_path(delim)
-        return new, new.count, new.header_text, fast, state.fraction, new.builders.get(-1)
-
+    skipped: list[int] = []  # the garbled first row skipped, if any
+    max_gpus = MAX_GPUS
     fast = state.fast_path(delim)
     frac = state.fraction
     builder = tab.builders.get(-1)
@@ -876,7 +858,7 @@ def _snapshots(
                         last_t = round(parse(stamp) - t0, 6)
                         last_stamp = stamp
                     gpu = 0 if i_at is None else int(cells[i_at])
-                    if not 0 <= gpu < MAX_GPUS:
+                    if not 0 <= gpu < max_gpus:
                         raise ValueError
                     if u_at is None:
                         util = None
@@ -913,10 +895,12 @@ def _snapshots(
                 if header_text is not None and stripped == header_text:
                     continue
                 if (line[:1].isalpha() or line[:1] == '"') and is_header(cells):
-                    tab, count, header_text, fast, frac, builder = switch(cells)
+                    tab, count, header_text, fast, frac, builder = _switch(state, cells, delim)
                     continue
                 err = bad_line(path, no, line, f"expected {count} columns, found {len(cells)}")
-                if unreadable(no, line, "does not fit the header", err):
+                if _unreadable(
+                    no, line, "does not fit the header", err, valid == 0, skipped, warns
+                ):
                     break
                 continue
             cells = fitted
@@ -925,13 +909,13 @@ def _snapshots(
             if stripped == header_text:
                 continue
             if is_header(cells):
-                tab, count, header_text, fast, frac, builder = switch(cells)
+                tab, count, header_text, fast, frac, builder = _switch(state, cells, delim)
                 continue
         try:
             got = state.row(cells, no)
         except (ValueError, IndexError, TypeError, OverflowError) as exc:
             err = bad_line(path, no, line, f"malformed value ({exc})")
-            if unreadable(no, line, f"is malformed ({exc})", err):
+            if _unreadable(no, line, f"is malformed ({exc})", err, valid == 0, skipped, warns):
                 break
             continue
         valid += 1
@@ -945,6 +929,37 @@ def _snapshots(
     if snap is not None:
         yield snap
     state.finish(warns)
+
+
+def _unreadable(
+    no: int,
+    line: str,
+    why: str,
+    err: TraceFormatError,
+    first: bool,
+    skipped: list[int],
+    warns: list[str],
+) -> bool:
+    """A row that cannot be read: the last line cut short stops the reading (True); a
+    garbled first row is skipped (False); anything else is the error naming it."""
+    path = err.path
+    if is_cut_short(line):
+        warns.append(cut_short_warning(str(path), no))
+        return True
+    if first and not skipped:
+        skipped.append(no)
+        warns.append(f"{path}:{no}: first row {why} (the log starts mid-line?); skipped")
+        return False
+    raise err
+
+
+def _switch(
+    state: _RowState, cells: list[str], delim: str
+) -> tuple[_Table, int, list[str] | None, Any, bool, Any]:
+    """A different header mid-file: everything the row loop keeps, re-made."""
+    new = state.new_header(cells)
+    fast = state.fast_path(delim)
+    return new, new.count, new.header_text, fast, state.fraction, new.builders.get(-1)
 
 
 def _first_lines(cells: list[str], tab: _Table, no: int, path: str, warns: list[str]) -> list[str]:
