@@ -82,8 +82,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def load_config(args: argparse.Namespace) -> ServeConfig:
     """The TOML file, the command line over it, then the web configuration merged in."""
-    from gpumon.faces.serve import webconfig
-
     cfg = serve_config.with_overrides(
         serve_config.load(args.config),
         listen=args.listen,
@@ -93,6 +91,8 @@ def load_config(args: argparse.Namespace) -> ServeConfig:
         web_config_file=args.web_config_file,
     )
     if cfg.web_config_file is not None:
+        from gpumon.faces.serve import webconfig  # PyYAML only for a web configuration
+
         cfg = serve_config.with_web_config(cfg, webconfig.load(cfg.web_config_file))
     return cfg
 

@@ -14,10 +14,12 @@ import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpumon.errors import ConfigError
-from gpumon.faces.serve.webconfig import CLIENT_AUTH_TYPES, WebConfig
+
+if TYPE_CHECKING:  # read only with --web.config.file: PyYAML is not loaded otherwise
+    from gpumon.faces.serve.webconfig import WebConfig
 
 DEFAULT_PATH = Path("/etc/gpumon/gpumon.toml")
 # 9400 is dcgm-exporter's, 9835 nvidia_gpu_exporter's, 8000 nvitop-exporter's; 9977 is
@@ -325,6 +327,8 @@ def with_web_config(cfg: ServeConfig, web: WebConfig) -> ServeConfig:
             f"tls_cert_file) and in {web.source} (tls_server_config); keep one; gpumon "
             "serve did not start."
         )
+    from gpumon.faces.serve.webconfig import CLIENT_AUTH_TYPES
+
     if web.tls:
         needs_ca, required = CLIENT_AUTH_TYPES[web.client_auth_type]
         cfg = replace(
