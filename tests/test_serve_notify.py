@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 import test_serve_daemon
+from test_deploy import unit_settings
 from test_serve_daemon import start_daemon
 
 from gpumon.faces.serve.notify import Notifier, Watchdog, stale_after_s, watchdog_period_s
@@ -152,17 +153,7 @@ def test_a_sampling_loop_stuck_in_nvml_stops_the_pings(
 
 
 # --------------------------------------------------------------------------- the unit
-UNIT = Path(__file__).resolve().parent.parent / "deploy" / "systemd" / "gpumon.service"
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "serve.md"
-
-
-def unit_settings() -> dict[str, list[str]]:
-    out: dict[str, list[str]] = {}
-    for line in UNIT.read_text().splitlines():
-        if "=" in line and not line.lstrip().startswith(("#", ";", "[")):
-            k, v = line.split("=", 1)
-            out.setdefault(k.strip(), []).append(v.strip())
-    return out
 
 
 def test_the_unit_waits_for_ready_and_keeps_a_watchdog() -> None:
