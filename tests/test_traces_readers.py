@@ -268,3 +268,13 @@ def test_a_broken_gpu_cycle_is_re_synced_and_warned_about() -> None:
 def test_json_lines_are_never_taken_for_a_table() -> None:
     with pytest.raises(TraceFormatError, match="not a format gpumon reads"):
         read('{"gpus": [{"gpu": 0}], "t": 1}\n{"gpus": [{"gpu": 0}], "t": 2}\n')
+
+
+def test_one_column_with_its_header_before_every_value() -> None:
+    """``nvidia-smi --query-gpu=utilization.gpu --format=csv`` appended in a loop: a single
+    column, its header repeated, no times (a value with its unit is not two cells)."""
+    text = "".join(f"utilization.gpu [%]\n{u} %\n" for u in (85, 100, 94, 91))
+    fmt, header, snaps, _ = read(text)
+    assert fmt == "nvidia-smi-csv" and len(header.gpus) == 1
+    assert [s.gpus[0].util_pct for s in snaps] == [85.0, 100.0, 94.0, 91.0]
+    assert "interval_assumed" in header.extra

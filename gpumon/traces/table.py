@@ -13,7 +13,7 @@ import csv
 from collections.abc import Iterator, Sequence
 
 from gpumon.errors import TraceFormatError
-from gpumon.traces._common import shown
+from gpumon.traces._common import shown, split_number
 
 WS = " "  # the "delimiter" of whitespace-aligned tables: any run of spaces and tabs
 CANDIDATES = (",", "\t", ";", WS)
@@ -47,6 +47,17 @@ def open_quote(text: str) -> bool:
     return text.count('"') % 2 == 1
 
 
+def _one_value(line: str) -> bool:
+    """A line that is one cell: a value with its unit (``85 %``), or a one-word name (the
+    header of a one-column log, repeated before every value)."""
+    try:
+        split_number(line)
+    except ValueError:
+        name = line.strip().split("[", 1)[0].strip()
+        return name[:1].isalpha() and " " not in name
+    return True
+
+
 def _field_counts(lines: Sequence[str], delim: str) -> list[int]:
     out = []
     for line in lines:
@@ -71,6 +82,8 @@ def sniff_delimiter(lines: Sequence[str]) -> str | None:
     if not sample:
         return None
     header, data = sample[0], sample[1:] or sample
+    if all(_one_value(d) for d in data):
+        return None  # one column (``85 %`` is a value with its unit, not two cells)
     best: tuple[float, ...] | None = None
     choice = None
     for rank, delim in enumerate(CANDIDATES):
