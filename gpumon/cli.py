@@ -19,7 +19,16 @@ from gpumon import __version__
 from gpumon.errors import GpumonError
 
 # Order is the order of `gpumon --help`.
-FACES: tuple[str, ...] = ("watch", "record", "analyze", "serve", "dstat", "demo", "deploy")
+FACES: tuple[str, ...] = (
+    "watch",
+    "record",
+    "analyze",
+    "report",
+    "serve",
+    "dstat",
+    "demo",
+    "deploy",
+)
 
 
 # The name of the stderr handler main() installs for gpumon's warnings.

@@ -1,0 +1,167 @@
+"""`gpumon report --prometheus URL --job ID`: one job across its nodes, from Prometheus.
+
+The cluster already runs Prometheus, and every node's ``gpumon serve`` exports what its
+detector keeps; this reads it back for one job (a Slurm job id, or a Kubernetes pod) and
+gives the job's verdict with the same words ``gpumon analyze`` gives a trace, per node and
+per GPU, with the straggler node no single node can see.
+
+Exit status: 0 whatever the verdict; 1 when Prometheus cannot be reached, refuses the
+credentials or cannot run a query; 2 for a bad option or HTTP configuration; 4 when no
+series of the job are in the range (no such job, or none of its nodes runs gpumon).
+Series missing for part of the job are said on stderr (``gpumon: warning:``) and in the
+report, and the rest is judged.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import re
+import sys
+import time
+
+from gpumon.errors import UsageError
+
+_DURATION = re.compile(r"(\d+)(ms|s|m|h|d|w|y)")
+_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y": 31536000}
+DEFAULT_LAST = "24h"
+
+
+def parse_duration(text: str) -> float:
+    """A Prometheus duration (``90s``, ``2h``, ``1h30m``, ``7d``) in seconds."""
+    pos, total = 0, 0.0
+    for m in _DURATION.finditer(text):
+        if m.start() != pos:
+            break
+        total += int(m.group(1)) * _UNITS[m.group(2)]
+        pos = m.end()
+    if pos != len(text) or not text or total <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration such as 30m, 2h, 1h30m or 7d")
+    return total
+
+
+def parse_time(text: str, now: float | None = None) -> float:
+    """A time as promtool takes it: RFC 3339 (``2026-05-01T12:00:00Z``; without a zone,
+    local time), Unix seconds (``1714564800``, ``@1714564800``), or ``now``."""
+    t = text.strip()
+    if t == "now":
+        return time.time() if now is None else now
+    try:
+        return float(t[1:] if t.startswith("@") else t)
+    except ValueError:
+        pass
+    try:
+        dt = datetime.datetime.fromisoformat(t)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a time (RFC 3339 such as 2026-05-01T12:00:00Z, Unix seconds, or now)"
+        ) from None
+    return dt.timestamp() if dt.tzinfo else dt.astimezone().timestamp()
+
+
+def _pod(text: str) -> tuple[str, str]:
+    ns, sep, name = text.partition("/")
+    if not sep or not ns or not name or "/" in name:
+        raise argparse.ArgumentTypeError(f"{text!r} is not NAMESPACE/NAME")
+    return ns, name
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "report",
+        help="judge one job across its nodes, from the Prometheus that scrapes gpumon serve",
+        description="Read back what every node's gpumon serve exported for one job (Slurm "
+        "job id or Kubernetes pod) and say why its GPUs waited: the verdict and cause, per "
+        "node and per GPU, the straggler node, lost GPU-seconds and advice.",
+    )
+    p.add_argument(
+        "--prometheus",
+        metavar="URL",
+        default=os.environ.get("GPUMON_PROMETHEUS"),
+        help="Prometheus' URL, e.g. http://prometheus:9090 (default: $GPUMON_PROMETHEUS)",
+    )
+    who = p.add_mutually_exclusive_group(required=True)
+    who.add_argument("--job", metavar="ID", help="the Slurm job id (label hpc_job)")
+    who.add_argument(
+        "--pod",
+        metavar="NAMESPACE/NAME",
+        type=_pod,
+        help="a Kubernetes pod (labels namespace, pod)",
+    )
+    when = p.add_mutually_exclusive_group()
+    when.add_argument(
+        "--last",
+        metavar="DURATION",
+        type=parse_duration,
+        help=f"look for the job in the last DURATION (30m, 2h, 7d; default {DEFAULT_LAST})",
+    )
+    when.add_argument(
+        "--since", metavar="TIME", type=parse_time, help="from TIME (RFC 3339 or Unix seconds)"
+    )
+    p.add_argument("--until", metavar="TIME", type=parse_time, help="to TIME (default: now)")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    p.add_argument(
+        "--http.config.file",
+        dest="http_config",
+        metavar="FILE",
+        help="basic auth, bearer token and TLS for Prometheus, in Prometheus' http_config "
+        "format (as promtool and amtool take it)",
+    )
+    p.add_argument(
+        "--timeout",
+        metavar="S",
+        type=float,
+        default=30.0,
+        help="seconds to wait for each answer (default 30)",
+    )
+    p.add_argument(
+        "--no-recording-rules",
+        action="store_true",
+        help="query the raw series only, even where gpumon-report-rules.yml is loaded",
+    )
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from gpumon.detect.from_metrics import judge_job
+    from gpumon.faces.analyze.command import _finite
+    from gpumon.faces.report.client import PrometheusClient
+    from gpumon.faces.report.httpconfig import HttpConfig, load
+    from gpumon.faces.report.queries import JobQueries, JobSelector
+    from gpumon.faces.report.render import missing_sentences, render_text, to_json
+
+    if not args.prometheus:
+        raise UsageError("gpumon report needs --prometheus URL (or $GPUMON_PROMETHEUS)")
+    now = time.time()
+    until = args.until if args.until is not None else now
+    if args.since is not None:
+        since = args.since
+    else:
+        since = until - (args.last if args.last is not None else parse_duration(DEFAULT_LAST))
+    if since >= until:
+        raise UsageError("--since must be before --until")
+    if not 0 < args.timeout <= 3600:
+        raise UsageError(f"--timeout {args.timeout:g} is not between 0 and 3600 seconds")
+    http = load(args.http_config) if args.http_config else HttpConfig()
+    client = PrometheusClient(args.prometheus, http, args.timeout)
+    if args.job is not None:
+        sel = JobSelector(hpc_job=args.job)
+    else:
+        sel = JobSelector(namespace=args.pod[0], pod=args.pod[1])
+    fetched = JobQueries(client, sel, use_rules=not args.no_recording_rules).fetch(since, until)
+    judged = judge_job(fetched.readings)
+    cost = {"queries": client.requests, "bytes_received": client.bytes_received}
+    if args.json:
+        print(
+            json.dumps(
+                _finite(to_json(fetched, judged, client.url, cost)), indent=2, allow_nan=False
+            )
+        )
+    else:
+        print(render_text(fetched, judged, client.url), end="")
+    sys.stdout.flush()
+    for m in missing_sentences(fetched):
+        print(f"gpumon: warning: {m}", file=sys.stderr)
+    return 0

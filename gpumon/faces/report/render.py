@@ -1,0 +1,237 @@
+"""The job report as text and as JSON, worded as `gpumon analyze` words a run.
+
+The verdict line, the speed-up sentence, the notes, the evidence and the advice come from
+the same run summary and the same formatting helpers as analyze's report; what is new is
+the layout across nodes: one block per node (``instance``), one line per GPU.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Mapping
+
+from gpumon.detect import RunSummary, speedup_sentence
+from gpumon.detect.from_metrics import GpuJudged, JobJudged, NodeJudged, Straggler
+from gpumon.faces.analyze.report import _clock, _evidence_line, _label, _pct, _seconds_json
+from gpumon.faces.report.queries import Fetched
+from gpumon.model import State
+
+
+def _wall(t: float, date: bool = True) -> str:
+    fmt = "%Y-%m-%d %H:%M:%S" if date else "%H:%M:%S"
+    return datetime.datetime.fromtimestamp(t).astimezone().strftime(fmt)
+
+
+def _verdict_word(s: RunSummary) -> str:
+    word = s.verdict.value.upper().replace("_", " ")
+    if s.cause is not None and s.verdict is State.STARVED:
+        word += f" (cause: {s.cause.value})"
+    return word
+
+
+def _spent(seconds: Mapping[State, float]) -> str:
+    total = sum(seconds.values())
+    parts = []
+    for st, x in seconds.items():
+        if x >= 0.5:
+            share = f" ({x / total * 100:.0f} %)" if total > 0 else ""
+            parts.append(f"{st.value} {_clock(x, 0)}{share}")
+    return ", ".join(parts) or "no time classified"
+
+
+def straggler_text(s: Straggler) -> str:
+    return f"straggler {s.name()} (skew {s.skew * 100:.0f} %)"
+
+
+def missing_sentences(f: Fetched) -> list[str]:
+    """What the report could not see: said, then the rest is judged."""
+    out = []
+    for g in f.gaps:
+        out.append(
+            f"{g.instance}: no series from {_wall(g.start, False)} to {_wall(g.end, False)} "
+            f"({g.why}); the report judges the rest of the job's time"
+        )
+    for inst in f.restarted:
+        out.append(
+            f"{inst}: gpumon restarted during the job; its time per state counts from the restart"
+        )
+    return out
+
+
+def render_text(f: Fetched, j: JobJudged, url: str) -> str:
+    s = j.summary
+    n_gpus = sum(len(n.gpus) for n in j.nodes)
+    out = [
+        f"gpumon report · {f.selector.describe()} · {len(j.nodes)} node(s) · {n_gpus} GPU(s) · "
+        f"{_wall(f.start)} – {_wall(f.end, False)} ({_clock(f.end, f.start)}) · {url}"
+    ]
+    line = f"Verdict: {_verdict_word(s)}"
+    if s.effective_gpus is not None and n_gpus > 1:
+        line += f" · {n_gpus} GPUs deliver {s.effective_gpus:.1f} GPUs of work"
+    if j.straggler is not None and s.verdict is State.SYNC_STALL:
+        line += f" · {straggler_text(j.straggler)}"
+    elif j.problem_nodes and s.verdict in (State.STARVED, State.IDLE):
+        line += f" · on {', '.join(j.problem_nodes)}"
+    if s.lost_gpu_seconds >= 0.5:
+        line += f" · {s.lost_gpu_seconds:.0f} GPU-seconds lost waiting"
+    out.append(line)
+    gain = speedup_sentence(s)
+    if gain:
+        out.append(f"  {gain}")
+    if j.straggler is not None and s.verdict is State.SYNC_STALL:
+        out.append(f"  note: {straggler_note(j.straggler)}")
+    for note in s.notes:
+        out.append(f"  note: {note}")
+    for m in missing_sentences(f):
+        out.append(f"  missing: {m}")
+    out.append("")
+    for node in j.nodes:
+        out += _node_lines(node, j.straggler)
+        out.append("")
+    out.append(f"time per state (GPU-seconds, all nodes): {_spent(s.seconds)}")
+    if s.advice:
+        out.append("")
+        out.append("Advice:")
+        out.extend(f"  - {a}" for a in s.advice)
+    return "\n".join(out) + "\n"
+
+
+def straggler_note(s: Straggler) -> str:
+    if s.gpu is None:
+        did = s.state.value + (f" (cause: {s.cause.value})" if s.cause is not None else "")
+        return (
+            f"the other nodes' GPUs wait on peers {s.peers_wait * 100:.0f} % of their working "
+            f"time, node {s.instance}'s {s.own_wait * 100:.0f} %: its GPUs are {did} while "
+            "the rest busy-wait on it"
+        )
+    return (
+        f"the job's other GPUs wait on peers {s.peers_wait * 100:.0f} % of their working time "
+        f"while {s.name()} computes: they wait on it"
+    )
+
+
+def _node_lines(n: NodeJudged, strag: Straggler | None) -> list[str]:
+    s = n.summary
+    head = f"node {n.instance}  {_label(s.verdict, s.cause)}  {len(n.gpus)} GPU(s)"
+    head += f"  duty {_pct(s.duty_cycle)}"
+    if s.effective_gpus is not None:
+        head += f"  effective GPUs {s.effective_gpus:.1f}"
+    head += f"  lost GPU-s {n.lost_gpu_seconds:.1f}"
+    if strag is not None and strag.instance == n.instance and strag.gpu is None:
+        head += "  ← the straggler"
+    out = [head]
+    runs = {g.gpu: g for g in s.gpus}
+    for g in n.gpus:
+        r = g.readings
+        run = runs.get(r.gpu)
+        label = _label(run.verdict, run.cause) if run else "unknown"
+        duty = run.duty_cycle if run else None
+        line = f"  GPU {r.gpu}  {r.uuid}  {label}  duty {_pct(duty)}"
+        line += f"  lost GPU-s {g.lost_gpu_seconds:.1f}"
+        if strag is not None and strag.gpu == r.gpu and strag.instance == r.instance:
+            line += "  ← the straggler"
+        out.append(line)
+        out.append(f"         {_spent(dict(g.facts.tally.seconds))}")
+        ev = _evidence_line(_gpu_evidence(g))
+        if ev:
+            out.append(f"         {ev}")
+    return out
+
+
+def _gpu_evidence(g: GpuJudged) -> dict:
+    ev = dict(g.readings.evidence)
+    if g.facts.covered_s > 0:
+        ev["duty_cycle"] = g.facts.busy_s / g.facts.covered_s
+    return ev
+
+
+# --- JSON ----------------------------------------------------------------------------------
+
+
+def _straggler_json(s: Straggler | None) -> dict | None:
+    if s is None:
+        return None
+    return {
+        "kind": s.kind,
+        "instance": s.instance,
+        "gpu": s.gpu,
+        "skew": s.skew,
+        "peers_wait_share": s.peers_wait,
+        "own_wait_share": s.own_wait,
+        "state": s.state.value,
+        "cause": s.cause.value if s.cause is not None else None,
+        "note": straggler_note(s),
+    }
+
+
+def _summary_json(s: RunSummary) -> dict:
+    return {
+        "verdict": s.verdict.value,
+        "cause": s.cause.value if s.cause is not None else None,
+        "reason": s.reason.value if s.reason is not None else None,
+        "seconds": _seconds_json(s.seconds),
+        "duty_cycle": None if s.duty_cycle is None else round(s.duty_cycle, 4),
+        "effective_gpus": s.effective_gpus,
+        "lost_gpu_seconds": round(s.lost_gpu_seconds, 1),
+        "speedup_if_fed": s.speedup_if_fed,
+        "work_duty_cycle": s.work_duty_cycle,
+        "advice": list(s.advice),
+        "notes": list(s.notes),
+    }
+
+
+def _gpu_json(g: GpuJudged, s: RunSummary) -> dict:
+    run = next((x for x in s.gpus if x.gpu == g.readings.gpu), None)
+    return {
+        "gpu": g.readings.gpu,
+        "uuid": g.readings.uuid,
+        "verdict": run.verdict.value if run else State.UNKNOWN.value,
+        "cause": run.cause.value if run and run.cause else None,
+        "duty_cycle": None if run is None or run.duty_cycle is None else round(run.duty_cycle, 4),
+        "seconds": _seconds_json(dict(g.facts.tally.seconds)),
+        "lost_gpu_seconds": g.lost_gpu_seconds,
+        "samples": g.readings.samples,
+        "evidence": _gpu_evidence(g),
+        "advice": list(g.advice),
+    }
+
+
+def to_json(f: Fetched, j: JobJudged, url: str, cost: Mapping[str, int]) -> dict:
+    """The one object of `gpumon report --json`."""
+    s = j.summary
+    nodes = []
+    for n in j.nodes:
+        d = {"instance": n.instance, **_summary_json(n.summary)}
+        d["straggler"] = j.straggler is not None and j.straggler.instance == n.instance
+        d["gpus"] = [_gpu_json(g, n.summary) for g in n.gpus]
+        nodes.append(d)
+    sel = {
+        k: v
+        for k, v in (
+            ("hpc_job", f.selector.hpc_job),
+            ("namespace", f.selector.namespace),
+            ("pod", f.selector.pod),
+        )
+        if v is not None
+    }
+    return {
+        "job": f.selector.ident(),
+        "selector": sel,
+        "prometheus": url,
+        "since": f.since,
+        "until": f.until,
+        "start": f.start,
+        "end": f.end,
+        "duration_s": round(f.end - f.start, 3),
+        "step_s": f.step_s,
+        **_summary_json(s),
+        "gpu_count": sum(len(n.gpus) for n in j.nodes),
+        "straggler": _straggler_json(j.straggler),
+        "problem_nodes": list(j.problem_nodes),
+        "nodes": nodes,
+        "missing": [
+            {"instance": g.instance, "start": g.start, "end": g.end, "why": g.why} for g in f.gaps
+        ],
+        "restarted": list(f.restarted),
+        "sources": {"utilization_by_state": f.util_source, **cost},
+    }
