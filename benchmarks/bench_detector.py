@@ -207,7 +207,8 @@ def pct(vals: list[float], q: float) -> float:
 
 def speed_line(minutes: float = 20.0) -> None:
     """Throughput at analyze's design load: 8 GPUs x 6 driver samples/s, CPU time."""
-    from gpumon.faces.analyze.report import OFFLINE_CONFIG, analyze_snapshots
+    from gpumon.faces.analyze.report import analyze_snapshots
+    from gpumon.session import OFFLINE_CONFIG
 
     tr = generate("healthy_then_starved", 99, gpus=8, period_s=1 / 6, duration_s=minutes * 60)
     n = sum(len(g.util_samples) for s in tr.snapshots for g in s.gpus)

@@ -199,3 +199,40 @@ def test_a_real_recording_is_preferred_over_the_synthetic_one(
     assert demo.bundled_trace() == demo.SYNTHETIC  # not a checkout: no pyproject.toml
     (tmp_path / "pyproject.toml").write_text("")
     assert demo.bundled_trace() == real / "b-lab.jsonl"
+
+
+def test_analyze_and_the_demo_at_any_interval_give_one_verdict(tmp_path: Path) -> None:
+    """The same samples give the same verdict through every face and at every view
+    interval: the demo replays each recorded tick into the detector on its own."""
+    from gpumon.faces.demo.command import SYNTHETIC
+
+    analyzed = subprocess.run(
+        [sys.executable, "-m", "gpumon", "analyze", "--json", str(SYNTHETIC)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
+    assert analyzed.returncode == 0, analyzed.stderr
+    want = json.loads(analyzed.stdout)
+    procs = {}
+    for interval in ("1", "0.25"):
+        out = tmp_path / f"summary-{interval}.json"
+        procs[interval] = (
+            _start(
+                "--no-serve",
+                "--plain",
+                "--speed",
+                "60",
+                "--interval",
+                interval,
+                "--summary-json",
+                str(out),
+            ),
+            out,
+        )
+    for interval, (proc, out) in procs.items():
+        _, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err
+        got = json.loads(out.read_text())
+        assert (got["verdict"], got["cause"]) == (want["verdict"], want["cause"]), interval

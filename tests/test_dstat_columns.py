@@ -16,7 +16,8 @@ from gpumon.errors import NoDriverError
 from gpumon.faces.dstat import columns as dc
 from gpumon.faces.dstat.columns import GpuCell, GpuColumns, PluginLoadError, aggregate
 from gpumon.model import Episode, GpuIdentity, GpuSample, Reason, State, UtilPoint, Verdict
-from gpumon.monitor import Monitor
+from gpumon.sample.monitor import Monitor
+from gpumon.session import Session
 
 REPO = Path(__file__).resolve().parent.parent
 GiB = 1 << 30
@@ -77,7 +78,7 @@ def columns(
     warnings: list[str] = []
     det = detector or StubDetector()
     c = GpuColumns(
-        lambda: Monitor(StubSampler(n, ticks), detector=det),  # type: ignore[arg-type]
+        lambda: Session(monitor=Monitor(StubSampler(n, ticks)), detector=det),  # type: ignore[arg-type]
         warn=warnings.append,
     )
     c.start(1.0)
@@ -182,12 +183,12 @@ def test_a_failing_detector_leaves_the_numbers() -> None:
 
 
 def test_start_turns_no_driver_and_no_gpu_into_one_reason() -> None:
-    def no_driver() -> Monitor:
+    def no_driver() -> Session:
         raise NoDriverError("cannot read GPUs: no NVIDIA driver found.")
 
     with pytest.raises(PluginLoadError, match=r"^cannot read GPUs: no NVIDIA driver found$"):
         GpuColumns(no_driver).start()
-    empty = GpuColumns(lambda: Monitor(StubSampler(0, []), detector=None))  # type: ignore[arg-type]
+    empty = GpuColumns(lambda: Session(monitor=Monitor(StubSampler(0, [])), judge=False))  # type: ignore[arg-type]
     with pytest.raises(PluginLoadError, match="reports no GPU"):
         empty.start()
 
@@ -232,7 +233,9 @@ def host(**op: Any) -> dict[str, Any]:
 
 def plugin(n: int, ticks: list[list[GpuSample]], g: dict[str, Any], det: StubDetector) -> Any:
     cls = dc.plugin_class(Base, g, "dstat")
-    cols = GpuColumns(lambda: Monitor(StubSampler(n, ticks), detector=det), warn=lambda m: None)  # type: ignore[arg-type]
+    cols = GpuColumns(
+        lambda: Session(monitor=Monitor(StubSampler(n, ticks)), detector=det), warn=lambda m: None
+    )  # type: ignore[arg-type]
     p = cls(cols)
     p.check()
     p.prepare()
@@ -299,7 +302,9 @@ def test_check_repairs_dstat_csv_writer_once() -> None:
 def test_dool_host_is_not_given_types() -> None:
     g = host()
     cls = dc.plugin_class(Base, g, "dool")
-    cols = GpuColumns(lambda: Monitor(StubSampler(1, []), detector=None), warn=lambda m: None)  # type: ignore[arg-type]
+    cols = GpuColumns(
+        lambda: Session(monitor=Monitor(StubSampler(1, [])), judge=False), warn=lambda m: None
+    )  # type: ignore[arg-type]
     cls(cols).check()
     assert "types" not in g
     assert cls.__name__ == "dool_plugin"
@@ -336,23 +341,21 @@ def test_plugin_file_builds_its_class_from_the_host_globals(name: str, kind: str
 def test_words_followed_through_updates_match_the_full_verdict(scenario: str) -> None:
     """The columns follow the detector's opened/closed episodes instead of building a
     verdict every tick: tick by tick, the words are those the verdict would give."""
-    from gpumon.detect import Detector
     from gpumon.lab.synth import generate
-    from gpumon.monitor import Tick
+    from gpumon.session import Tick
 
     trace = generate(scenario, seed=1, duration_s=200.0)
-    det = Detector(gpus=trace.header.gpus)
     snapshots = iter(trace.snapshots)
 
-    class TraceMonitor:
-        nvml = SimpleNamespace(gpus=trace.header.gpus)
-        detector = det
-
+    class TraceSession(Session):
         def tick(self) -> Tick:
             snap = next(snapshots)
-            return Tick(snapshot=snap, update=det.update(snap))
+            return Tick(snap, self.feed(snap))
 
-    c = GpuColumns(lambda: TraceMonitor(), warn=pytest.fail)  # type: ignore[arg-type, return-value]
+    session = TraceSession(header=trace.header)
+    det = session.detector
+    assert det is not None
+    c = GpuColumns(lambda: session, warn=pytest.fail)
     c.start(1.0)
     seen: set[str] = set()
     for _ in trace.snapshots:

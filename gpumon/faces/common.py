@@ -1,4 +1,4 @@
-"""Pieces several faces share: argument types and building a Monitor from options."""
+"""Pieces several faces share: argument types and writing a tick to a trace."""
 
 from __future__ import annotations
 
@@ -6,7 +6,6 @@ import argparse
 from typing import TYPE_CHECKING
 
 from gpumon.errors import GpumonError
-from gpumon.monitor import Monitor
 
 if TYPE_CHECKING:
     from gpumon.model import Snapshot
@@ -21,35 +20,6 @@ def positive_float(text: str) -> float:
     if not value > 0:
         raise argparse.ArgumentTypeError(f"must be greater than 0: {text!r}")
     return value
-
-
-def build_monitor(
-    *,
-    pid: int | None = None,
-    interval_s: float | None = None,
-    detector: object | None = None,
-    tree_gpus_only: bool = False,
-    command: tuple[str, ...] | None = None,
-) -> Monitor:
-    """NVML + host (+ the tree of ``pid``): the samplers every live face uses.
-
-    The process tree is opened first so a wrong pid is reported before NVML starts.
-    """
-    from gpumon.sample.host import HostSampler, ProcessTreeSampler
-    from gpumon.sample.nvml import NvmlSampler
-
-    tree = None if pid is None else ProcessTreeSampler(pid)
-    if command is None and tree is not None:
-        command = tree.cmdline()
-    return Monitor(
-        NvmlSampler(),
-        HostSampler(),
-        tree,
-        detector,  # type: ignore[arg-type]
-        tree_gpus_only=tree_gpus_only,
-        interval_s=interval_s,
-        command=command,
-    )
 
 
 def write_tick(writer: TraceWriter, snapshot: Snapshot, path: str) -> None:

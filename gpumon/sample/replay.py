@@ -175,6 +175,11 @@ class Replay:
 
     def advance(self) -> Snapshot:
         """Consume every trace tick due by now and merge them into one re-based snapshot."""
+        return self.advance_each()[1]
+
+    def advance_each(self) -> tuple[list[Snapshot], Snapshot]:
+        """Every trace tick due by now, re-based, one by one (to judge each as it was
+        recorded, whatever the interval a face ticks at) and merged (to show)."""
         with self._lock:
             now = self.now()
             # The run "exits" on the tick after its last recorded one, as a live one would.
@@ -186,7 +191,7 @@ class Replay:
             self.ticks_replayed += len(due)
             self.current = self._merge(due, now)
             self.frame += 1
-            return self.current
+            return due, self.current
 
     def _shift(self, snap: Snapshot) -> Snapshot:
         dt = self.offset_s
@@ -224,6 +229,8 @@ class Replay:
         tree = self._last_tree
         if tree is not None:
             tree = replace(tree, t_s=t_s, root_alive=tree.root_alive and not self.finished)
+        else:  # a trace recorded without a tree: its root still 'exits' when it ends
+            tree = ProcTreeSample(t_s=t_s, root_pid=self.root_pid, root_alive=not self.finished)
         return Snapshot(t_s=t_s, gpus=tuple(gpus), host=host, tree=tree)
 
     def _frame_for(self, seen: int) -> Snapshot:

@@ -14,8 +14,9 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from gpumon.detect import Detector, DetectorConfig, RunSummary, speedup_sentence
+from gpumon.detect import DetectorConfig, RunSummary, speedup_sentence
 from gpumon.model import Cause, Episode, Snapshot, State, TraceHeader, Verdict
+from gpumon.session import Session
 
 BLOCKS = " ▁▂▃▄▅▆▇█"
 STATE_CHAR = {
@@ -26,7 +27,6 @@ STATE_CHAR = {
     State.UNKNOWN: "?",
 }
 _STATES = tuple(State)
-OFFLINE_CONFIG = DetectorConfig(calm_factor=3.0)
 MAX_EPISODES = 400  # per GPU; older ones are dropped (and counted) beyond this
 
 
@@ -221,7 +221,7 @@ def analyze_snapshots(
     offline, episodes are backdated to their onset, so detection latency costs nothing
     and a day-long trace analyses several times faster.
     """
-    det = Detector(config or OFFLINE_CONFIG, header.gpus)
+    det = Session.offline(header, config)
     gpus: dict[int, GpuSummary] = {}
     run_eps: deque[Episode] = deque(maxlen=MAX_EPISODES)
     start = end = None
@@ -262,7 +262,7 @@ def analyze_snapshots(
             edge = min(edge, s.timeline.next_edge(t))
         return edge
 
-    update = det.update
+    update = det.feed
     flush_at = -math.inf
     bad_tick = None
     for snap in snapshots:

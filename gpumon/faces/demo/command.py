@@ -19,7 +19,6 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,8 +26,9 @@ from typing import Any
 from gpumon.errors import GpumonError
 from gpumon.faces.common import positive_float
 from gpumon.model import Snapshot, TraceHeader
-from gpumon.monitor import Monitor, Tick, paced
+from gpumon.monitor import Monitor, paced
 from gpumon.sample.replay import Replay
+from gpumon.session import Session, Tick
 from gpumon.traces.jsonl import TraceReader
 
 DATA = Path(__file__).resolve().parents[2] / "data"
@@ -235,21 +235,19 @@ class DemoServer:
 # --- the watch side ----------------------------------------------------------------------------
 
 
-class NarratedMonitor(Monitor):
-    """The replay's Monitor; in plain-line mode it also says when the recorded run enters
+class NarratedSession(Session):
+    """The replay's session; in plain-line mode it also says when the recorded run enters
     a labelled phase (the trace's ``phase`` events), so the reader can compare what
     happened with what gpumon says.  Printed from the tick, before the face's own line."""
 
-    def __init__(self, *args: Any, phases: list[tuple[float, str]], out: Any, **kw: Any) -> None:
-        super().__init__(*args, **kw)
-        self._phases = sorted(phases)
-        self._out = out
+    phases: list[tuple[float, str]]
+    out: Any
 
     def tick(self) -> Tick:
         tick = super().tick()
-        while self._phases and self._phases[0][0] <= tick.snapshot.t_s:
-            _, text = self._phases.pop(0)
-            print(f"gpumon demo: -- {text} --", file=self._out, flush=True)
+        while self.phases and self.phases[0][0] <= tick.snapshot.t_s:
+            _, text = self.phases.pop(0)
+            print(f"gpumon demo: -- {text} --", file=self.out, flush=True)
         return tick
 
 
@@ -264,36 +262,6 @@ def phase_notes(trace: LoadedTrace, live_start_s: float) -> list[tuple[float, st
         cause = f" (cause: {ev['cause']})" if ev.get("cause") else ""
         notes.append((live_start_s + (t - t0), f"the run enters its {phase} phase{cause}"))
     return notes
-
-
-def replay_monitor_factory(monitor: Monitor, *, has_tree: bool = True) -> Callable[..., Monitor]:
-    """What the watch face calls instead of ``build_monitor``: the replay's Monitor.
-
-    A trace recorded without a process tree (``gpumon record`` without ``--pid``) cannot
-    tie GPUs to a run: then every GPU is shown rather than none.
-    """
-
-    def factory(**kw: Any) -> Monitor:
-        monitor.interval_s = kw.get("interval_s", monitor.interval_s)
-        monitor.tree_gpus_only = bool(kw.get("tree_gpus_only", False)) and has_tree
-        return monitor
-
-    return factory
-
-
-def watch_args(
-    watch: Any, pid: int, interval: float, plain: bool, summary_json: str | None
-) -> argparse.Namespace:
-    """The watch face's own parser fills every option it has (defaults included)."""
-    parser = argparse.ArgumentParser(prog="gpumon")
-    sub = parser.add_subparsers(dest="command_name")
-    watch.register(sub)
-    argv = ["watch", "--pid", str(pid), "--interval", repr(interval)]
-    if plain:
-        argv.append("--plain")
-    if summary_json:
-        argv += ["--summary-json", summary_json]
-    return parser.parse_args(argv)
 
 
 # --- the face ----------------------------------------------------------------------------------
@@ -352,33 +320,33 @@ def run(args: argparse.Namespace) -> int:
     if server is not None:
         server.start()
 
-    replay = Replay(trace.snapshots, header=trace.header, speed=speed, live_start_s=live_start)
-    nvml, host, tree = replay.samplers()
     command = (f"[{kind} replayed at {speed:g}x]", *(trace.header.command or ("a run",)))
-    notes = [] if tui else phase_notes(trace, live_start)
-    monitor = NarratedMonitor(
-        nvml,
-        host,
-        tree,
-        command=command,  # type: ignore[arg-type]
-        phases=notes,
-        out=out,
+    session = NarratedSession.replay(
+        trace.header,
+        trace.snapshots,
+        speed=speed,
+        live_start_s=live_start,
+        interval_s=interval,
+        command=command,
     )
+    session.phases = sorted([] if tui else phase_notes(trace, live_start))
+    session.out = out
     status = 0
     reason = "demo finished"
     try:
-        has_tree = any(snap.tree is not None for snap in trace.snapshots)
-        from gpumon.faces import watch
+        from gpumon.faces.watch import WatchOptions, watch
 
-        wargs = watch_args(watch, tree.root_pid, interval, not tui, args.summary_json)
-        factory = replay_monitor_factory(monitor, has_tree=has_tree)
-        status = watch.run(wargs, monitor_factory=factory)
-        if not replay.finished:
+        options = WatchOptions(
+            pid=session.root_pid, interval=interval, plain=not tui, summary_json=args.summary_json
+        )
+        # The watch face asks for a session as it would for a live one: it gets the replay.
+        status = watch(options, session_factory=lambda **kw: session)
+        if not session.replay_finished:
             reason = "demo stopped"
     finally:
         if server is not None:
             server.close(reason)
-    played = min(trace.span_s, replay.played_s)
+    played = min(trace.span_s, session.replay_played_s)
     print(
         f"\ngpumon demo: replayed {fmt_span(played)} of the {kind} in "
         f"{fmt_span(time.monotonic() - live_start)} (wall time above is the replay's).",

@@ -5,9 +5,9 @@ plugin files (``dstat_plugins/dstat_gpu.py``, ``dool_gpu.py``) only put gpumon o
 ``sys.path`` and call :func:`plugin_class` with the host's base class and globals, so all
 the logic lives here, importable and testable without dstat.
 
-Per tick, the plugin asks a :class:`~gpumon.monitor.Monitor` (NVML sampler + detector) for
-a snapshot.  Utilisation is the mean of the driver's buffered samples since the previous
-definitive tick, so nothing between dstat's ticks is lost; the state is that of the
+Per tick, the plugin asks a :class:`~gpumon.session.Session` (NVML, no host, and the
+detector) for a snapshot.  Utilisation is the mean of the driver's buffered samples since
+the previous definitive tick, so nothing between dstat's ticks is lost; the state is that of the
 detector's open episode for each GPU (what its verdict would say, followed through its
 updates rather than built every tick), so the detector runs across ticks for the whole
 dstat session.  The driver's buffer (up to ~20 s before dstat started) is fed to the
@@ -30,8 +30,7 @@ from typing import TYPE_CHECKING, Any
 from gpumon.model import GpuSample, Reason, State
 
 if TYPE_CHECKING:
-    from gpumon.detect import Detector
-    from gpumon.monitor import Monitor
+    from gpumon.session import Session
 
 # The state words of the dstat column (5 characters at most: the column is 5 wide).
 WORDS: dict[State, str] = {
@@ -102,18 +101,18 @@ def aggregate(cells: Sequence[GpuCell]) -> GpuCell:
 class GpuColumns:
     """Samples every GPU per dstat tick and keeps the detector running across ticks.
 
-    ``monitor_factory`` builds the Monitor in :meth:`start` (tests pass stand-ins).
+    ``session_factory`` builds the session in :meth:`start` (tests pass stand-ins).
     """
 
     def __init__(
         self,
-        monitor_factory: Callable[[], Monitor] | None = None,
+        session_factory: Callable[[], Session] | None = None,
         *,
         warn: Callable[[str], None] | None = None,
     ) -> None:
-        self._factory = monitor_factory or default_monitor
+        self._factory = session_factory or default_session
         self._warn = warn or _stderr
-        self.monitor: Monitor | None = None
+        self.session: Session | None = None
         self.gpus: tuple[int, ...] = ()
         self.cells: tuple[GpuCell, ...] = ()
         # Utilisation points since the last definitive tick, per GPU index.
@@ -126,13 +125,12 @@ class GpuColumns:
         from gpumon.errors import GpumonError
 
         try:
-            self.monitor = self._factory()
+            self.session = self._factory()
         except GpumonError as exc:
             raise PluginLoadError(str(exc).rstrip(".")) from None
         except Exception as exc:  # an unexpected NVML or import failure: say what it was
             raise PluginLoadError(f"cannot read GPUs: {type(exc).__name__}: {exc}") from None
-        nvml = self.monitor.nvml
-        self.gpus = tuple(g.index for g in (nvml.gpus if nvml is not None else ()))
+        self.gpus = tuple(g.index for g in self.session.gpus)
         if not self.gpus:
             raise PluginLoadError("the NVIDIA driver reports no GPU on this machine")
         self._window_start = time.monotonic() - interval_s
@@ -148,8 +146,8 @@ class GpuColumns:
         return self.cells
 
     def _tick(self, final: bool) -> tuple[GpuCell, ...]:
-        assert self.monitor is not None, "start() first"
-        tick = self.monitor.tick()  # samples, then feeds the detector
+        assert self.session is not None, "start() first"
+        tick = self.session.tick()  # samples, then feeds the detector
         words = self._words()
         cells = []
         for g in tick.snapshot.gpus:
@@ -162,13 +160,12 @@ class GpuColumns:
     def _words(self) -> dict[int, str]:
         """Each GPU's word from the episode the detector has open for it (state and
         reason only: no full verdict, with evidence and advice, per tick)."""
-        detector = self.monitor.detector if self.monitor is not None else None
-        if detector is None:
+        if self.session is None:
             return {}
         try:
             return {
                 gpu: _word(ep.state, ep.reason)
-                for gpu, ep in detector.open_episodes().items()
+                for gpu, ep in self.session.open_episodes().items()
                 if gpu is not None  # the run's own episode: not a column
             }
         except Exception as exc:  # keep the numbers coming even if the detector breaks
@@ -200,19 +197,15 @@ class GpuColumns:
             self._warn(message)
 
 
-def default_monitor() -> Monitor:
+def default_session() -> Session:
     """NVML + detector, no host sampling: the dstat columns show only GPU facts.
 
-    ``start_s=-inf`` keeps the driver's buffered history on the first tick, so the
-    detector has a full window to judge from the start.
+    ``backlog`` keeps the driver's buffered history on the first tick, so the detector
+    has a full window to judge from the start.
     """
-    from gpumon.detect import Detector
-    from gpumon.monitor import Monitor
-    from gpumon.sample.nvml import NvmlSampler
+    from gpumon.session import Session
 
-    nvml = NvmlSampler(start_s=float("-inf"))
-    detector: Detector = Detector(gpus=nvml.gpus)
-    return Monitor(nvml, detector=detector)
+    return Session.live(host=False, backlog=True)
 
 
 def _stderr(message: str) -> None:

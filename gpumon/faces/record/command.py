@@ -12,9 +12,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from gpumon.faces.common import build_monitor, positive_float, write_tick
+from gpumon.faces.common import positive_float, write_tick
 from gpumon.faces.record.output import trace_writer
-from gpumon.monitor import StopFlag, paced
+from gpumon.loop import StopFlag, paced
+from gpumon.session import Session
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -49,13 +50,13 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    monitor = build_monitor(pid=args.pid, interval_s=args.interval)
+    session = Session.live(pid=args.pid, interval_s=args.interval, judge=False)
     stop = StopFlag().install()
     ticks = 0
     try:
-        with trace_writer(args.output, monitor.header(), force=args.force) as writer:
+        with trace_writer(args.output, session.header(), force=args.force) as writer:
             for _ in paced(args.interval, stop.event, duration_s=args.duration):
-                tick = monitor.tick()
+                tick = session.tick()
                 write_tick(writer, tick.snapshot, args.output)
                 ticks += 1
                 if args.pid is not None and not tick.snapshot.tree.root_alive:
@@ -63,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
                     break
             else:
                 # One last tick so the driver samples since the previous one are kept.
-                write_tick(writer, monitor.tick().snapshot, args.output)
+                write_tick(writer, session.tick().snapshot, args.output)
                 ticks += 1
     finally:
         stop.restore()

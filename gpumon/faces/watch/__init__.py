@@ -1,5 +1,5 @@
 """`gpumon watch`: one training run, live (command, full-screen view, plain lines, summary)."""
 
-from gpumon.faces.watch.command import register, run
+from gpumon.faces.watch.command import WatchOptions, register, run, watch
 
-__all__ = ["register", "run"]
+__all__ = ["WatchOptions", "register", "run", "watch"]

@@ -4,7 +4,7 @@
 starts the command, watches it and exits with its exit status.  Either way the whole
 process tree is followed (DataLoader workers come and go), the GPUs shown are those whose
 NVML process list holds a pid of the tree, and the detector decides the state: this face
-only samples through the ``Monitor`` and renders.
+only asks its ``Session`` for ticks and verdicts, and renders.
 
 On a terminal the view is full-screen (``q`` or Ctrl-C leaves it; in --pid mode the
 watched process is never touched); otherwise one plain line per interval is printed.
@@ -22,21 +22,21 @@ import threading
 import time
 from collections.abc import Callable
 from contextlib import ExitStack
-from dataclasses import replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from gpumon.errors import GpumonError, ProcessGoneError, UsageError
-from gpumon.faces.common import build_monitor, positive_float, write_tick
+from gpumon.faces.common import positive_float, write_tick
 from gpumon.faces.watch.child import Child
 from gpumon.faces.watch.keys import KeyReader, ViewControls
 from gpumon.faces.watch.layout import MIN_WIDTH
 from gpumon.faces.watch.summary import EXIT_FAIL_ON, GpuLine, Summary, parse_states
 from gpumon.faces.watch.view import LiveView, WatchState, plain_line
+from gpumon.loop import StopFlag, paced
 from gpumon.model import State, Verdict
-from gpumon.monitor import StopFlag, paced
+from gpumon.session import Session
 
 if TYPE_CHECKING:
-    from gpumon.monitor import Monitor
     from gpumon.traces.jsonl import TraceWriter
 
 
@@ -103,6 +103,39 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+@dataclass(frozen=True, slots=True)
+class WatchOptions:
+    """What a watch is asked to do: the command line's options, as the demo and tests
+    pass them without an argv."""
+
+    pid: int | None = None
+    command: tuple[str, ...] = ()
+    interval: float = 0.5
+    window: float | None = None
+    summary_json: str | None = None
+    fail_on: tuple[State, ...] | None = None
+    fail_threshold: float = 0.25
+    record: str | None = None
+    plain: bool = False
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> WatchOptions:
+        command = tuple(args.command or ())
+        if command and command[0] == "--":
+            command = command[1:]
+        return cls(
+            pid=args.pid,
+            command=command,
+            interval=args.interval,
+            window=args.window,
+            summary_json=args.summary_json,
+            fail_on=args.fail_on,
+            fail_threshold=args.fail_threshold,
+            record=args.record,
+            plain=args.plain,
+        )
+
+
 def _states(text: str) -> tuple[State, ...]:
     try:
         return parse_states(text)
@@ -125,16 +158,16 @@ class _Run:
 
     def __init__(
         self,
-        args: argparse.Namespace,
+        args: WatchOptions,
         command: tuple[str, ...],
-        monitor_factory: Callable[..., Monitor] = build_monitor,
+        session_factory: Callable[..., Session] = Session.live,
     ) -> None:
         self.args = args
-        self.monitor_factory = monitor_factory
+        self.session_factory = session_factory
         self.command = command or None
         self.tui = sys.stdout.isatty() and not args.plain and _wide_enough()
         self.child: Child | None = None
-        self.monitor: Monitor | None = None
+        self.session: Session | None = None
         self.verdict: Verdict | None = None
         self.ended = "exited"
         self.started_mono_s = time.monotonic()
@@ -147,38 +180,31 @@ class _Run:
     # --- setup -------------------------------------------------------------------------
 
     def start(self) -> None:
-        # The face only asks the detector; it decides nothing itself.
-        from gpumon.detect import Detector, DetectorConfig
-        from gpumon.sample.nvml import nvml_init
-
+        # The face only asks the session; it decides nothing itself.
         pid = self.args.pid
         if self.command is not None:
             # NVML first: without a driver, say so before the command has started.
-            nvml_init()
+            Session.check_driver()
             self.child = Child(self.command, capture=self.tui)
             pid = self.child.pid
         try:
-            monitor = self.monitor_factory(
+            session = self.session_factory(
                 pid=pid,
                 interval_s=self.args.interval,
                 tree_gpus_only=True,
                 command=self.command,
+                window_s=self.args.window,
             )
         except BaseException:
             if self.child is not None:
                 self.child.send(15)
                 self.child.wait()
             raise
-        assert monitor.nvml is not None
-        config = DetectorConfig()
-        if self.args.window is not None:
-            config = replace(config, window_s=self.args.window)
-        monitor.detector = Detector(config, gpus=monitor.nvml.gpus)
-        self.monitor = monitor
+        self.session = session
         self.state = WatchState(
-            pid=pid,
-            command=monitor.command,
-            identities=monitor.nvml.gpus,
+            pid=pid if pid is not None else session.root_pid,
+            command=session.command,
+            identities=session.gpus,
             started_mono_s=self.started_mono_s,
         )
         if self.child is not None and self.child.pump is not None:
@@ -187,15 +213,15 @@ class _Run:
     # --- the loop ------------------------------------------------------------------------
 
     def loop(self, stop: threading.Event, writer: TraceWriter | None, live: Any) -> None:
-        monitor = self.monitor
-        assert monitor is not None and monitor.tree is not None
+        session = self.session
+        assert session is not None
         for _ in paced(self.args.interval, stop):
-            tick = monitor.tick()
+            tick = session.tick()
             snap = tick.snapshot
             if writer is not None:
                 write_tick(writer, snap, self.args.record)
-            self.verdict = monitor.detector.verdict() if monitor.detector else None
-            self.state.feed(snap, self.verdict, monitor.invisible_gpu_pids)
+            self.verdict = session.verdict()
+            self.state.feed(snap, self.verdict, session.invisible_gpu_pids)
             if not self.view_open:
                 if not self.tui and not self.quiet:
                     self._print_line(plain_line(self.state))
@@ -237,15 +263,16 @@ class _Run:
     # --- the end -------------------------------------------------------------------------
 
     def summary(self, exit_status: int | None) -> Summary:
-        monitor = self.monitor
-        assert monitor is not None and monitor.detector is not None
-        det = monitor.detector
-        det.finish()
-        self.verdict = det.verdict()
-        run = det.summary()
+        session = self.session
+        assert session is not None
+        session.finish()
+        self.verdict = session.verdict()
+        run = session.summary()
+        assert run is not None
         notes: list[str] = []
-        used_gpu = bool(monitor.tree_gpu_uuids)
-        invisible = tuple(sorted(monitor.invisible_gpu_pids))
+        used = session.tree_gpu_uuids
+        used_gpu = bool(used)
+        invisible = tuple(sorted(session.invisible_gpu_pids))
         if not used_gpu:
             notes.append(
                 "the run never used a GPU: no process of its tree appeared in any GPU's "
@@ -259,11 +286,11 @@ class _Run:
                 )
         elif run.verdict is State.IDLE and run.startup_s > 0 and run.working_s == 0:
             notes.append("the run ended in start-up, before any sustained GPU work was seen")
-        names = {g.uuid: g.name for g in monitor.nvml.gpus}
+        names = {g.uuid: g.name for g in session.gpus}
         gpus = [
             GpuLine(g.gpu, g.uuid, names.get(g.uuid), g.duty_cycle, g.lost_s)
             for g in run.gpus
-            if g.uuid in monitor.tree_gpu_uuids
+            if g.uuid in used
         ]
         return Summary(
             pid=self.state.pid,
@@ -329,14 +356,15 @@ class _LogsToStatus(logging.Handler):
         self.logger.propagate = self._propagate
 
 
-def run(
-    args: argparse.Namespace, *, monitor_factory: Callable[..., Monitor] = build_monitor
-) -> int:
-    """Watch a run.  ``monitor_factory`` (``build_monitor``'s signature) is the seam the
-    demo uses to feed the same face from a replayed trace instead of NVML."""
-    command = tuple(args.command or ())
-    if command and command[0] == "--":
-        command = command[1:]
+def run(args: argparse.Namespace) -> int:
+    """`gpumon watch` from its command line."""
+    return watch(WatchOptions.from_args(args))
+
+
+def watch(args: WatchOptions, *, session_factory: Callable[..., Session] = Session.live) -> int:
+    """Watch a run; its exit status.  ``session_factory`` (``Session.live``'s signature)
+    is the seam the demo uses to feed the same face from a replayed trace."""
+    command = args.command
     if args.pid is not None and command:
         raise GpumonError("give either --pid PID or -- CMD, not both.")
     if args.pid is None and not command:
@@ -346,9 +374,9 @@ def run(
         )
     if args.pid is not None and args.pid <= 0:
         raise ProcessGoneError(f"no process with pid {args.pid} exists.")
-    r = _Run(args, command, monitor_factory)
+    r = _Run(args, command, session_factory)
     r.start()
-    assert r.monitor is not None
+    assert r.session is not None
     stop_flag = StopFlag()
     if r.child is not None:
         r.child.forward_signals()  # the command decides when Ctrl-C ends the run
@@ -422,15 +450,13 @@ def _silence_stdout() -> None:
 
 def _watch(r: _Run, stop_flag: StopFlag) -> None:
     """The loop with its trace file and live view around it, both closed however it ends."""
-    assert r.monitor is not None
+    assert r.session is not None
     writer = None
     if r.args.record:
-        from gpumon.traces.jsonl import TraceWriter
+        from gpumon.faces.record.output import trace_writer
 
-        try:
-            writer = TraceWriter.open(r.args.record, r.monitor.header())
-        except OSError as exc:
-            raise GpumonError(f"cannot write {r.args.record}: {exc.strerror or exc}.") from None
+        # Never over an existing trace; gzip for a .gz name (as `gpumon record` does).
+        writer = trace_writer(r.args.record, r.session.header())
     with ExitStack() as files:
         if writer is not None:
             files.enter_context(writer)

@@ -29,7 +29,8 @@ Behaviour = Callable[[float, int, random.Random], tuple[float, float]]
 
 def stamp(t: float) -> str:
     whole = int(t)
-    return time.strftime("%Y/%m/%d %H:%M:%S", time.gmtime(whole)) + f".{round((t - whole) * 1000):03d}"
+    ms = round((t - whole) * 1000)
+    return time.strftime("%Y/%m/%d %H:%M:%S", time.gmtime(whole)) + f".{ms:03d}"
 
 
 def nvsmi_csv(
@@ -77,7 +78,10 @@ def square(period: float, duty: float, phase: float = 0.0, busy=(96, 100), idle=
     def busy_share(t: float, dt: float) -> float:
         # share of [t - dt, t) spent busy, sampled finely
         n = 20
-        return sum(((t - dt + (k + 0.5) * dt / n + phase) % period) < duty * period for k in range(n)) / n
+        inside = [
+            ((t - dt + (k + 0.5) * dt / n + phase) % period) < duty * period for k in range(n)
+        ]
+        return sum(inside) / n
 
     return busy_share
 
@@ -87,13 +91,31 @@ def main(out: Path) -> None:
     OUT = out
     out.mkdir(parents=True, exist_ok=True)
     # 7a. A short log of a GPU at ~66 % duty dipping to ~30 % (data loading in the main process).
-    nvsmi_csv("short_main_process_loading.csv", 1, 9.5, 1.0,
-              series([68, 64, 31, 70, 66, 29, 67, 65, 33, 69]), seed=1,
-              mem_used=9000, mem_total=16384, limit=250, gpu_name="Tesla V100-SXM2-16GB")
+    nvsmi_csv(
+        "short_main_process_loading.csv",
+        1,
+        9.5,
+        1.0,
+        series([68, 64, 31, 70, 66, 29, 67, 65, 33, 69]),
+        seed=1,
+        mem_used=9000,
+        mem_total=16384,
+        limit=250,
+        gpu_name="Tesla V100-SXM2-16GB",
+    )
     # 7b. A short log of a V100 alternating between bursts and idle.
-    nvsmi_csv("short_bursty_v100.csv", 1, 9.5, 1.0,
-              series([0, 31, 0, 95, 0, 24, 0, 94, 0, 0]), seed=2,
-              mem_used=12000, mem_total=16384, limit=300, gpu_name="Tesla V100-SXM2-16GB")
+    nvsmi_csv(
+        "short_bursty_v100.csv",
+        1,
+        9.5,
+        1.0,
+        series([0, 31, 0, 95, 0, 24, 0, 94, 0, 0]),
+        seed=2,
+        mem_used=12000,
+        mem_total=16384,
+        limit=300,
+        gpu_name="Tesla V100-SXM2-16GB",
+    )
 
     # 8. 8 GPUs; every ~90 s rank 0 writes a checkpoint for ~20 s at 0 % while the other seven
     #    spin in NCCL at ~100 % and ~150 W (~550 W when they compute).
@@ -115,8 +137,18 @@ def main(out: Path) -> None:
         u = s * rng.uniform(95, 100)
         return u, 70 + 330 * s + rng.uniform(-5, 5)
 
-    nvsmi_csv("epoch_loader_restart.csv", 1, 300, 1.0, loader, seed=4, limit=450,
-              gpu_name="NVIDIA A100-SXM4-40GB", mem_total=40960, mem_used=21000)
+    nvsmi_csv(
+        "epoch_loader_restart.csv",
+        1,
+        300,
+        1.0,
+        loader,
+        seed=4,
+        limit=450,
+        gpu_name="NVIDIA A100-SXM4-40GB",
+        mem_total=40960,
+        mem_used=21000,
+    )
 
     # 9b. Long-period starvation: 120 s period, duty 0.85.
     slow = square(120.0, 0.85, phase=17.0)
@@ -136,8 +168,18 @@ def main(out: Path) -> None:
             return 100 * s + rng.uniform(-3, 3), 120 + 250 * s
         return rng.uniform(96, 100), rng.uniform(180, 230)
 
-    nvsmi_csv("straggler_4gpu.csv", 4, 240, 1.0, straggler, seed=6, limit=400,
-              gpu_name="NVIDIA RTX A6000", mem_total=49140, mem_used=30000)
+    nvsmi_csv(
+        "straggler_4gpu.csv",
+        4,
+        240,
+        1.0,
+        straggler,
+        seed=6,
+        limit=400,
+        gpu_name="NVIDIA RTX A6000",
+        mem_total=49140,
+        mem_used=30000,
+    )
 
     # Controls.
     def healthy(t: float, g: int, rng: random.Random) -> tuple[float, float]:
