@@ -138,6 +138,7 @@ def parse(text: str, path: str = "<http config>") -> HttpConfig:
     auths = [
         k for k in ("basic_auth", "authorization", "bearer_token", "bearer_token_file") if k in top
     ]
+    auths.sort(key=lambda k: top[k].start_mark.line)  # the later one is the error
     if len(auths) > 1:
         raise doc.error(top[auths[1]], auths[1], f"cannot be combined with {auths[0]}")
     header = None
