@@ -121,6 +121,7 @@ def run_one(
             ],
             env=env,
             stderr=subprocess.DEVNULL,
+            cwd=tmp,  # not a source tree: `-m gpumon` must find the one PYTHONPATH names
         )
         procs[name] = (proc, f"http://127.0.0.1:{port}/metrics")
     out: dict[str, dict[str, object]] = {}
@@ -136,8 +137,11 @@ def run_one(
         rss_trace = {n: [start[n][2]] for n in procs}  # one a minute: flat means bounded
         last: dict[str, bytes] = {}
         next_minute = t0 + 60
+        order = list(procs)
         while time.monotonic() - t0 < seconds:
-            for name, (proc, url) in procs.items():
+            order = order[1:] + order[:1]  # rotated: neither daemon always scraped first
+            for name in order:
+                proc, url = procs[name]
                 ms, last[name] = scrape(url)
                 scrapes[name].append(ms)
                 rss_max[name] = max(rss_max[name], rss_mb(proc.pid))
@@ -164,6 +168,9 @@ def run_one(
                 "seconds": t1 - t0,
                 "body_kb": len(body) / 1024.0,
                 "rss_trace": rss_trace[name],
+                "build": next(
+                    (ln for ln in body.decode().splitlines() if ln.startswith("gpumon_build")), ""
+                ),
             }
     finally:
         for proc, _ in procs.values():
@@ -253,6 +260,8 @@ def main() -> None:
         for name, r in row.items():
             trace = " ".join(f"{x:.1f}" for x in r["rss_trace"])  # type: ignore[attr-defined]
             print(f"RSS per minute, {name} at {r['interval_s']:g} s (MB): {trace}")
+    for name, r in rows[0].items():
+        print(f"{name} ran: {r['build']}")  # which code each daemon really was
     if "baseline" in sources:
         for row in rows:
             a, b = row["gpumon"], row["baseline"]
