@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 # Offline (and replayed), calm stretches are re-evaluated only every third second:
 # episodes are backdated to their onset, so detection latency costs nothing there and a
 # day-long trace analyses several times faster.
-OFFLINE_CONFIG = DetectorConfig(calm_factor=3.0)
+OFFLINE_CONFIG = DetectorConfig(calm_factor=5.0)
 
 
 @dataclass(frozen=True, slots=True)

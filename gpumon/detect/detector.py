@@ -344,7 +344,10 @@ class Detector:
             if start is not None:
                 switched.append(start)
         self._run_state(t, switched)
-        self._calm = 0 if (switched or self._pending) else self._calm + 1
+        # Calm: nothing pending, nothing changed, and every GPU past start-up (its end is
+        # not backdated, so it is looked for at the full rate).
+        starting = any(not tr.seen_work for tr in self._tracks.values())
+        self._calm = 0 if (switched or self._pending or starting) else self._calm + 1
 
     def _isolated(self, tr: GpuTrack, t: float, w: Window) -> bool:
         """A dip, not a pattern: the window's idle time sits in one gap (open or just

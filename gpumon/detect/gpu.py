@@ -98,6 +98,7 @@ class GpuTrack:
         self.mem_used_bytes: int | None = None
         self.mem_total_bytes = mem_total_bytes
         self.processes: int | None = None  # count; None = could not be read
+        self._held: bool | None = None
         self.lost = False  # NVML said GpuIsLost on the latest tick
         self.last_tick_t: float | None = None
         self.hist = History(cfg.ring_evals)
@@ -175,6 +176,7 @@ class GpuTrack:
         procs = g.processes
         self.processes = None if procs is None else len(procs)
         self.lost = g.lost
+        self._held = self._holding()
 
     def _looks_powered_down(self, p: float | None) -> bool:
         if p is None:
@@ -431,6 +433,10 @@ class GpuTrack:
         return self._gp_val
 
     def held(self) -> bool | None:
+        """Whether a process holds this GPU (as of the last tick folded in)."""
+        return self._held
+
+    def _holding(self) -> bool | None:
         """Whether a process holds this GPU: the process list, else memory in use."""
         if self.processes is not None and self.processes > 0:
             return True
