@@ -100,7 +100,6 @@ def load_config(args: argparse.Namespace) -> ServeConfig:
 def run(args: argparse.Namespace) -> int:
     from prometheus_client import disable_created_metrics
 
-    from gpumon.faces.common import build_monitor
     from gpumon.faces.serve.collector import make_registry
     from gpumon.faces.serve.daemon import ServeState
     from gpumon.faces.serve.http import ConnectionStats, MetricsServer, exposure_warning
@@ -111,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
     _log_to_stderr(args.log_level)
     cfg = load_config(args)
     disable_created_metrics()
-    monitor = build_monitor(interval_s=cfg.interval_s)  # NoDriverError -> exit 3
+    monitor = _live_monitor(cfg.interval_s)  # NoDriverError -> exit 3
     log = EventLog(None)
     state = ServeState(monitor, cfg, log)
     stats = ConnectionStats()
@@ -172,6 +171,16 @@ def run(args: argparse.Namespace) -> int:
         log.close()
     print(f"gpumon: stopped ({reason}) after {state.ticks_total} ticks.", file=sys.stderr)
     return 0
+
+
+def _live_monitor(interval_s: float) -> Any:
+    """NVML and the host, as faces.common.build_monitor built them before gpumon.session:
+    kept here only until the daemon's wiring moves into the session."""
+    from gpumon.monitor import Monitor
+    from gpumon.sample.host import HostSampler
+    from gpumon.sample.nvml import NvmlSampler
+
+    return Monitor(NvmlSampler(), HostSampler(), interval_s=interval_s)
 
 
 def _log_to_stderr(level: str) -> None:
