@@ -203,3 +203,26 @@ def test_merged_tallies_judge_as_the_sum_of_their_gpu_seconds() -> None:
     m = merge([a, b])
     assert m.seconds[State.STARVED] == T and m.seconds[State.HEALTHY] == T
     assert m.verdict() == run_verdict(m.seconds, m.starved_by_cause) == (State.STARVED, Cause.GIL)
+
+
+def test_busy_time_per_state_follows_the_gauges_not_the_backdated_counters() -> None:
+    """The counters give the first 10 s of work to healthy (backdated); the gauges still
+    said idle then, while the GPU was busy.  Mean utilisation per gauge state, times the
+    counters' seconds, keeps a healthy GPU at 1.0."""
+    r = GpuReadings(
+        "n2",
+        0,
+        "GPU-a",
+        {State.HEALTHY: 100.0, State.IDLE: 0.0},
+        util_by_state={State.HEALTHY: 0.9, State.IDLE: 0.1},
+        state_share={State.HEALTHY: 0.9, State.IDLE: 0.1},
+        duty=1.0,
+    )
+    j = judge_job([r])
+    assert j.summary.speedup_if_fed == 1.0 and j.summary.work_duty_cycle == 1.0
+    flat = judge_job([GpuReadings(**{**_fields(r), "state_share": None})])
+    assert flat.summary.work_duty_cycle == pytest.approx(0.9)  # what mixing them would say
+
+
+def _fields(r: GpuReadings) -> dict:
+    return {f: getattr(r, f) for f in GpuReadings.__slots__}

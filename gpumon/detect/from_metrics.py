@@ -40,7 +40,14 @@ class GpuReadings:
 
     Shares are of the scrapes in the window; ``util_by_state`` is the mean over the window
     of the utilisation counted only while the GPU was in that state (so the values sum to
-    the mean utilisation).  Absent readings are None or missing keys, never 0.
+    the mean utilisation), and ``state_share`` the share of scrapes in each state.  Absent
+    readings are None or missing keys, never 0.
+
+    ``seconds`` come from the detector's counters, whose episodes are backdated to their
+    onset; the gauges say the state as it was known at each scrape, seconds later.  So the
+    busy time in a state is the mean utilisation *while the gauges said that state* times
+    the counters' seconds in it: over a short job the detection delay would otherwise
+    count a healthy GPU's first seconds of work as start-up.
     """
 
     instance: str
@@ -51,6 +58,7 @@ class GpuReadings:
     straggler_share: float | None = None
     lost_share: float | None = None
     util_by_state: Mapping[State, float] | None = None
+    state_share: Mapping[State, float] | None = None
     duty: float | None = None
     samples: int = 0
     evidence: Mapping[str, object] = field(default_factory=dict)
@@ -62,12 +70,22 @@ class GpuReadings:
     def util_seconds(self) -> dict[State, float] | None:
         """Busy seconds per state (utilisation x time), or None without utilisation."""
         cov = self.covered_s
-        if self.util_by_state is not None:
-            return {s: max(0.0, self.util_by_state.get(s, 0.0)) * cov for s in State}
-        if self.duty is None:
-            return None
-        # No per-state split: spread the mean over the states, as a flat duty would.
-        return {s: self.duty * self.seconds.get(s, 0.0) for s in State}
+        by, share = self.util_by_state, self.state_share
+        if by is None:
+            if self.duty is None:
+                return None
+            # No per-state split: spread the mean over the states, as a flat duty would.
+            return {s: self.duty * self.seconds.get(s, 0.0) for s in State}
+        if share is None:
+            return {s: max(0.0, by.get(s, 0.0)) * cov for s in State}
+        out = {}
+        for s in State:
+            secs = self.seconds.get(s, 0.0)
+            if share.get(s, 0.0) > 0:
+                out[s] = min(1.0, max(0.0, by.get(s, 0.0) / share[s])) * secs
+            else:  # counted only by backdating: the mean utilisation stands for it
+                out[s] = (self.duty or 0.0) * secs
+        return out
 
     def straggler_s(self) -> float:
         """Its time as the straggler (within its sync stall time)."""

@@ -85,12 +85,19 @@ class PrometheusClient:
 
     def query(self, expr: str, at: float) -> list[Series]:
         """An instant query at ``at`` (Unix seconds)."""
-        return self._ask("query", {"query": expr, "time": _ts(at)})
+        return _series(self._ask("query", {"query": expr, "time": _ts(at)}, expr))
 
     def query_range(self, expr: str, start: float, end: float, step_s: float) -> list[Series]:
         """A range query, one point per ``step_s`` seconds."""
         params = {"query": expr, "start": _ts(start), "end": _ts(end), "step": f"{step_s:g}"}
-        return self._ask("query_range", params)
+        return _series(self._ask("query_range", params, expr))
+
+    def series(self, match: str, start: float, end: float) -> list[dict[str, str]]:
+        """The label sets of the series ``match`` selects in [start, end] (names included,
+        which every function of a query drops)."""
+        params = {"match[]": match, "start": _ts(start), "end": _ts(end)}
+        data = self._ask("series", params, match)
+        return [dict(x) for x in data if isinstance(x, dict)]
 
     # --- transport ------------------------------------------------------------------------------
 
@@ -106,7 +113,7 @@ class PrometheusClient:
             p.hostname, p.port, timeout=self._timeout, context=self._ctx
         )
 
-    def _ask(self, endpoint: str, params: dict[str, str]) -> list[Series]:
+    def _ask(self, endpoint: str, params: dict[str, str], expr: str) -> object:
         path = (self._parts.path.rstrip("/") or "") + f"/api/v1/{endpoint}"
         body = urllib.parse.urlencode(params).encode()
         headers = {
@@ -132,9 +139,9 @@ class PrometheusClient:
             conn.close()
         self.requests += 1
         self.bytes_received += len(data)
-        return self._parse(resp.status, data, params["query"])
+        return self._parse(resp.status, data, expr)
 
-    def _parse(self, status: int, data: bytes, expr: str) -> list[Series]:
+    def _parse(self, status: int, data: bytes, expr: str) -> object:
         if status in (401, 403):
             raise PrometheusAuthError(
                 f"Prometheus at {self.url} refused the credentials (HTTP {status}); give them "
@@ -156,18 +163,24 @@ class PrometheusClient:
                 f"{answer.get('errorType', 'error')}: {answer.get('error', '')}); the query was: "
                 f"{' '.join(expr.split())}"
             )
-        result = answer.get("data", {})
-        kind, rows = result.get("resultType"), result.get("result", [])
-        out = []
-        for row in rows:
-            if kind == "vector":
-                pts = (_point(row["value"]),)
-            elif kind == "matrix":
-                pts = tuple(_point(v) for v in row.get("values", ()))
-            else:
-                continue
-            out.append(Series(dict(row.get("metric", {})), pts))
-        return out
+        return answer.get("data")
+
+
+def _series(result: object) -> list[Series]:
+    """A query's answer (a vector or a matrix) as series."""
+    if not isinstance(result, dict):
+        return []
+    kind, rows = result.get("resultType"), result.get("result", [])
+    out = []
+    for row in rows:
+        if kind == "vector":
+            pts = (_point(row["value"]),)
+        elif kind == "matrix":
+            pts = tuple(_point(v) for v in row.get("values", ()))
+        else:
+            continue
+        out.append(Series(dict(row.get("metric", {})), pts))
+    return out
 
 
 def _point(v: list) -> tuple[float, float]:

@@ -204,12 +204,8 @@ class JobQueries:
     def _not_found(self, since: float, until: float) -> str:
         """Why no gpumon series name the job: elsewhere seen (dcgm-exporter, a Slurm
         exporter) on nodes that run no gpumon, or not at all."""
-        span = f"{max(1, round(until - since))}s"
-        expr = (
-            "count by (__name__, instance) (count_over_time("
-            f'{{{self.sel.matchers()},__name__!~"gpumon_.*"}}[{span}]))'
-        )
-        others = self.client.query(expr, until)
+        match = f'{{{self.sel.matchers()},__name__!~"gpumon_.*"}}'
+        others = self.client.series(match, since, until)
         what = self.sel.describe()
         if not others:
             return (
@@ -217,8 +213,8 @@ class JobQueries:
                 f"{_clock(since)} and {_clock(until)}: no such job in that range (widen it "
                 "with --last or --since)"
             )
-        insts = sorted({s.labels.get("instance", "?") for s in others})
-        names = sorted({s.labels.get("__name__", "?") for s in others})
+        insts = sorted({s.get("instance", "?") for s in others})
+        names = sorted({s.get("__name__", "?") for s in others})
         return (
             f"{what} ran on {', '.join(insts)} ({', '.join(names[:3])} name it) but no "
             "gpumon series does: gpumon serve does not run on its nodes, or cannot see the "
@@ -299,6 +295,7 @@ class JobQueries:
                 f"group_left () gpumon_gpu_utilization_ratio{{{n}}})[{window}:{step:g}s])",
                 "state",
             )
+        shares = per_gpu_label(f"avg_over_time(gpumon_gpu_state{{{n}}}{over})", "state")
         power = per_gpu(f"avg_over_time(gpumon_gpu_power_watts{{{n}}}{over})")
         peak = per_gpu(f"max_over_time(gpumon_gpu_power_watts{{{n}}}{over})")
         used = per_gpu(f"max_over_time(gpumon_gpu_memory_used_bytes{{{n}}}{over})")
@@ -352,6 +349,7 @@ class JobQueries:
                     straggler_share=strag.get(k),
                     lost_share=lost.get(k),
                     util_by_state=_enum_keys(by_state[k], State) if k in by_state else None,
+                    state_share=_enum_keys(shares[k], State) if k in shares else None,
                     duty=duty.get(k),
                     samples=int(count.get(k, 0)),
                     evidence=ev,
