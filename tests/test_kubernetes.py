@@ -25,6 +25,7 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 KUBE = REPO / "deploy" / "kubernetes"
 RULES = REPO / "deploy" / "prometheus" / "gpumon-rules.yml"
+REPORT_RULES = REPO / "deploy" / "prometheus" / "gpumon-report-rules.yml"
 DASHBOARD = REPO / "deploy" / "grafana" / "gpumon-dashboard.json"
 RULE_COPY = KUBE / "components" / "prometheus-operator" / "prometheusrule.yaml"
 DASHBOARD_COPY = KUBE / "components" / "grafana-dashboard" / "gpumon-dashboard.json"
@@ -35,12 +36,15 @@ KUBE_VERSIONS = ("1.29.0", None)
 
 
 def prometheus_rule_text() -> str:
-    """The PrometheusRule: the rules file as its spec, indented (block YAML nests as is)."""
-    rules = RULES.read_text()
+    """The PrometheusRule: the rules files as its spec, indented (block YAML nests as is);
+    the report rules' groups follow gpumon-rules.yml's under the same ``groups:``."""
+    report = REPORT_RULES.read_text().split("\ngroups:\n", 1)[1]
+    rules = RULES.read_text() + report
     body = "".join(("  " + ln if ln.strip() else ln) for ln in rules.splitlines(keepends=True))
     return (
-        "# GENERATED from deploy/prometheus/gpumon-rules.yml (python3 tests/test_kubernetes.py\n"
-        "# --write); edit that file, not this one.  tests/test_kubernetes.py checks they agree.\n"
+        "# GENERATED from deploy/prometheus/gpumon-rules.yml and gpumon-report-rules.yml (python3\n"
+        "# tests/test_kubernetes.py --write); edit those, not this.  tests/test_kubernetes.py\n"
+        "# checks they agree.\n"
         "apiVersion: monitoring.coreos.com/v1\n"
         "kind: PrometheusRule\n"
         "metadata:\n"
@@ -237,7 +241,8 @@ def test_kube_prometheus_stack_finds_monitor_rules_and_dashboard(
     assert mon["endpoints"][0]["honorLabels"] is True
     # The rule's spec is the rules file the promtool tests check, and promtool takes it.
     yaml = yaml_module()
-    assert objs["PrometheusRule"]["spec"] == yaml.safe_load(RULES.read_text())
+    groups = [g for f in (RULES, REPORT_RULES) for g in yaml.safe_load(f.read_text())["groups"]]
+    assert objs["PrometheusRule"]["spec"] == {"groups": groups}
     promtool = shutil.which("promtool")
     if promtool:
         spec = tmp_path / "rules.yml"

@@ -310,9 +310,13 @@ class JobQueries:
         }
 
         def quantile(metric: str, phi: float) -> dict[tuple[str, str, str, str], float]:
+            # The buckets' growth from the span's start to its end: two samples per bucket
+            # whatever the span (increase() would read every sample in it); a daemon started
+            # within the span counts from 0.
+            b = f"{metric}_bucket{{{n}}}"
+            grown = f"(clamp_min({b} - {b} offset {window}, 0) or {b})"
             return per_gpu(
-                f"histogram_quantile({phi}, sum by (job, instance, gpu, uuid, le) "
-                f"(increase({metric}_bucket{{{n}}}{over})))"
+                f"histogram_quantile({phi}, sum by (job, instance, gpu, uuid, le) ({grown}))"
             )
 
         gap50 = quantile("gpumon_gpu_idle_gap_seconds", 0.5)

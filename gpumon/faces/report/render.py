@@ -141,7 +141,7 @@ def _node_lines(n: NodeJudged, strag: Straggler | None) -> list[str]:
 def _gpu_evidence(g: GpuJudged) -> dict:
     ev = dict(g.readings.evidence)
     if g.facts.covered_s > 0:
-        ev["duty_cycle"] = g.facts.busy_s / g.facts.covered_s
+        ev["duty_cycle"] = round(g.facts.busy_s / g.facts.covered_s, 4)
     return ev
 
 
