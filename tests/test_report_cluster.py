@@ -351,6 +351,9 @@ def test_a_job_that_does_not_exist(cluster: Cluster) -> None:
     assert res.returncode == 4 and not res.stdout
     msg = one_sentence(res.stderr)
     assert "no series of job 9999" in msg and "no such job in that range" in msg
+    # A pod is looked for by its namespace and name labels, the same way.
+    res = cluster.report("--pod", "train/resnet-0", "--last", "10m")
+    assert res.returncode == 4 and "no series of pod train/resnet-0" in one_sentence(res.stderr)
 
 
 def test_a_job_whose_nodes_run_no_gpumon(cluster: Cluster) -> None:
