@@ -143,7 +143,7 @@ def _snaps(util, seconds: int) -> list:
     out = []
     for k in range(1, seconds + 1):
         pts = tuple(UtilPoint(k - 1 + (j + 1) / 6, util(k - 1 + (j + 0.5) / 6)) for j in range(6))
-        busy = util(k - 0.5) > 0 or k < 10
+        busy = any(u > 0 for _, u in pts) or k < 10  # the job's process, while it runs
         out.append(
             Snapshot(
                 float(k),

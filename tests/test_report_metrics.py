@@ -119,7 +119,8 @@ def test_one_starved_node_one_healthy_is_starved_and_names_the_node() -> None:
         "n1": State.STARVED,
         "n2": State.HEALTHY,
     }
-    assert s.effective_gpus == pytest.approx(0.3 * 100 / 110 * 2 + 100 / 110 * 2, abs=0.01)
+    # GPUs of work while working (100 s each; the 10 s of idle are no working time).
+    assert s.effective_gpus == pytest.approx(0.3 * 2 + 1.0 * 2, abs=0.01)
     assert s.lost_gpu_seconds == pytest.approx(2 * (70 + 10) + 2 * 10)
     # 260 busy of 400 working GPU-seconds: up to 1.5x faster, said as analyze says it.
     assert s.speedup_if_fed == pytest.approx(400 / 260, abs=0.01)

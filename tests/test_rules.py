@@ -181,15 +181,43 @@ def test_healthy_with_hysteresis_and_no_endless_borderline() -> None:
 
 
 def test_coarse_flat_low_duty_without_process_is_unknown_but_work_and_bursts_are_not() -> None:
-    flat = working(track(steady(12), 60, period=1.0, processes=None, mem_used=None))
+    flat = working(track(steady(7), 60, period=1.0, processes=None, mem_used=None))
     c = R.coarse_unjudgeable(context(flat))
     assert c is not None and (c.state, c.reason) == (State.UNKNOWN, Reason.COARSE_DATA)
     bursty = working(track(square(4.0, 0.5), 60, period=1.0, processes=None, mem_used=None))
     assert R.coarse_unjudgeable(context(bursty)) is None
-    held = working(track(steady(12), 60, period=1.0))
+    held = working(track(steady(7), 60, period=1.0))
     assert R.coarse_unjudgeable(context(held)) is None
-    working_flat = working(track(steady(45), 60, period=1.0, processes=None, mem_used=None))
+    working_flat = working(track(steady(13), 60, period=1.0, processes=None, mem_used=None))
     assert R.coarse_unjudgeable(context(working_flat)) is None
+
+
+def test_a_little_work_in_every_sample_from_a_holding_process_is_not_idle() -> None:
+    """4-7 % in every sample (an RL run waiting on its environment) under a process that
+    holds 10 GB: starved, not idle; the same from a GPU nobody holds is idleness."""
+    held = working(track(lambda t: 4.0 + (t % 4), 120, period=1.0))
+    assert R.idle(context(held)) is None
+    free = working(track(lambda t: 4.0 + (t % 4), 120, period=1.0, processes=(), mem_used=0))
+    c = R.no_run(context(free))
+    assert c is not None and (c.state, c.reason) == (State.IDLE, Reason.NO_PROCESS)
+
+
+def test_a_gpu_no_process_holds_has_no_run_to_starve() -> None:
+    """A desktop reading 8-60 % on a GPU whose run has left (65 MiB in use, no process
+    list): idle, not starved -- and one tick of a larger reading does not change that."""
+    tr = working(track(square(20.0, 0.5), 120, processes=None, mem_used=65 << 20))
+    c = R.no_run(context(tr))
+    assert c is not None and c.state is State.IDLE
+    assert R.no_run(context(working(track(square(20.0, 0.5), 120)))) is None  # held: a run
+
+
+def test_memory_below_any_cuda_context_means_nothing_holds_the_gpu() -> None:
+    """65 MiB in use and no process list: a display or another client, not a training run."""
+    tr = track(steady(30), 20, processes=None, mem_used=65 << 20)
+    assert tr.held() is False
+    assert track(steady(30), 20, processes=None, mem_used=2 << 30).held() is True
+    # A small model on an 80 GB card (1.5 GiB, under 5 %) is held all the same.
+    assert track(steady(30), 20, processes=None, mem_used=3 << 29).held() is True
 
 
 def test_what_is_left_is_starved_with_the_hosts_cause() -> None:

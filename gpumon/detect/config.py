@@ -93,6 +93,15 @@ class DetectorConfig:
     # Memory: a GPU with process memory above this share of the total is "held" even when
     # the process list is unknown (nvidia-smi CSV logs carry memory.used, not processes).
     held_mem_share: float = 0.05
+    held_mem_bytes: int = 1 << 30  # ... or this much (1 GiB: a small model on a big card)
+    # Less memory in use than any CUDA context takes (~250 MiB and up): no process holds
+    # the GPU, whatever else reads on it (a display, another client at idle power).
+    no_context_mem_bytes: int = 200 << 20
+    # A flat duty cycle below this with no sign of a process could be small work (or a
+    # display); at or above it a GPU is plainly working at a fraction of its capacity.
+    small_work_duty: float = 0.1
+    # Drawing at least this share of its power limit, a GPU is running something.
+    working_power_share: float = 0.35
     # Headroom above which a larger batch would likely fit.
     batch_headroom_ratio: float = 0.35
     # Start-up ends at the first sustained work; a GPU that has not worked after this long
@@ -121,6 +130,9 @@ class DetectorConfig:
     # A stream that ends before its work could be judged (a log of a few samples) is judged
     # at its end on all it shows, if it has at least this many samples of work.
     short_log_min_samples: int = 3
+    # ... unless memory in use grew by more than this factor since its first activity: a
+    # job still allocating is warming up (loading a model), not yet working.
+    warmup_mem_growth: float = 1.25
     # Ring sizes: bounded memory whatever the stream length.
     ring_events: int = 64  # recent bursts / gaps / cycles kept per GPU for quantiles
     ring_evals: int = 160  # per-eval history (>= window_max_s / eval_interval_s)

@@ -386,6 +386,7 @@ class Detector:
             and c.state is ep.state
             and c.cause == ep.cause
             and (c.reason is Reason.START_UP) == (ep.reason is Reason.START_UP)
+            and not (c.state is State.IDLE and c.reason is not None and c.reason != ep.reason)
         ):
             self._pending.pop(key, None)
             self._refresh_evidence(key, tr, t)
@@ -563,6 +564,9 @@ class Detector:
                 continue
             duty = min(1.0, max(0.0, (tr.cum_busy - base[1]) / cov))
             gaps, bursts = tr.cum_gaps - base[2], tr.cum_bursts - base[3]
+            mem0, mem = tr.first_active_mem, tr.mem_used_bytes
+            if mem0 is not None and mem is not None and mem > cfg.warmup_mem_growth * max(mem0, 1):
+                continue  # memory still filling up: the job is warming up, not yet working
             w = Window(cov, 1.0, duty, gaps + (0 if tr.run_busy else 1), bursts, None, 1.0)
             detail = f"judged at its end on {n} samples ({cov:.0f} s of work)"
             if duty < cfg.idle_duty:
@@ -582,6 +586,8 @@ class Detector:
             self._close(idx, start)
             self._pending.pop(idx, None)
             self._open(idx, tr.uuid, tr, c, start, t)
+            if c.state in _WORK:  # its work, for the speed-up if fed
+                tr.work_cov, tr.work_busy = cov, tr.cum_busy - base[1]
             switched.append(start)
         if switched:
             self._run_state(t, switched)

@@ -84,6 +84,7 @@ class GpuTrack:
         # (covered, busy, gaps, bursts) totals just before it: a short log's work is
         # judged from there on.
         self.first_active_totals: tuple[float, float, int, int] | None = None
+        self.first_active_mem: int | None = None  # memory in use when it began
         self._cp_key = -1
         self._cp_t = 0.0
         self._cp_val: float | None = None
@@ -99,6 +100,8 @@ class GpuTrack:
         self.mem_total_bytes = mem_total_bytes
         self.processes: int | None = None  # count; None = could not be read
         self._held: bool | None = None
+        self._held_raw: bool | None = None
+        self._held_ticks = 0
         self.lost = False  # NVML said GpuIsLost on the latest tick
         self.last_tick_t: float | None = None
         self.hist = History(cfg.ring_evals)
@@ -112,6 +115,7 @@ class GpuTrack:
         self.seen_work = False
         self.work_start_s: float | None = None  # start of the current stretch of work
         self.work_began_s: float | None = None  # the first work after start-up
+        self.work_start_mem: int | None = None  # memory in use when the work began
         self.resume_armed = False  # idle after work: the next burst restarts the window
         self.first_t: float | None = None
 
@@ -176,7 +180,15 @@ class GpuTrack:
         procs = g.processes
         self.processes = None if procs is None else len(procs)
         self.lost = g.lost
-        self._held = self._holding()
+        # Held or not as it has been for the last few ticks: memory that flickers (a
+        # desktop's apps on a GPU the run has left) does not flip it on each reading.
+        raw = self._holding()
+        if raw == self._held_raw:
+            self._held_ticks += 1
+        else:
+            self._held_raw, self._held_ticks = raw, 1
+        if self._held_ticks >= 3 or self.samples <= 3 or self._held is None:
+            self._held = raw
 
     def _looks_powered_down(self, p: float | None) -> bool:
         if p is None:
@@ -245,6 +257,7 @@ class GpuTrack:
                             self.cum_gaps,
                             self.cum_bursts,
                         )
+                        self.first_active_mem = self.mem_used_bytes
             elif was_act:
                 was_act = False
             if b is not run_busy:
@@ -441,15 +454,23 @@ class GpuTrack:
         if self.processes is not None and self.processes > 0:
             return True
         used, total = self.mem_used_bytes, self.mem_total_bytes
+        cfg = self.cfg
         if used is not None and total:
-            if used > self.cfg.held_mem_share * total:
+            if used > min(cfg.held_mem_share * total, cfg.held_mem_bytes):
                 return True
-            if self.processes == 0:
-                return False
-            return False if self.processes is not None else None
+            if self.processes == 0 or used < cfg.no_context_mem_bytes:
+                return False  # (less than any CUDA context takes: nothing holds it)
+            return None
         if self.processes == 0:
             return False
-        return None
+        # No process list and no memory reading (a W&B or dmon log): power well above
+        # idle says something runs on it.
+        return True if self.powered_up() else None
+
+    def powered_up(self) -> bool:
+        """Drawing well above idle power (a share of its limit): something runs on it."""
+        p, lim = self.power_watts, self.power_limit_watts
+        return p is not None and lim is not None and p >= self.cfg.working_power_share * lim
 
     def power_ref_watts(self, run_peak: float | None) -> float | None:
         """What this GPU draws when really computing: run peak, or a share of the limit."""

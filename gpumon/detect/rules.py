@@ -122,6 +122,7 @@ def enter_work(c: GpuContext) -> None:
             onset = tr.act_on
         tr.work_start_s = onset + (tr.period_s or 0.0)  # skip the first, partial sample
         tr.work_began_s = tr.work_start_s
+        tr.work_start_mem = tr.mem_used_bytes
         c.w = tr.window(t, max(cfg.eval_interval_s * 2, t - tr.work_start_s))
         c.duty = c.w.duty if c.w.duty is not None else d
         tr.reset_cycles()  # start-up blips are no pattern
@@ -152,13 +153,21 @@ def _young_s(c: GpuContext) -> float:
 
 
 def too_young(c: GpuContext) -> Candidate | None:
-    """Work that has just begun is not judged yet: the GPU stays as it was."""
+    """Work that has just begun is not judged yet, nor a job whose memory is still filling
+    up after its first work (it is loading, warming up): the GPU stays as it was."""
     tr = c.tr
+    if tr.work_start_s is None or tr.state is not State.IDLE:
+        return None
+    if c.t - tr.work_start_s < _young_s(c):
+        return c.keep()
+    mem0, mem = tr.work_start_mem, tr.mem_used_bytes
     if (
-        tr.work_start_s is not None
-        and tr.state is State.IDLE
-        and c.t - tr.work_start_s < _young_s(c)
+        mem0 is not None
+        and mem is not None
+        and mem > c.cfg.warmup_mem_growth * max(mem0, 1)
+        and c.t - tr.work_start_s < c.cfg.startup_max_s
     ):
+        tr.work_start_mem = mem  # judged from when it stops growing
         return c.keep()
     return None
 
@@ -183,7 +192,8 @@ def first_judgment(c: GpuContext) -> Candidate | None:
         and wy.duty >= cfg.healthy_duty
         and (wy.gaps == 0 or c.period_s >= cfg.coarse_period_s)
     ):
-        return Candidate(State.HEALTHY, None, None, None, c.t, young)
+        # Healthy since the work began: a stream that opens busy has no start-up to show.
+        return Candidate(State.HEALTHY, None, None, None, c.t, max(young, c.t - tr.work_start_s))
     return None
 
 
@@ -212,6 +222,8 @@ def idle(c: GpuContext) -> Candidate | None:
             d = wg.duty
     if d >= cfg.idle_duty:
         return None
+    if c.held is True and c.w.active >= 0.5 and tr.open_gap_s() < long_gap:
+        return None  # a little work in most samples, from a process that holds the GPU
     if (
         c.held is not False
         and tr.state in (State.HEALTHY, State.SYNC_STALL)
@@ -225,6 +237,15 @@ def idle(c: GpuContext) -> Candidate | None:
         Reason.NO_PROCESS if c.held is False else Reason.MEMORY_HELD if c.held else Reason.NO_WORK
     )
     return Candidate(State.IDLE, None, reason, None, t, gap)
+
+
+def no_run(c: GpuContext) -> Candidate | None:
+    """A GPU no process holds (none listed, or less memory in use than any CUDA context
+    takes, for several ticks running) has no run to starve: whatever reads on it (a
+    display, a monitoring client, a desktop) is no compute workload -- the run has ended."""
+    if c.held is False:
+        return Candidate(State.IDLE, None, Reason.NO_PROCESS, None, c.t, c.tr.open_gap_s())
+    return None
 
 
 def periodic_gaps(c: GpuContext) -> Candidate | None:
@@ -297,12 +318,13 @@ def bursty(w: Window) -> bool:
 
 
 def coarse_unjudgeable(c: GpuContext) -> Candidate | None:
-    """On coarse data a *flat* duty cycle below ``startup_duty`` with no sign that a
-    process holds the GPU could be small work; above it the GPU is plainly working at a
-    fraction of its capacity, and bursts and gaps are starvation's signature anyway."""
+    """On coarse data a *flat* duty cycle below ``small_work_duty`` with no sign that a
+    process holds the GPU could be small work (or a display); above it the GPU is plainly
+    working at a fraction of its capacity, and bursts and gaps are starvation's signature
+    anyway."""
     d = c.duty
     assert d is not None
-    if not c.coarse or c.held is True or bursty(c.w) or d >= c.cfg.startup_duty:
+    if not c.coarse or c.held is True or bursty(c.w) or d >= c.cfg.small_work_duty:
         return None
     why = "no process information" if c.held is None else "no visible process"
     return Candidate(
@@ -334,6 +356,7 @@ BEFORE_WORK: tuple[Rule, ...] = (lost_gpu, stream_begins, no_data)
 ON_WORK: tuple[Rule, ...] = (
     before_work,
     too_young,
+    no_run,
     periodic_gaps,
     first_judgment,
     idle,

@@ -211,6 +211,13 @@ def notes_for(
     """What the verdict rests on and what it cannot tell, in sentences."""
     out: list[str] = []
     main = tally.main_reason(verdict)
+    if verdict is State.UNKNOWN:
+        if main is not None and main[1]:
+            out.append(f"unknown: {main[1]}")
+        elif tally.startup_s > 0 or tally.seconds.get(State.IDLE, 0.0) > 0:
+            out.append("too few samples of work to judge (the log ends in start-up)")
+        else:
+            out.append("too few samples to judge")
     if main is not None:
         reason, note = main
         if reason is Reason.SHORT_LOG and note:
@@ -305,7 +312,7 @@ def summarize(
         seconds=dict(run.seconds),
         startup_s=run.startup_s,
         duty_cycle=sum(duties) / len(duties) if duties else None,
-        effective_gpus=round(sum(duties), 2) if duties else None,
+        effective_gpus=effective_gpus(gpus, duties),
         lost_gpu_seconds=lost_gpu_seconds,
         straggler=straggler,
         advice=adv,
@@ -338,13 +345,22 @@ def speedup_sentence(summary: RunSummary) -> str | None:
 SCALING_USUAL = (0.62, 0.95)
 
 
+def effective_gpus(gpus: Iterable[GpuFacts], duties: list[float]) -> float | None:
+    """GPUs of work delivered: each GPU's computing share of its working time (busy-waiting
+    is no work), summed; the plain duty cycles where no GPU has worked yet."""
+    working = [g for g in gpus if g.work_covered_s > 0]
+    if working:
+        return round(sum(min(1.0, g.work_busy_s / g.work_covered_s) for g in working), 2)
+    return round(sum(duties), 2) if duties else None
+
+
 def scaling_note(gpus: Iterable[GpuFacts]) -> str | None:
     """Several GPUs: the work they deliver beside what data-parallel training usually does."""
     facts = [g for g in gpus if g.work_covered_s > 0]
     n = len(facts)
     if n < 2:
         return None
-    eff = sum(min(1.0, g.work_busy_s / g.work_covered_s) for g in facts)
+    eff = effective_gpus(facts, []) or 0.0
     lo, hi = (n * f for f in SCALING_USUAL)
     return (
         f"{n} GPUs deliver {eff:.1f} GPUs of work while working; data-parallel training "

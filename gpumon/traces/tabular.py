@@ -175,6 +175,18 @@ def _unit(cell: str) -> str | None:
     return None if got is None else got[1]
 
 
+def _index_that_names(lay: Layout, rows: list[list[str]]) -> None:
+    """A bare "GPU" column taken for the index holds the GPU's name (``NVIDIA GeForce
+    RTX 3070 Laptop GPU``) in some home-made logs: read it as the name, by its values."""
+    at = lay.at.get("index")
+    if at is None or not rows:
+        return
+    cells = [r[at].strip() for r in rows[:64] if at < len(r)]
+    if cells and not all(c.isdigit() for c in cells if c):
+        del lay.at["index"]
+        lay.at.setdefault("name", at)
+
+
 def guess_layout(rows: list[list[str]]) -> Layout | None:
     """Columns of a headerless nvidia-smi log, from the units in its values; None if the
     values carry none (then nothing tells utilisation from memory)."""
@@ -569,6 +581,7 @@ def read(
     if lay.ignored:
         extra["ignored_columns"] = lay.ignored
     rows = [f for _, c, _ in data if (f := _fit(c, lay.count, tab)) is not None]
+    _index_that_names(lay, rows)
     over = [c for _, c, _ in data if len(c) == lay.count + 1 and c[-1].strip()]
     _pick_time(tab, rows, path, extra, over)
     if tab.time is not None:  # now an ISO time split by its comma fraction can be mended

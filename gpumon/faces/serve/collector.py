@@ -32,7 +32,7 @@ from gpumon.faces.serve.buildinfo import build_labels
 from gpumon.faces.serve.daemon import ServeState
 from gpumon.faces.serve.http import CONNECTION_ERROR_KINDS, ConnectionStats
 from gpumon.faces.serve.log import REOPEN_REASONS
-from gpumon.model import Cause, Episode, State
+from gpumon.model import Cause, Episode, Reason, State
 
 GPU = ["gpu", "uuid"]
 JOB = ["hpc_job", "pod", "namespace", "container"]
@@ -397,8 +397,8 @@ class GpumonCollector(Collector):
 
 
 def is_straggler(ep: Episode) -> bool:
-    """The detector marks the GPU its peers wait on with a sync_stall 'straggler' note."""
-    return ep.state is State.SYNC_STALL and (ep.note or "").startswith("straggler")
+    """The detector marks the GPU its peers wait on with the straggler reason."""
+    return ep.state is State.SYNC_STALL and ep.reason is Reason.STRAGGLER
 
 
 def _add(family: GaugeMetricFamily, labels: list[str], value: float | int | None) -> None:

@@ -209,6 +209,63 @@ def main(out: Path) -> None:
 
     nvsmi_csv("starved_1gpu.csv", 1, 300, 1.0, starved, seed=11)
 
+    # A laptop: 15 min of training at ~99 % holding 4.6 GB, then the run ends -- memory
+    # back at 65 MiB, idle power -- while the desktop keeps the GPU reading 8-60 %.
+    def laptop(t: float, g: int, rng: random.Random) -> tuple[float, float]:
+        if t < 900:
+            return rng.uniform(97, 100), rng.uniform(47, 52)
+        return rng.choice((8, 9, 10, 11, 44, 54, 60)), rng.uniform(12, 17)
+
+    rows = []
+    rng = random.Random(12)
+    for k in range(240):
+        t = 10.0 * k
+        u, pw = laptop(t, 0, rng)
+        mem = 4628 if t < 900 else rng.choice((65,) * 10 + (462, 832))
+        rows.append(f"{stamp(START + t)}, {round(u)} %, {mem} MiB, 8151 MiB, {pw:.2f} W, 56")
+    write(
+        "laptop_run_then_desktop.csv",
+        "timestamp,util_gpu_pct,mem_used_mib,mem_total_mib,power_w,temp_c",
+        rows,
+    )
+
+    # 64 s of nothing, then a job starts in the last seconds: memory still filling up.
+    rows = []
+    for k in range(70):
+        u = 0 if k < 64 else (77, 57, 65, 76, 69, 47)[k - 64]
+        mem = 1 if k < 64 else 1466 + 350 * (k - 64)
+        rows.append(f"{stamp(START + k)}, 0, NVIDIA A10, {u} %, {mem} MiB, 23028 MiB")
+    write(
+        "job_starts_at_the_end.csv",
+        "timestamp, index, name, utilization.gpu [%], memory.used [MiB], memory.total [MiB]",
+        rows,
+    )
+
+    # One sample every 5 s of a GPU at a flat 11-15 %, 446 MiB in use (a small model).
+    rows = [f"{stamp(START + 5 * k)}, {12 + (k % 4)} %, 446 MiB, 24564 MiB" for k in range(50)]
+    write(
+        "flat_low_duty_5s.csv",
+        "timestamp, utilization.gpu [%], memory.used [MiB], memory.total [MiB]",
+        rows,
+    )
+
+    # A home-made logger whose "GPU" column holds the GPU's name, one row every 5 minutes
+    # of a laptop GPU doing nothing.
+    rows = [
+        f"2025-05-19 16:{19 + 5 * k:02d}:26,NVIDIA GeForce RTX 3070 Laptop GPU,{40 + k},"
+        f"{55 if k == 0 else 0},{909.8 - k:.1f},8192.0"
+        for k in range(8)
+    ]
+    write(
+        "gpu_column_holds_the_name.csv",
+        "Time,GPU,Temp (°C),Util (%),Memory Used (MB),Total Memory (MB)",
+        rows,
+    )
+
+
+def write(name: str, header: str, rows: list[str]) -> None:
+    (OUT / name).write_text("\n".join([header, *rows]) + "\n")
+
 
 if __name__ == "__main__":
     main(Path(sys.argv[1]) if len(sys.argv) > 1 else Path("."))
