@@ -103,6 +103,16 @@ class GpuProcess:
 
 
 @dataclass(slots=True, unsafe_hash=True)  # immutable by convention (docstring)
+class MigActivity:
+    """Hopper's GPM counters for one MIG GPU instance over the last tick (0-1 each)."""
+
+    gpu_instance_id: int
+    sm_active_ratio: float | None = None
+    sm_occupancy_ratio: float | None = None
+    tensor_active_ratio: float | None = None
+
+
+@dataclass(slots=True, unsafe_hash=True)  # immutable by convention (docstring)
 class GpuSample:
     """Everything read from one GPU in one tick."""
 
@@ -127,6 +137,12 @@ class GpuSample:
     lost: bool = False  # NVML said GpuIsLost: the GPU fell off the bus
     # Fields NVML reported as NotSupported on this GPU (asked again only rarely).
     unsupported: tuple[str, ...] = ()
+    # Hopper's GPM counters (nvmlGpmMetricsGet) over the interval since the previous tick,
+    # as ratios 0-1; None on GPUs without GPM, on the first tick, or a metric not offered.
+    sm_active_ratio: float | None = None  # share of SMs busy (NVML_GPM_METRIC_SM_UTIL)
+    sm_occupancy_ratio: float | None = None  # warps resident vs the maximum (SM_OCCUPANCY)
+    tensor_active_ratio: float | None = None  # SMs busy in tensor ops (ANY_TENSOR_UTIL)
+    mig_activity: tuple[MigActivity, ...] = ()  # per MIG GPU instance, where MIG is on
 
 
 @dataclass(slots=True, unsafe_hash=True)  # immutable by convention (docstring)
@@ -212,7 +228,8 @@ class TraceHeader:
 # Evidence is a flat mapping of named numbers (JSON-friendly, so analyze --json, the log
 # file and the summary carry it unchanged).  Keys the detector fills where it can, all in
 # base units: duty_cycle (0-1), burst_p50_s, burst_p90_s, gap_p50_s, gap_p90_s, period_s,
-# power_watts, power_peak_watts, power_limit_watts, power_share_of_peak, skew_s,
+# power_watts, power_peak_watts, power_limit_watts, power_share_of_peak, sm_active_ratio,
+# sm_occupancy_ratio, tensor_active_ratio (GPM), skew_s,
 # effective_gpus, main_cpu_pct, workers_cpu_pct, workers, host_cpu_pct, iowait_pct,
 # read_bytes_per_s, mem_used_bytes, mem_total_bytes, mem_headroom_ratio, sample_period_s,
 # samples.  A key that could not be measured is absent, never 0.

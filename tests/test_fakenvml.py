@@ -13,7 +13,7 @@ import time
 
 import pynvml
 import pytest
-from fakenvml import CALL_NAMES, FakeGPU, GiB, Pattern, Process, Scenario
+from fakenvml import CALL_NAMES, FakeGPU, GiB, MigInstance, Pattern, Process, Scenario
 
 NVML_SUCCESS = 0
 NVML_ERROR_INSUFFICIENT_SIZE = 7
@@ -74,6 +74,19 @@ def test_struct_sizes_match_pynvml(fake_nvml_lib, c_name, py_struct, expected):
     lib.fakenvml_sizeof.argtypes = [ctypes.c_char_p]
     assert lib.fakenvml_sizeof(c_name.encode()) == expected
     assert ctypes.sizeof(py_struct) == expected
+
+
+def test_gpm_layouts_match_pynvml(fake_nvml_lib):
+    """The metrics request: its header (version, count, two sample handles) and one metric
+    entry, as pynvml lays them out; the fake reads only numMetrics entries, so pynvml's
+    NVML_GPM_METRIC_MAX (98 in older bindings, 477 in newer) does not matter."""
+    lib = ctypes.CDLL(str(fake_nvml_lib))
+    lib.fakenvml_sizeof.argtypes = [ctypes.c_char_p]
+    assert lib.fakenvml_sizeof(b"nvmlGpmMetric_t") == ctypes.sizeof(pynvml.c_nvmlGpmMetric_t)
+    assert ctypes.sizeof(pynvml.c_nvmlGpmMetric_t) == 40
+    offset = lib.fakenvml_sizeof(b"nvmlGpmMetricsGet_t.metrics")
+    assert offset == pynvml.c_nvmlGpmMetricsGet_t.metrics.offset == 24
+    assert pynvml.NVML_GPM_METRICS_GET_VERSION == pynvml.NVML_GPM_SUPPORT_VERSION == 1
 
 
 def test_versioned_struct_constants_match_pynvml():
@@ -145,8 +158,8 @@ def test_identity_and_static_values(fake_nvml):
     assert pynvml.nvmlDeviceGetMinorNumber(h1) == 1
     assert pynvml.nvmlDeviceGetSerial(h1) == "165432100001"
     assert pynvml.nvmlDeviceGetCudaComputeCapability(h0) == (9, 0)
-    with pytest.raises(pynvml.NVMLError_NotSupported):
-        pynvml.nvmlDeviceGetMigMode(h0)
+    assert pynvml.nvmlDeviceGetMigMode(h0) == [0, 0]  # an H100 with MIG off
+    assert pynvml.nvmlDeviceGetMaxMigDeviceCount(h0) == 0
     assert pynvml.nvmlGpmQueryDeviceSupport(h0).isSupportedDevice == 0
     assert pynvml.nvmlErrorString(pynvml.NVML_ERROR_GPU_IS_LOST) == "GPU is lost"
 
@@ -368,6 +381,90 @@ def test_running_processes_and_size_protocol(fake_nvml):
     assert [(i.pid, i.smUtil) for i in infos] == [(4242, 70), (77, 100)]
     assert infos[0].timeStamp >= samples[0].timeStamp
     assert infos[0].timeStamp % 166_667 == 0  # a driver sample's timestamp
+
+
+# --------------------------------------------------------------------------- GPM and MIG
+def _metrics_request(ids: list[int], first, second):
+    req = pynvml.c_nvmlGpmMetricsGet_t()
+    req.version = pynvml.NVML_GPM_METRICS_GET_VERSION
+    req.numMetrics = len(ids)
+    req.sample1, req.sample2 = first, second
+    for i, metric_id in enumerate(ids):
+        req.metrics[i].metricId = metric_id
+    return req
+
+
+def test_gpm_samples_and_metrics(fake_nvml):
+    scn = Scenario(
+        gpus=[
+            FakeGPU(gpm_supported=True, gpm_sm_active_pct=2.0, gpm_tensor_active_pct=None),
+            FakeGPU(gpm_supported=True, pattern=Pattern.off()),
+            FakeGPU(),
+        ]
+    )
+    _init(fake_nvml, scn)
+    h0, h1, h2 = (pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(3))
+    assert pynvml.nvmlGpmQueryDeviceSupport(h0).isSupportedDevice == 1
+    assert pynvml.nvmlGpmQueryDeviceSupport(h2).isSupportedDevice == 0
+    a, b, c = (pynvml.nvmlGpmSampleAlloc() for _ in range(3))
+    pynvml.nvmlGpmSampleGet(h0, a)
+    time.sleep(0.02)
+    pynvml.nvmlGpmSampleGet(h0, b)
+    ids = [pynvml.NVML_GPM_METRIC_SM_UTIL, pynvml.NVML_GPM_METRIC_SM_OCCUPANCY,
+           pynvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL, pynvml.NVML_GPM_METRIC_DRAM_BW_UTIL]  # fmt: skip
+    req = pynvml.nvmlGpmMetricsGet(_metrics_request(ids, a, b))
+    got = [(m.nvmlReturn, m.value) for m in req.metrics[:4]]
+    assert got[:2] == [(0, pytest.approx(2.0)), (0, pytest.approx(40.0))]
+    assert [r for r, _ in got[2:]] == [pynvml.NVML_ERROR_NOT_SUPPORTED] * 2
+    assert req.metrics[0].metricInfo.unit == b"%"
+    # Out of order, from two GPUs, unfilled: refused.
+    for first, second in ((b, a), (a, c)):
+        with pytest.raises(pynvml.NVMLError_InvalidArgument):
+            pynvml.nvmlGpmMetricsGet(_metrics_request(ids, first, second))
+    pynvml.nvmlGpmSampleGet(h1, c)
+    with pytest.raises(pynvml.NVMLError_InvalidArgument):
+        pynvml.nvmlGpmMetricsGet(_metrics_request(ids, b, c))
+    bad = _metrics_request(ids, a, b)
+    bad.version = 2
+    with pytest.raises(pynvml.NVMLError_ArgumentVersionMismatch):
+        pynvml.nvmlGpmMetricsGet(bad)
+    with pytest.raises(pynvml.NVMLError_NotSupported):
+        pynvml.nvmlGpmSampleGet(h2, a)
+    for s in (a, b, c):
+        pynvml.nvmlGpmSampleFree(s)
+
+
+def test_mig_instances_and_their_gpm_samples(fake_nvml):
+    scn = Scenario(gpus=[FakeGPU(gpm_supported=True, mig=[MigInstance(1, 50.0),
+                                                          MigInstance(9, 10.0)])])  # fmt: skip
+    _init(fake_nvml, scn)
+    h = pynvml.nvmlDeviceGetHandleByIndex(0)
+    assert pynvml.nvmlDeviceGetMigMode(h) == [1, 1]
+    slots = pynvml.nvmlDeviceGetMaxMigDeviceCount(h)
+    assert slots == 7
+    ids = []
+    for i in range(slots):
+        try:
+            mig = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(h, i)
+        except pynvml.NVMLError_NotFound:  # an empty slot
+            continue
+        ids.append(pynvml.nvmlDeviceGetGpuInstanceId(mig))
+        assert pynvml.nvmlDeviceGetComputeInstanceId(mig) == 0
+        parent = pynvml.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(mig)
+        assert pynvml.nvmlDeviceGetIndex(parent) == 0
+    assert ids == [1, 9]
+    with pytest.raises(pynvml.NVMLError_NotSupported):  # not a MIG device
+        pynvml.nvmlDeviceGetGpuInstanceId(h)
+    a, b = pynvml.nvmlGpmSampleAlloc(), pynvml.nvmlGpmSampleAlloc()
+    with pytest.raises(pynvml.NVMLError_NotSupported):  # MIG on: read per instance
+        pynvml.nvmlGpmSampleGet(h, a)
+    with pytest.raises(pynvml.NVMLError_NotFound):
+        pynvml.nvmlGpmMigSampleGet(h, 4, a)
+    pynvml.nvmlGpmMigSampleGet(h, 9, a)
+    time.sleep(0.02)
+    pynvml.nvmlGpmMigSampleGet(h, 9, b)
+    req = pynvml.nvmlGpmMetricsGet(_metrics_request([pynvml.NVML_GPM_METRIC_SM_UTIL], a, b))
+    assert (req.metrics[0].nvmlReturn, req.metrics[0].value) == (0, pytest.approx(10.0))
 
 
 # --------------------------------------------------------------------------- versions, errors

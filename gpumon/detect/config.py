@@ -70,6 +70,10 @@ class DetectorConfig:
     busywait_power_share: float = 0.55
     power_ref_of_limit: float = 0.75
     busywait_window_s: float = 4.0
+    # Where the GPU has GPM counters, busy-wait is told by SM activity instead of power: pinned
+    # utilisation with at most this share of SMs busy (a collective's spinning kernels hold
+    # one block per channel, a few SMs of a hundred; real work keeps most of them busy).
+    busywait_sm_active_ratio: float = 0.2
     # All-GPU pauses (checkpoint, host-side sync): a second in which every working GPU is
     # below ``pause_util_pct`` (or busy-waiting).  Pauses of ``sync_pause_min_s`` to
     # ``sync_pause_max_s`` taking more than ``sync_pause_share`` of the last

@@ -56,6 +56,11 @@ def gpu_evidence(
             ev["power_share_of_peak"] = round(w.power_watts / ref, 3)
     if tr.power_limit_watts is not None:
         ev["power_limit_watts"] = tr.power_limit_watts
+    # Hopper's GPM counters over the latest tick, where the GPU has them.
+    for key in ("sm_active_ratio", "sm_occupancy_ratio", "tensor_active_ratio"):
+        v = getattr(tr, key)
+        if v is not None:
+            ev[key] = round(v, 3)
     used, total = tr.mem_used_bytes, tr.mem_total_bytes
     if used is not None:
         ev["mem_used_bytes"] = used

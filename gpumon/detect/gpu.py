@@ -99,6 +99,10 @@ class GpuTrack:
         self.mem_used_bytes: int | None = None
         self.mem_total_bytes = mem_total_bytes
         self.processes: int | None = None  # count; None = could not be read
+        # Hopper's GPM counters over the latest tick (None: no reading), as sampled.
+        self.sm_active_ratio: float | None = None
+        self.sm_occupancy_ratio: float | None = None
+        self.tensor_active_ratio: float | None = None
         self._held: bool | None = None
         self._held_raw: bool | None = None
         self._held_ticks = 0
@@ -179,6 +183,9 @@ class GpuTrack:
             self.mem_total_bytes = v
         procs = g.processes
         self.processes = None if procs is None else len(procs)
+        self.sm_active_ratio = g.sm_active_ratio
+        self.sm_occupancy_ratio = g.sm_occupancy_ratio
+        self.tensor_active_ratio = g.tensor_active_ratio
         self.lost = g.lost
         # Held or not as it has been for the last few ticks: memory that flickers (a
         # desktop's apps on a GPU the run has left) does not flip it on each reading.

@@ -2,9 +2,10 @@
 
 Each rule reads every working GPU's window and may replace their candidates:
 
-- ``busy_wait``: GPUs pinned at high utilisation while drawing little power spin in a
-  collective (NCCL busy-wait), waiting on a peer that works less -- the straggler.
-- ``pinned_peers``: without power to tell, a minority of GPUs at a starved duty cycle
+- ``busy_wait``: GPUs pinned at high utilisation while their SMs idle (GPM counters) or,
+  without them, while drawing little power spin in a collective (NCCL busy-wait), waiting
+  on a peer that works less -- the straggler.
+- ``pinned_peers``: without power or SM activity to tell, a minority of GPUs at a starved duty cycle
   while all their peers read pinned is the same picture in data-parallel training.
 - ``waited_on_rhythm``: a GPU whose periodic gaps its peers wait through (they were seen
   waiting on it during its latest gap) is a straggler on a rhythm -- rank 0 writing a
@@ -61,32 +62,14 @@ def _stall(c: RunContext, i: int, reason: Reason, detail: str | None, clear: boo
 
 
 def busy_wait(c: RunContext) -> None:
-    """High utilisation at low power is a GPU waiting on a peer, not computing; the peer
-    with the lowest duty cycle among those not waiting is the straggler."""
+    """High utilisation with idle SMs is a GPU waiting on a peer, not computing; the peer
+    with the lowest duty cycle among those not waiting is the straggler.
+
+    Where the GPU has GPM counters, SM activity tells it directly (100 % utilisation with
+    SM activity near 0 is NCCL spinning), whatever the power; without them, low power
+    does (a spinning GPU draws little)."""
     cfg, t = c.cfg, c.t
-    waiting: set[int] = set()
-    for idx, w in c.wins.items():
-        tr = c.tracks[idx]
-        ref = tr.power_ref_watts(c.run_peak_watts)
-        if ref is None or w.power_watts is None:
-            continue  # no power reading: a busy GPU is never taken for a waiting one
-        if (
-            tr.power_watts is None
-            or tr.power_watts > cfg.busywait_power_share * ref
-            or w.duty is None
-            or w.duty * 100 < cfg.busywait_util_pct - 10
-        ):
-            continue  # drawing real power now, or not pinned: not waiting
-        if w.span_s > cfg.busywait_window_s:  # power is a 1 s mean: a short window will do
-            w = tr.window(t, cfg.busywait_window_s)
-        if (
-            w.duty is not None
-            and w.power_watts is not None
-            and tr.seen_work
-            and w.duty * 100 >= cfg.busywait_util_pct
-            and w.power_watts <= cfg.busywait_power_share * ref
-        ):
-            waiting.add(idx)
+    waiting = {i for i in c.wins if _spinning(c, i, cfg, t)}
     c.busywait = waiting
     if not waiting:
         return
@@ -94,19 +77,56 @@ def busy_wait(c: RunContext) -> None:
     others = [i for i in working if i not in waiting]
     strag = [i for i in others if (c.wins[i].duty or 0.0) * 100 < cfg.busywait_util_pct]
     if not strag and others and len(waiting) >= len(working) / 2:
-        # Everyone reads busy, but most spin at low power while the rest draw real power:
+        # Everyone reads busy, but most spin while the rest compute (SMs busy, real power):
         # those compute the whole step while their peers wait (uneven work).
-        strag = [max(others, key=lambda i: c.wins[i].power_watts or 0.0)]
+        strag = [max(others, key=lambda i: _computing(c, i))]
     if not (strag or len(waiting) == len(working)):
         return
-    # Most peers pinned at low power: no borderline case, confirm at once.
+    # Most peers pinned and spinning: no borderline case, confirm at once.
     clear = len(waiting) >= max(1, len(working) // 2)
     for i in waiting:
-        _stall(c, i, Reason.BUSY_WAIT, "high utilisation, low power", clear)
+        told = "idle SMs" if c.tracks[i].sm_active_ratio is not None else "low power"
+        _stall(c, i, Reason.BUSY_WAIT, f"high utilisation, {told}", clear)
     if strag:
         s = min(strag, key=lambda i: c.wins[i].duty or 0.0)
         c.straggler = s
         _stall(c, s, Reason.STRAGGLER, "its peers busy-wait on it", clear)
+
+
+def _spinning(c: RunContext, idx: int, cfg: DetectorConfig, t: float) -> bool:
+    """Pinned at high utilisation while its SMs idle (GPM) or, without GPM, at low power."""
+    tr, w = c.tracks[idx], c.wins[idx]
+    if not tr.seen_work or w.duty is None or w.duty * 100 < cfg.busywait_util_pct - 10:
+        return False
+    sm = tr.sm_active_ratio
+    if sm is not None:  # GPM: SM activity over the last tick says it directly
+        if sm > cfg.busywait_sm_active_ratio:
+            return False
+        if w.span_s > cfg.busywait_window_s:
+            w = tr.window(t, cfg.busywait_window_s)
+        return w.duty is not None and w.duty * 100 >= cfg.busywait_util_pct
+    ref = tr.power_ref_watts(c.run_peak_watts)
+    if ref is None or w.power_watts is None:
+        return False  # no power reading: a busy GPU is never taken for a waiting one
+    if tr.power_watts is None or tr.power_watts > cfg.busywait_power_share * ref:
+        return False  # drawing real power now
+    if w.span_s > cfg.busywait_window_s:  # power is a 1 s mean: a short window will do
+        w = tr.window(t, cfg.busywait_window_s)
+    return (
+        w.duty is not None
+        and w.power_watts is not None
+        and w.duty * 100 >= cfg.busywait_util_pct
+        and w.power_watts <= cfg.busywait_power_share * ref
+    )
+
+
+def _computing(c: RunContext, idx: int) -> float:
+    """How hard a GPU computes, to tell the one doing the work: SM activity where GPM is
+    read, else its power."""
+    sm = c.tracks[idx].sm_active_ratio
+    if sm is not None:
+        return 1e6 * sm  # any GPM reading ranks above any power reading
+    return c.wins[idx].power_watts or 0.0
 
 
 def pinned_peers(c: RunContext) -> None:
@@ -134,6 +154,9 @@ def pinned_peers(c: RunContext) -> None:
             span = max(span, 2.5 * rh.period_s)
     for i in high:
         tr, w = c.tracks[i], c.wins[i]
+        sm = tr.sm_active_ratio
+        if sm is not None and sm > cfg.busywait_sm_active_ratio:
+            return  # its SMs work (GPM): separate work, not waiting (busy_wait saw no spin)
         ref = tr.power_ref_watts(c.run_peak_watts)
         if w.power_watts is not None and ref and w.power_watts >= cfg.computing_power_share * ref:
             return  # a peer draws computing power: separate work, not waiting

@@ -11,6 +11,12 @@ is asked again only every ``retry_unsupported_s``; ``GpuIsLost`` marks that GPU 
 the others keep being sampled; any other NVML error leaves that field ``None`` for the
 tick and is counted by kind (the daemon exports the counts).
 
+Where the GPU has Hopper's GPM counters (``nvmlGpmQueryDeviceSupport``, asked once when
+the GPU is opened), each tick also reads SM activity, SM occupancy and tensor activity
+over the interval since the previous tick (``_Gpm``: two kept sample buffers, two C calls
+per GPU), and per MIG GPU instance where MIG is on.  A GPU without GPM is never asked
+again; a metric it lacks is ``None``.
+
 Every ``rediscover_every_s`` the sampler looks again, at a bounded cost (one
 ``nvmlDeviceGetCount``, plus one handle and UUID call per lost GPU): a lost GPU that
 answers again (a reset, a flaky riser) is read again, and a GPU that appeared (hot-plug,
@@ -19,6 +25,7 @@ a GPU back from a driver reset under a new index) is opened and read from then o
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import struct
@@ -32,7 +39,7 @@ from typing import Any, TypeVar
 import pynvml
 
 from gpumon.errors import NoDriverError
-from gpumon.model import GpuIdentity, GpuProcess, GpuSample, UtilPoint
+from gpumon.model import GpuIdentity, GpuProcess, GpuSample, MigActivity, UtilPoint
 
 log = logging.getLogger(__name__)
 
@@ -203,6 +210,107 @@ class _SampleBuffer:
         return list(self._LAYOUT.iter_unpack(self._bytes[: n * self._LAYOUT.size]))
 
 
+GpmReading = tuple[float | None, float | None, float | None]
+_NO_GPM: GpmReading = (None, None, None)
+
+
+class _Gpm:
+    """GPM metrics of one GPU, or one MIG GPU instance, over the interval between ticks.
+
+    Two sample buffers are allocated once and filled in turn: each tick's sample and the
+    one before it give the metrics over the time between them (``nvmlGpmSampleGet`` or
+    ``nvmlGpmMigSampleGet``, then ``nvmlGpmMetricsGet``: two C calls, through ctypes).
+    Two requests are kept, one per order of the buffers, so a tick sets no field, and the
+    values are unpacked from the request's bytes at once.  The first tick has no interval
+    yet: no reading.  Ticks closer than ``MIN_INTERVAL_S`` (NVML: below ~100 ms GPM's
+    counters are not refreshed) repeat the last reading without sampling.
+    """
+
+    # What gpumon reads, in the order ``read`` returns them (as ratios, 0-1).
+    METRICS = (
+        "NVML_GPM_METRIC_SM_UTIL",
+        "NVML_GPM_METRIC_SM_OCCUPANCY",
+        "NVML_GPM_METRIC_ANY_TENSOR_UTIL",
+    )
+    # nvmlGpmMetric_t: unsigned int metricId; nvmlReturn_t nvmlReturn; double value; then
+    # metricInfo, three pointers (names and unit).
+    _METRIC = struct.Struct("@Iid24x")
+    MIN_INTERVAL_S = 0.1
+
+    def __init__(self, gpu_instance_id: int | None) -> None:
+        self.gpu_instance_id = gpu_instance_id
+        name = "nvmlGpmSampleGet" if gpu_instance_id is None else "nvmlGpmMigSampleGet"
+        self._sample_fn = pynvml._nvmlGetFunctionPointer(name)
+        self._metrics_fn = pynvml._nvmlGetFunctionPointer("nvmlGpmMetricsGet")
+        self._gi = None if gpu_instance_id is None else ctypes.c_uint(gpu_instance_id)
+        self._buffers = (pynvml.nvmlGpmSampleAlloc(), pynvml.nvmlGpmSampleAlloc())
+        self._requests = []
+        self._views = []
+        ids = [getattr(pynvml, m) for m in self.METRICS]
+        offset = pynvml.c_nvmlGpmMetricsGet_t.metrics.offset
+        for first, second in (self._buffers, self._buffers[::-1]):
+            req = pynvml.c_nvmlGpmMetricsGet_t()
+            req.version = pynvml.NVML_GPM_METRICS_GET_VERSION
+            req.numMetrics = len(ids)
+            req.sample1, req.sample2 = first, second
+            for i, metric_id in enumerate(ids):
+                req.metrics[i].metricId = metric_id
+            self._requests.append(ctypes.byref(req))
+            view = memoryview(req).cast("B")[offset : offset + len(ids) * self._METRIC.size]
+            self._views.append((req, view))
+        self._layout = struct.Struct("@" + "Iid24x" * len(ids))
+        self._turn = 0  # which buffer the next sample goes into
+        self._last_t: float | None = None
+        self.values: GpmReading = _NO_GPM
+
+    @classmethod
+    def create(cls, gpu_instance_id: int | None = None) -> _Gpm | None:
+        """None where the bindings' layout or the driver's functions are not the known ones."""
+        try:
+            if ctypes.sizeof(pynvml.c_nvmlGpmMetric_t) != cls._METRIC.size:
+                return None
+            return cls(gpu_instance_id)
+        except (pynvml.NVMLError, AttributeError, TypeError):
+            return None
+
+    def read(self, handle: Any, t_s: float) -> GpmReading:
+        """(SM activity, SM occupancy, tensor activity) since the last read; raises NVMLError."""
+        last = self._last_t
+        if last is not None and t_s - last < self.MIN_INTERVAL_S:
+            return self.values
+        turn = self._turn
+        buf = self._buffers[turn]
+        if self._gi is None:
+            ret = self._sample_fn(handle, buf)
+        else:
+            ret = self._sample_fn(handle, self._gi, buf)
+        if ret != pynvml.NVML_SUCCESS:
+            raise pynvml.NVMLError(ret)
+        self._turn = 1 - turn
+        self._last_t = t_s
+        if last is None:
+            return _NO_GPM  # one sample: no interval yet
+        # The buffer just filled is sample2: request 0 orders (0, 1), request 1 (1, 0).
+        ret = self._metrics_fn(self._requests[1 - turn])
+        if ret != pynvml.NVML_SUCCESS:
+            self.values = _NO_GPM
+            raise pynvml.NVMLError(ret)
+        raw = self._layout.unpack(self._views[1 - turn][1])
+        self.values = (
+            raw[2] / 100.0 if raw[1] == 0 and raw[2] >= 0.0 else None,
+            raw[5] / 100.0 if raw[4] == 0 and raw[5] >= 0.0 else None,
+            raw[8] / 100.0 if raw[7] == 0 and raw[8] >= 0.0 else None,
+        )
+        return self.values
+
+    def close(self) -> None:
+        """Free the two sample buffers (NVML's memory)."""
+        buffers, self._buffers = self._buffers, ()
+        for buf in buffers:
+            with contextlib.suppress(pynvml.NVMLError):
+                pynvml.nvmlGpmSampleFree(buf)
+
+
 @dataclass
 class _GpuState:
     """Per-GPU sampling state: handle, buffer cursor, unsupported fields, lost flag."""
@@ -219,6 +327,8 @@ class _GpuState:
     clock: SampleClock = field(default_factory=SampleClock)
     processes_fn: Callable[[Any], Any] | None = None
     sample_buffer: _SampleBuffer | None = field(default_factory=_SampleBuffer.create)
+    gpm: _Gpm | None = None  # None: no GPM on this GPU (or not in these bindings)
+    mig_gpm: tuple[_Gpm, ...] = ()  # one per MIG GPU instance, where MIG is on
 
 
 class NvmlSampler:
@@ -280,6 +390,7 @@ class NvmlSampler:
             return _GpuState(identity=lost, handle=None, lost=True, lost_since_s=time.monotonic())
         state = _GpuState(identity=GpuIdentity(index=index, uuid=uuid), handle=handle)
         self._identify(state, index, uuid)
+        self._probe_gpm(state)
         return state
 
     def _identify(self, state: _GpuState, index: int, uuid: str) -> None:
@@ -297,6 +408,49 @@ class NvmlSampler:
             mem_total_bytes=None if mem is None else int(mem.total),
             power_limit_watts=None if limit is None else limit / 1000.0,
         )
+
+    def _probe_gpm(self, state: _GpuState) -> None:
+        """Whether the GPU has GPM (asked once per opening) and, where MIG is on, its GPU
+        instances.  A GPU without it, or bindings or a driver without it, is not asked
+        again and reads no GPM fields; nothing is logged or counted."""
+        for old in (state.gpm, *state.mig_gpm):
+            if old is not None:
+                old.close()
+        state.gpm, state.mig_gpm = None, ()
+        query = getattr(pynvml, "nvmlGpmQueryDeviceSupport", None)
+        if query is None or state.handle is None:
+            return
+        try:
+            supported = bool(query(state.handle).isSupportedDevice)
+        except pynvml.NVMLError_GpuIsLost:
+            self._mark_lost(state)
+            return
+        except pynvml.NVMLError:  # NotSupported, FunctionNotFound (older driver), ...
+            return
+        if not supported:
+            return
+        state.gpm = _Gpm.create()
+        readers = (_Gpm.create(gi) for gi in self._mig_instances(state.handle))
+        state.mig_gpm = tuple(r for r in readers if r is not None)
+
+    @staticmethod
+    def _mig_instances(handle: Any) -> tuple[int, ...]:
+        """The GPU instance ids of a GPU in MIG mode; () when MIG is off or unreadable."""
+        try:
+            current, _pending = pynvml.nvmlDeviceGetMigMode(handle)
+            if current != pynvml.NVML_DEVICE_MIG_ENABLE:
+                return ()
+            slots = pynvml.nvmlDeviceGetMaxMigDeviceCount(handle)
+        except pynvml.NVMLError:
+            return ()
+        ids: set[int] = set()
+        for i in range(slots):
+            try:  # an empty slot says NotFound; several compute instances share a GI
+                mig = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, i)
+                ids.add(int(pynvml.nvmlDeviceGetGpuInstanceId(mig)))
+            except pynvml.NVMLError:
+                continue
+        return tuple(sorted(ids))
 
     def _rediscover(self, now: float) -> None:
         """Ask lost GPUs again and look for new ones: one GetCount, plus per lost GPU one
@@ -337,6 +491,7 @@ class NvmlSampler:
         state.pcie_read_at = float("-inf")
         if not known or uuid != state.identity.uuid:
             self._identify(state, index, uuid)
+        self._probe_gpm(state)
         since = state.lost_since_s
         state.lost_since_s = None
         log.warning(
@@ -417,6 +572,8 @@ class NvmlSampler:
         rates, mem, power_mw, limit_mw, sm_clock, reasons, temp = self._scalars(st)
         rx, tx = self._pcie(st, t_s)
         processes = self._processes(st)
+        sm_active, sm_occupancy, tensor_active = self._gpm(st, t_s)
+        mig = self._mig_activity(st, t_s) if st.mig_gpm else ()
         if st.lost:  # a call above found the GPU gone: report it lost, not half-read
             return GpuSample(t_s=t_s, gpu=ident.index, uuid=ident.uuid, lost=True)
         return GpuSample(
@@ -436,8 +593,38 @@ class NvmlSampler:
             pcie_tx_bytes_per_s=tx,
             temperature_c=None if temp is None else float(temp),
             processes=processes,
+            sm_active_ratio=sm_active,
+            sm_occupancy_ratio=sm_occupancy,
+            tensor_active_ratio=tensor_active,
+            mig_activity=mig,
             unsupported=tuple(st.unsupported_until),
         )
+
+    def _gpm(self, st: _GpuState, t_s: float) -> GpmReading:
+        gpm = st.gpm
+        if gpm is None or self._skip(st, "gpm"):
+            return _NO_GPM
+        try:
+            return gpm.read(st.handle, t_s)
+        except pynvml.NVMLError as exc:  # NotSupported (MIG on): asked again only rarely
+            self._fault(st, "gpm", exc)
+            return _NO_GPM
+
+    def _mig_activity(self, st: _GpuState, t_s: float) -> tuple[MigActivity, ...]:
+        if self._skip(st, "gpm_mig"):
+            return ()
+        out = []
+        for gpm in st.mig_gpm:
+            try:
+                values = gpm.read(st.handle, t_s)
+            except pynvml.NVMLError as exc:  # an instance gone (reconfigured), or a fault
+                self._fault(st, "gpm_mig", exc)
+                if st.lost:
+                    return ()
+                values = _NO_GPM
+            assert gpm.gpu_instance_id is not None
+            out.append(MigActivity(gpm.gpu_instance_id, *values))
+        return tuple(out)
 
     # The scalar fields of a tick, in the order ``_scalars`` returns them.
     _SCALARS: tuple[tuple[str, str, tuple[int, ...]], ...] = (

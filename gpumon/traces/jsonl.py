@@ -21,6 +21,7 @@ from gpumon.model import (
     GpuProcess,
     GpuSample,
     HostSample,
+    MigActivity,
     ProcessSample,
     ProcTreeSample,
     Snapshot,
@@ -28,7 +29,9 @@ from gpumon.model import (
 )
 
 FORMAT_NAME = "gpumon-trace"
-FORMAT_VERSION = 1
+# 2: GPM fields (sm_active_ratio, sm_occupancy_ratio, tensor_active_ratio, mig_activity).
+# A reader reads every version up to its own.
+FORMAT_VERSION = 2
 
 
 # --- encoding ---------------------------------------------------------------------------
@@ -48,11 +51,13 @@ def _plain(obj: Any, skip: tuple[str, ...] = ()) -> dict[str, Any]:
 
 
 def encode_gpu(sample: GpuSample) -> dict[str, Any]:
-    out = _plain(sample, skip=("util_samples", "processes", "t_s"))
+    out = _plain(sample, skip=("util_samples", "processes", "t_s", "mig_activity"))
     if sample.util_samples:
         out["util_samples"] = [[t, u] for t, u in sample.util_samples]
     if sample.processes is not None:
         out["processes"] = [_plain(p) for p in sample.processes]
+    if sample.mig_activity:
+        out["mig_activity"] = [_plain(m) for m in sample.mig_activity]
     return out
 
 
@@ -178,6 +183,9 @@ def decode_gpu(obj: dict[str, Any], t_s: float) -> GpuSample:
     unsupported = obj.get("unsupported")
     if unsupported is not None:
         obj["unsupported"] = tuple(unsupported)
+    mig = obj.get("mig_activity")
+    if mig is not None:
+        obj["mig_activity"] = tuple([MigActivity(**m) for m in mig])
     return GpuSample(**obj)
 
 

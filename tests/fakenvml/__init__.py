@@ -43,10 +43,12 @@ __all__ = [
     "FakeGPU",
     "GiB",
     "MiB",
+    "MigInstance",
     "Pattern",
     "Process",
     "Scenario",
     "build_library",
+    "call_count",
     "fake_env",
     "lib_dir",
     "load_in_process",
@@ -173,6 +175,25 @@ class Process:
     mem_util: int = 0
 
 
+@dataclass(frozen=True)
+class MigInstance:
+    """A MIG GPU instance of a GPU, with its GPM percentages while the GPU is busy.
+
+    ``None`` makes that metric NOT_SUPPORTED.  Listing any instance turns MIG on for the GPU
+    (``nvmlDeviceGetMigMode`` says enabled; the whole-GPU GPM sample is NOT_SUPPORTED, each
+    instance is read with ``nvmlGpmMigSampleGet``).
+    """
+
+    gpu_instance_id: int
+    sm_active_pct: float | None = 80.0
+    sm_occupancy_pct: float | None = 40.0
+    tensor_active_pct: float | None = 30.0
+
+
+def _pct(value: float | None) -> str:
+    return "-1" if value is None else repr(float(value))
+
+
 @dataclass
 class FakeGPU:
     """One scripted GPU; the defaults describe an H100 SXM (80 GiB, 700 W)."""
@@ -207,6 +228,15 @@ class FakeGPU:
     unsupported: set[str] = field(default_factory=set)  #: call names → NOT_SUPPORTED
     errors: dict[str, str] = field(default_factory=dict)  #: call name → NVML error name
     lost: bool = False  #: every call on this GPU returns GPU_IS_LOST
+    #: Hopper's GPM counters: nvmlGpmQueryDeviceSupport says supported, samples can be taken.
+    #: Over two samples each metric is the pattern's busy fraction between them times the
+    #: percentage below (None: that metric NOT_SUPPORTED).  Steady 100 % with
+    #: ``gpm_sm_active_pct=2`` is a GPU that reads busy while its SMs idle (NCCL spinning).
+    gpm_supported: bool = False
+    gpm_sm_active_pct: float | None = 80.0
+    gpm_sm_occupancy_pct: float | None = 40.0
+    gpm_tensor_active_pct: float | None = 30.0
+    mig: list[MigInstance] = field(default_factory=list)  #: MIG instances (MIG on if any)
 
     def default_uuid(self, index: int) -> str:
         """The UUID used when ``uuid`` is None (stable per index)."""
@@ -264,7 +294,18 @@ class FakeGPU:
             f"clock_reasons={int(self.clock_reasons)}",
             f"pstate_idle={int(self.pstate_idle)}",
             f"lost={int(self.lost)}",
+            f"gpm_supported={int(self.gpm_supported)}",
+            f"gpm_sm_active_pct={_pct(self.gpm_sm_active_pct)}",
+            f"gpm_sm_occupancy_pct={_pct(self.gpm_sm_occupancy_pct)}",
+            f"gpm_tensor_active_pct={_pct(self.gpm_tensor_active_pct)}",
         ]
+        if len(self.mig) > 7:
+            raise ValueError("a GPU has at most 7 MIG GPU instances")
+        for m in self.mig:
+            out.append(
+                f"mig_instance={int(m.gpu_instance_id)},{_pct(m.sm_active_pct)},"
+                f"{_pct(m.sm_occupancy_pct)},{_pct(m.tensor_active_pct)}"
+            )
         for p in self.processes:
             if not isinstance(p, Process):
                 p = Process(*p)
@@ -485,6 +526,8 @@ def load_in_process(scenario_path: str | os.PathLike[str]) -> ctypes.CDLL:
         _loaded.fakenvml_reload.restype = ctypes.c_longlong
         _loaded.fakenvml_generation.restype = ctypes.c_longlong
         _loaded.fakenvml_sizeof.argtypes = [ctypes.c_char_p]
+        _loaded.fakenvml_calls.restype = ctypes.c_longlong
+        _loaded.fakenvml_calls.argtypes = [ctypes.c_char_p]
     check = ctypes.CDLL(LIB_NAME)
     if not hasattr(check, "fakenvml_sizeof"):
         raise RuntimeError("a real libnvidia-ml.so.1 is already loaded in this process")
@@ -493,6 +536,16 @@ def load_in_process(scenario_path: str | os.PathLike[str]) -> ctypes.CDLL:
         pynvml._nvmlGetFunctionPointer_cache.clear()
         pynvml._nvmlLib_refcount = 0
     return _loaded
+
+
+def call_count(name: str) -> int:
+    """How many calls of ``name`` (a scenario call name: "gpm", "samples", ...) this process
+    made into the fake since it was loaded (``load_in_process`` first)."""
+    if _loaded is None:
+        raise RuntimeError("the fake is not loaded in this process (load_in_process first)")
+    if name not in CALL_NAMES:
+        raise ValueError(f"unknown call name {name!r}")
+    return int(_loaded.fakenvml_calls(name.encode()))
 
 
 def unload_in_process() -> None:

@@ -15,7 +15,9 @@
  *           pcie_rx_kbps pcie_tx_kbps sample_period_s buffer_len idle_no_samples
  *           samples_supported pattern=steady|burst|off busy_pct idle_pct period_s duty phase_s
  *           noise_pct mem_busy_pct clock_reasons lost process=<pid>,<bytes>,<sm%|-1>,<mem%>
- *           unsupported=... error=... (see gpu_set for the rest)
+ *           gpm_supported gpm_sm_active_pct gpm_sm_occupancy_pct gpm_tensor_active_pct
+ *           mig_instance=<gpu instance id>,<sm%>,<occupancy%>,<tensor%> (repeatable; any
+ *           makes MIG enabled) unsupported=... error=... (see gpu_set for the rest)
  *
  * Time model: every utilisation pattern is a function of CLOCK_MONOTONIC seconds since the
  * scenario's epoch.  Driver samples sit at multiples of sample_period on the chosen timestamp
@@ -24,6 +26,13 @@
  * epoch_align=1 the epoch is snapped back onto each GPU's sample grid.  When the same file is
  * rewritten, a GPU's old pattern still describes the time before the new epoch (samples not yet
  * read keep the past), and an unchanged pattern with epoch_align=1 keeps its old epoch.
+ *
+ * GPM (Hopper's counters): a sample records the CLOCK_MONOTONIC time it was taken; the metrics
+ * of two samples are the pattern's busy fraction between them times the GPU's (or the MIG
+ * instance's) percentage while busy, so a steady 100 % pattern with gpm_sm_active_pct=2 is a
+ * GPU that reads busy while its SMs idle (a collective spinning).  A negative percentage makes
+ * that metric NOT_SUPPORTED.  With MIG enabled the whole-GPU sample is NOT_SUPPORTED and each
+ * GPU instance is read with nvmlGpmMigSampleGet.
  *
  * Threads: readers never lock; a reload swaps a pointer and frees old scenarios 32 reloads
  * later.  The file is re-stat()ed at most every 10 ms (CLOCK_MONOTONIC_COARSE check).
@@ -36,6 +45,7 @@
 #include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -161,10 +171,37 @@ typedef struct {
     unsigned int version, fan, speed;
 } nvmlFanSpeedInfo_t;
 
+/* GPM: an opaque sample (the fake's own content) and the metrics request. */
+typedef struct nvmlGpmSample_st {
+    unsigned int magic;
+    int gpu;        /* index of the GPU it was taken on; -1: never filled */
+    int gi;         /* MIG GPU instance id; -1: the whole GPU */
+    double t;       /* CLOCK_MONOTONIC seconds when taken */
+} *nvmlGpmSample_t;
+
+typedef struct {
+    unsigned int metricId;
+    nvmlReturn_t nvmlReturn;
+    double value;
+    struct {
+        char *shortName, *longName, *unit;
+    } metricInfo;
+} nvmlGpmMetric_t;
+
+/* metrics[] has NVML_GPM_METRIC_MAX entries in nvml.h; only numMetrics are touched here, so
+ * any binding's maximum fits. */
+typedef struct {
+    unsigned int version, numMetrics;
+    nvmlGpmSample_t sample1, sample2;
+    nvmlGpmMetric_t metrics[];
+} nvmlGpmMetricsGet_t;
+
 /* ------------------------------------------------------------------ scenario model */
 #define MAX_GPUS 64
 #define MAX_PROCS 64
+#define MAX_MIG 8 /* MIG devices per GPU (an H100 has at most 7) */
 #define STR_LEN 96
+enum { GPM_SM_ACTIVE = 0, GPM_SM_OCCUPANCY = 1, GPM_TENSOR_ACTIVE = 2, N_GPM = 3 };
 
 /* Short call names: the keys of "unsupported" and "error" in the scenario. */
 #define CALL_LIST(X)                                                                       \
@@ -222,6 +259,13 @@ typedef struct {
     int err[N_CALLS];
     int nproc;
     proc_t procs[MAX_PROCS];
+    int gpm_supported;
+    double gpm_pct[N_GPM]; /* while busy; < 0: that metric is NOT_SUPPORTED */
+    int nmig;              /* > 0: MIG enabled, with these GPU instances */
+    struct {
+        unsigned int gi;
+        double pct[N_GPM];
+    } mig[MAX_MIG];
 } gpu_t;
 
 typedef struct {
@@ -235,6 +279,8 @@ typedef struct {
 
 /* ------------------------------------------------------------------ global state */
 static struct nvmlDevice_st g_handles[MAX_GPUS];
+static struct nvmlDevice_st g_mig_handles[MAX_GPUS * MAX_MIG];
+static atomic_llong g_calls[N_CALLS]; /* calls per call name, for tests (fakenvml_calls) */
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;      /* init, reload */
 static pthread_mutex_t g_energy_lock = PTHREAD_MUTEX_INITIALIZER;
 static _Atomic(scn_t *) g_scn;
@@ -388,6 +434,9 @@ static void gpu_defaults(gpu_t *g, int index) {
     g->mem_busy_pct = 40;
     g->pat.period_s = 1;
     g->pat.duty = 0.5;
+    g->gpm_pct[GPM_SM_ACTIVE] = 80;
+    g->gpm_pct[GPM_SM_OCCUPANCY] = 40;
+    g->gpm_pct[GPM_TENSOR_ACTIVE] = 30;
     parse_bus_id(g);
 }
 
@@ -467,6 +516,21 @@ static void gpu_set(gpu_t *g, const char *key, const char *v) {
     else if (KEY("clock_reasons")) g->clock_reasons = strtoull(v, NULL, 0);
     else if (KEY("unsupported")) add_errors(g->err, v, NVML_ERROR_NOT_SUPPORTED);
     else if (KEY("error")) add_errors(g->err, v, 0);
+    else if (KEY("gpm_supported")) g->gpm_supported = parse_bool(v);
+    else if (KEY("gpm_sm_active_pct")) g->gpm_pct[GPM_SM_ACTIVE] = strtod(v, NULL);
+    else if (KEY("gpm_sm_occupancy_pct")) g->gpm_pct[GPM_SM_OCCUPANCY] = strtod(v, NULL);
+    else if (KEY("gpm_tensor_active_pct")) g->gpm_pct[GPM_TENSOR_ACTIVE] = strtod(v, NULL);
+    else if (KEY("mig_instance") && g->nmig < MAX_MIG) {
+        unsigned int gi = 0;
+        double a = -1, b = -1, c = -1;
+        if (sscanf(v, "%u,%lf,%lf,%lf", &gi, &a, &b, &c) >= 1) {
+            g->mig[g->nmig].gi = gi;
+            g->mig[g->nmig].pct[GPM_SM_ACTIVE] = a;
+            g->mig[g->nmig].pct[GPM_SM_OCCUPANCY] = b;
+            g->mig[g->nmig].pct[GPM_TENSOR_ACTIVE] = c;
+            g->nmig++;
+        }
+    }
     else if (KEY("process") && g->nproc < MAX_PROCS) {
         proc_t *p = &g->procs[g->nproc];
         unsigned long long mem = 0;
@@ -738,8 +802,11 @@ static int resolve(const scn_t *s, nvmlDevice_t dev, int call, const gpu_t **out
     return NVML_SUCCESS;
 }
 
+#define COUNT(call) atomic_fetch_add_explicit(&g_calls[C_##call], 1, memory_order_relaxed)
+
 #define DEV(call)                                                   \
     if (!g_inited_check()) return NVML_ERROR_UNINITIALIZED;         \
+    COUNT(call);                                                    \
     const scn_t *S = cur();                                         \
     const gpu_t *G = NULL;                                          \
     do {                                                            \
@@ -749,6 +816,7 @@ static int resolve(const scn_t *s, nvmlDevice_t dev, int call, const gpu_t **out
 
 #define SYS(call)                                                   \
     if (!g_inited_check()) return NVML_ERROR_UNINITIALIZED;         \
+    COUNT(call);                                                    \
     const scn_t *S = cur();                                         \
     if (S->err[C_##call]) return S->err[C_##call]
 
@@ -1007,7 +1075,6 @@ UINT_GETTER(nvmlDeviceGetDisplayActive, DISPLAY, 0)
 UINT_GETTER(nvmlDeviceGetDisplayMode, DISPLAY, 0)
 UINT_GETTER(nvmlDeviceGetAccountingMode, MISC, 0)
 UINT_GETTER(nvmlDeviceGetVirtualizationMode, MISC, 0)
-UINT_GETTER(nvmlDeviceIsMigDeviceHandle, MIG, 0)
 UINT_GETTER(nvmlDeviceGetCurrPcieLinkGeneration, PCIE, G->pcie_gen)
 UINT_GETTER(nvmlDeviceGetMaxPcieLinkGeneration, PCIE, G->pcie_gen)
 UINT_GETTER(nvmlDeviceGetGpuMaxPcieLinkGeneration, PCIE, G->pcie_gen)
@@ -1025,9 +1092,6 @@ UINT_GETTER(nvmlDeviceGetPowerManagementMode, POWER_LIMIT, 1)
 UNSUPPORTED_GETTER(nvmlDeviceGetDynamicPstatesInfo)
 UNSUPPORTED_GETTER(nvmlDeviceGetBoardPartNumber)
 UNSUPPORTED_GETTER(nvmlDeviceGetGpuOperationMode)
-UNSUPPORTED_GETTER(nvmlDeviceGetGpuInstanceId)
-UNSUPPORTED_GETTER(nvmlDeviceGetComputeInstanceId)
-UNSUPPORTED_GETTER(nvmlDeviceGetMaxMigDeviceCount)
 UNSUPPORTED_GETTER(nvmlDeviceGetFanSpeedRPM)
 UNSUPPORTED_GETTER(nvmlDeviceGetGpuFabricInfo)
 UNSUPPORTED_GETTER(nvmlDeviceGetGpuFabricInfoV)
@@ -1109,8 +1173,6 @@ UNSUPPORTED_GETTER(nvmlDeviceGetRemappedRows_v2)
 UNSUPPORTED_GETTER(nvmlDeviceGetRowRemapperHistogram)
 UNSUPPORTED_GETTER(nvmlDeviceGetPciInfoExt)
 UNSUPPORTED_GETTER(nvmlDeviceGetRunningProcessDetailList)
-UNSUPPORTED_GETTER(nvmlDeviceGetMigDeviceHandleByIndex)
-UNSUPPORTED_GETTER(nvmlDeviceGetDeviceHandleFromMigDeviceHandle)
 UNSUPPORTED_GETTER(nvmlDeviceGetGpuInstances)
 UNSUPPORTED_GETTER(nvmlDeviceGetGpuInstanceProfileInfo)
 UNSUPPORTED_GETTER(nvmlDeviceGetGpuInstanceProfileInfoV)
@@ -1188,14 +1250,6 @@ API nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t device, int *ma
     return NVML_SUCCESS;
 }
 
-API nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned int *cur_, unsigned int *pend) {
-    DEV(MIG);
-    (void)G;
-    (void)cur_;
-    (void)pend;
-    return NVML_ERROR_NOT_SUPPORTED;
-}
-
 API nvmlReturn_t nvmlDeviceGetEccMode(nvmlDevice_t device, int *cur_, int *pend) {
     DEV(ECC);
     (void)G;
@@ -1214,12 +1268,203 @@ API nvmlReturn_t nvmlDeviceGetTotalEccErrors(nvmlDevice_t device, int errType, i
     return NVML_ERROR_NOT_SUPPORTED;
 }
 
+/* ------------------------------------------------------------------ MIG */
+/* A MIG device handle: slot `slot` of GPU `gpu`; 0 if `dev` is not one. */
+static int mig_of(nvmlDevice_t dev, int *gpu, int *slot) {
+    if (!dev || dev < &g_mig_handles[0] || dev >= &g_mig_handles[MAX_GPUS * MAX_MIG]) return 0;
+    int off = (int)(dev - g_mig_handles);
+    *gpu = off / MAX_MIG;
+    *slot = off % MAX_MIG;
+    return 1;
+}
+
+/* The parent GPU of a MIG handle, with the parent's errors applied. */
+static nvmlReturn_t resolve_mig(nvmlDevice_t dev, const gpu_t **g, int *slot) {
+    if (!g_inited_check()) return NVML_ERROR_UNINITIALIZED;
+    COUNT(MIG);
+    int gpu;
+    if (!mig_of(dev, &gpu, slot)) return NVML_ERROR_NOT_SUPPORTED; /* not a MIG device */
+    const gpu_t *G = NULL;
+    int r = resolve(cur(), &g_handles[gpu], C_MIG, &G);
+    if (r) return r;
+    if (*slot >= G->nmig) return NVML_ERROR_INVALID_ARGUMENT; /* MIG was reconfigured */
+    *g = G;
+    return NVML_SUCCESS;
+}
+
+API nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned int *cur_, unsigned int *pend) {
+    DEV(MIG);
+    NONNULL(cur_);
+    NONNULL(pend);
+    *cur_ = *pend = G->nmig > 0;
+    return NVML_SUCCESS;
+}
+
+UINT_GETTER(nvmlDeviceGetMaxMigDeviceCount, MIG, G->nmig > 0 ? 7 : 0)
+
+API nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t device, unsigned int index,
+                                                     nvmlDevice_t *mig) {
+    DEV(MIG);
+    NONNULL(mig);
+    if (G->nmig == 0) return NVML_ERROR_INVALID_ARGUMENT; /* MIG disabled */
+    if (index >= 7) return NVML_ERROR_INVALID_ARGUMENT;
+    if ((int)index >= G->nmig) return NVML_ERROR_NOT_FOUND; /* an empty slot */
+    *mig = &g_mig_handles[(G - S->gpus) * MAX_MIG + (int)index];
+    return NVML_SUCCESS;
+}
+
+API nvmlReturn_t nvmlDeviceIsMigDeviceHandle(nvmlDevice_t device, unsigned int *is_mig) {
+    int gpu, slot;
+    if (mig_of(device, &gpu, &slot)) {
+        if (!g_inited_check()) return NVML_ERROR_UNINITIALIZED;
+        NONNULL(is_mig);
+        *is_mig = 1;
+        return NVML_SUCCESS;
+    }
+    DEV(MIG);
+    (void)G;
+    NONNULL(is_mig);
+    *is_mig = 0;
+    return NVML_SUCCESS;
+}
+
+/* A getter of a MIG device (its parent's scenario in G, its slot in `slot`). */
+#define MIG_GETTER(fn, expr)                                        \
+    API nvmlReturn_t fn(nvmlDevice_t device, unsigned int *out) {   \
+        const gpu_t *G = NULL;                                      \
+        int slot = 0;                                               \
+        nvmlReturn_t r_ = resolve_mig(device, &G, &slot);           \
+        if (r_) return r_;                                          \
+        NONNULL(out);                                               \
+        *out = (expr);                                              \
+        return NVML_SUCCESS;                                        \
+    }
+MIG_GETTER(nvmlDeviceGetGpuInstanceId, G->mig[slot].gi)
+MIG_GETTER(nvmlDeviceGetComputeInstanceId, ((void)slot, 0U))
+
+API nvmlReturn_t nvmlDeviceGetDeviceHandleFromMigDeviceHandle(nvmlDevice_t mig,
+                                                              nvmlDevice_t *device) {
+    const gpu_t *G = NULL;
+    int slot = 0;
+    nvmlReturn_t r = resolve_mig(mig, &G, &slot);
+    if (r) return r;
+    NONNULL(device);
+    *device = &g_handles[(mig - g_mig_handles) / MAX_MIG];
+    return NVML_SUCCESS;
+}
+
+/* ------------------------------------------------------------------ GPM */
+#define GPM_MAGIC 0x47504D31U /* "GPM1" */
+#define GPM_VERSION 1U        /* NVML_GPM_SUPPORT_VERSION, NVML_GPM_METRICS_GET_VERSION */
+
 API nvmlReturn_t nvmlGpmQueryDeviceSupport(nvmlDevice_t device, nvmlGpmSupport_t *support) {
     DEV(GPM);
-    (void)G;
     NONNULL(support);
-    if (support->version != 1) return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
-    support->isSupportedDevice = 0;
+    if (support->version != GPM_VERSION) return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    support->isSupportedDevice = (unsigned int)G->gpm_supported;
+    return NVML_SUCCESS;
+}
+
+API nvmlReturn_t nvmlGpmSampleAlloc(nvmlGpmSample_t *sample) {
+    if (!g_inited_check()) return NVML_ERROR_UNINITIALIZED;
+    NONNULL(sample);
+    nvmlGpmSample_t s = calloc(1, sizeof *s);
+    if (!s) return NVML_ERROR_MEMORY;
+    s->magic = GPM_MAGIC;
+    s->gpu = -1;
+    s->gi = -1;
+    *sample = s;
+    return NVML_SUCCESS;
+}
+
+API nvmlReturn_t nvmlGpmSampleFree(nvmlGpmSample_t sample) {
+    if (!g_inited_check()) return NVML_ERROR_UNINITIALIZED;
+    if (!sample || sample->magic != GPM_MAGIC) return NVML_ERROR_INVALID_ARGUMENT;
+    sample->magic = 0;
+    free(sample);
+    return NVML_SUCCESS;
+}
+
+static nvmlReturn_t gpm_fill(const scn_t *s, const gpu_t *g, int gi, nvmlGpmSample_t sample) {
+    if (!sample || sample->magic != GPM_MAGIC) return NVML_ERROR_INVALID_ARGUMENT;
+    if (!g->gpm_supported) return NVML_ERROR_NOT_SUPPORTED;
+    sample->gpu = (int)(g - s->gpus);
+    sample->gi = gi;
+    sample->t = mono_now();
+    return NVML_SUCCESS;
+}
+
+API nvmlReturn_t nvmlGpmSampleGet(nvmlDevice_t device, nvmlGpmSample_t sample) {
+    DEV(GPM);
+    if (G->nmig > 0 && G->gpm_supported) return NVML_ERROR_NOT_SUPPORTED; /* read per instance */
+    return gpm_fill(S, G, -1, sample);
+}
+
+API nvmlReturn_t nvmlGpmMigSampleGet(nvmlDevice_t device, unsigned int gpuInstanceId,
+                                     nvmlGpmSample_t sample) {
+    DEV(GPM);
+    if (!G->gpm_supported) return NVML_ERROR_NOT_SUPPORTED;
+    for (int i = 0; i < G->nmig; i++)
+        if (G->mig[i].gi == gpuInstanceId) return gpm_fill(S, G, (int)gpuInstanceId, sample);
+    return NVML_ERROR_NOT_FOUND;
+}
+
+static const char *const gpm_names[][3] = {
+    {"sm_util", "SM utilization", "%"},
+    {"sm_occupancy", "SM occupancy", "%"},
+    {"any_tensor_util", "Any tensor utilization", "%"},
+    {"gr_util", "Graphics utilization", "%"},
+};
+
+API nvmlReturn_t nvmlGpmMetricsGet(nvmlGpmMetricsGet_t *m) {
+    if (!g_inited_check()) return NVML_ERROR_UNINITIALIZED;
+    COUNT(GPM);
+    NONNULL(m);
+    if (m->version != GPM_VERSION) return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    const struct nvmlGpmSample_st *a = m->sample1, *b = m->sample2;
+    if (!a || !b || a->magic != GPM_MAGIC || b->magic != GPM_MAGIC)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (a->gpu < 0 || a->gpu != b->gpu || a->gi != b->gi || !(b->t > a->t))
+        return NVML_ERROR_INVALID_ARGUMENT; /* unfilled, from two sources, or out of order */
+    if (m->numMetrics > 1024) return NVML_ERROR_INVALID_ARGUMENT;
+    const scn_t *S = cur();
+    if (!S || a->gpu >= S->ngpu) return NVML_ERROR_GPU_IS_LOST;
+    const gpu_t *G = &S->gpus[a->gpu];
+    if (G->lost) return NVML_ERROR_GPU_IS_LOST;
+    if (G->err[C_GPM]) return G->err[C_GPM];
+    const double *pct = G->gpm_pct;
+    if (a->gi >= 0) {
+        pct = NULL;
+        for (int i = 0; i < G->nmig; i++)
+            if ((int)G->mig[i].gi == a->gi) pct = G->mig[i].pct;
+        if (!pct) return NVML_ERROR_NOT_FOUND; /* the instance went away */
+    }
+    double frac = busy_between(S, G, a->t, b->t) / (b->t - a->t);
+    frac = frac < 0 ? 0 : frac > 1 ? 1 : frac;
+    for (unsigned int i = 0; i < m->numMetrics; i++) {
+        nvmlGpmMetric_t *o = &m->metrics[i];
+        int k;
+        switch (o->metricId) {
+        case 2: k = GPM_SM_ACTIVE; break;     /* NVML_GPM_METRIC_SM_UTIL */
+        case 3: k = GPM_SM_OCCUPANCY; break;  /* NVML_GPM_METRIC_SM_OCCUPANCY */
+        case 5: k = GPM_TENSOR_ACTIVE; break; /* NVML_GPM_METRIC_ANY_TENSOR_UTIL */
+        case 1: k = N_GPM; break;             /* NVML_GPM_METRIC_GRAPHICS_UTIL */
+        default: k = -1;
+        }
+        double p = k < 0 ? -1 : k == N_GPM ? 100.0 : pct[k];
+        if (p < 0) {
+            o->nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
+            o->value = 0;
+            o->metricInfo.shortName = o->metricInfo.longName = o->metricInfo.unit = NULL;
+            continue;
+        }
+        o->nvmlReturn = NVML_SUCCESS;
+        o->value = k == N_GPM ? util_between(G, a->t, b->t) : frac * p;
+        const char *const *names = gpm_names[k == N_GPM ? 3 : k];
+        o->metricInfo.shortName = (char *)names[0];
+        o->metricInfo.longName = (char *)names[1];
+        o->metricInfo.unit = (char *)names[2];
+    }
     return NVML_SUCCESS;
 }
 
@@ -1766,12 +2011,21 @@ API int fakenvml_sizeof(const char *name) {
         {"nvmlTemperature_t", sizeof(nvmlTemperature_t)},
         {"nvmlBAR1Memory_t", sizeof(nvmlBAR1Memory_t)},
         {"nvmlGpmSupport_t", sizeof(nvmlGpmSupport_t)},
+        {"nvmlGpmMetric_t", sizeof(nvmlGpmMetric_t)},
+        {"nvmlGpmMetricsGet_t.metrics", offsetof(nvmlGpmMetricsGet_t, metrics)},
         {"nvmlFanSpeedInfo_t", sizeof(nvmlFanSpeedInfo_t)},
     };
     if (!name) return -1;
     for (size_t i = 0; i < sizeof t / sizeof t[0]; i++)
         if (strcmp(t[i].n, name) == 0) return t[i].sz;
     return -1;
+}
+
+/* How many calls of `name` (a call name of the scenario: "gpm", "samples", ...) this process
+ * made since it loaded the library. */
+API long long fakenvml_calls(const char *name) {
+    int ci = name ? call_index(name) : -1;
+    return ci < 0 ? -1 : atomic_load(&g_calls[ci]);
 }
 
 /* Re-read the scenario now (instead of within ~10 ms); returns the load generation. */
