@@ -205,6 +205,38 @@ class Snapshot:
 
 
 @dataclass(frozen=True, slots=True)
+class JobLabels:
+    """A process's job, as label values ("" where unknown: Prometheus' 'absent').
+
+    From the kubelet's pod-resources socket, ``pod`` and ``container`` are names.  From
+    /proc only, ``pod`` is the pod's name where the process environment is readable, else
+    its UID, and ``container`` the container id's first 12 hex digits (what ``crictl ps``
+    shows), since /proc has no container names.
+    """
+
+    hpc_job: str = ""
+    pod: str = ""
+    namespace: str = ""
+    container: str = ""
+
+    @property
+    def known(self) -> bool:
+        return bool(self.hpc_job or self.pod)
+
+    def job_key(self) -> tuple[str, str, str]:
+        """What makes two processes the same job (containers of one pod are one job)."""
+        return (self.hpc_job, self.namespace, self.pod)
+
+    def as_dict(self) -> dict[str, str]:
+        return {
+            "hpc_job": self.hpc_job,
+            "pod": self.pod,
+            "namespace": self.namespace,
+            "container": self.container,
+        }
+
+
+@dataclass(frozen=True, slots=True)
 class TraceHeader:
     """What a trace (or a live session) knows about where its samples came from."""
 

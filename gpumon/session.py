@@ -181,6 +181,10 @@ class Session:
     def sample(self) -> Tick:
         """One tick of the live samplers, not judged (the daemon judges it after adding a
         job's process tree)."""
+        if self._replay is not None:  # what fell due, merged (as one long live tick)
+            view = self._replay.advance_each()[1]
+            self._seen(view)
+            return Tick(view, None, 0.0)
         if self._monitor is None:
             raise RuntimeError("an offline session has no samplers: feed() it snapshots")
         started = time.monotonic()
@@ -242,8 +246,16 @@ class Session:
 
     @property
     def known_error_kinds(self) -> tuple[str, ...]:
+        """Every kind of NVML error the sampler counts (exported at 0 from the start)."""
         nvml = None if self._monitor is None else self._monitor.nvml
-        return tuple(getattr(nvml, "ERROR_KINDS", ()))
+        return tuple(getattr(nvml, "known_error_kinds", ()))
+
+    @property
+    def nvml_version(self) -> str | None:
+        nvml = None if self._monitor is None else self._monitor.nvml
+        if nvml is not None:
+            return nvml.nvml_version
+        return None if self._header is None else self._header.nvml_version
 
     @property
     def root_pid(self) -> int | None:
@@ -280,6 +292,10 @@ class Session:
     @property
     def replay_finished(self) -> bool:
         return self._replay is not None and self._replay.finished
+
+    def replay_now(self) -> float:
+        """A replay's current time, on the samples' clock (the live clock otherwise)."""
+        return time.monotonic() if self._replay is None else self._replay.now()
 
     @property
     def replay_played_s(self) -> float:

@@ -2,8 +2,10 @@
 
 - only gpumon/sample/nvml.py imports pynvml, only gpumon/sample/host.py imports psutil:
   everything above them sees plain dataclasses;
-- the core (model, errors, sample, traces, detect, monitor) and the lab never import a
-  face: faces import the core;
+- the core (model, errors, sample, traces, detect, session, loop) and the lab never
+  import a face: faces import the core;
+- faces never import the samplers (gpumon.sample) and never build a Detector: they ask a
+  gpumon.session.Session, the one place that wires sources and the detector;
 - pyproject's package list names every package under gpumon/ (it is listed, not found,
   because the dstat plugin package is mapped onto dstat_plugins/);
 - the detector is pure: no I/O modules, no clock.
@@ -23,7 +25,8 @@ CORE_PREFIXES = (
     "gpumon.sample",
     "gpumon.traces",
     "gpumon.detect",
-    "gpumon.monitor",
+    "gpumon.session",
+    "gpumon.loop",
     "gpumon.lab",
 )
 
@@ -107,3 +110,40 @@ def test_pyproject_lists_every_package() -> None:
     assert found <= listed, f"not in pyproject's packages: {sorted(found - listed)}"
     # The rest are the folders mapped in from outside gpumon/ (dstat_plugins/, deploy/).
     assert listed - found == set(setuptools["package-dir"])
+
+
+FACES = sorted(m for m in MODULES if m.startswith("gpumon.faces"))
+
+
+@pytest.mark.parametrize("module", FACES)
+def test_faces_never_import_the_samplers(module: str) -> None:
+    samplers = {d for d in MODULES[module] if d.startswith(("gpumon.sample", "gpumon.monitor"))}
+    assert not samplers, f"{module} imports {samplers}: ask gpumon.session.Session instead"
+
+
+def _calls_detector(path: Path) -> list[int]:
+    """Lines where a module calls ``Detector(...)`` (or ``detect.Detector(...)``)."""
+    lines = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Call):
+            f = node.func
+            name = (
+                f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else ""
+            )
+            if name == "Detector":
+                lines.append(node.lineno)
+    return lines
+
+
+@pytest.mark.parametrize("path", sorted((PACKAGE / "faces").rglob("*.py")), ids=str)
+def test_faces_never_build_a_detector(path: Path) -> None:
+    assert not _calls_detector(path), f"{path}: a face builds a Detector; the session does"
+
+
+def test_only_the_session_builds_the_detector() -> None:
+    builders = {
+        module_name(p)
+        for p in PACKAGE.rglob("*.py")
+        if _calls_detector(p) and not module_name(p).startswith("gpumon.detect")
+    }
+    assert builders == {"gpumon.session"}

@@ -300,15 +300,17 @@ def test_without_the_socket_mounted_nothing_is_asked(tmp_path: Path) -> None:
 
 # --------------------------------------------------------------------------- the daemon
 class _OneTick:
-    """A Monitor whose every tick is the one given."""
+    """The state's session, except that its every sample is the tick given."""
 
-    nvml = None
-
-    def __init__(self, tick: object) -> None:
+    def __init__(self, tick: object, session: object) -> None:
         self._tick = tick
+        self._session = session
 
-    def tick(self) -> object:
+    def sample(self) -> object:
         return self._tick
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._session, name)
 
 
 def test_the_daemon_exports_the_kubelets_names(kubelet: Kubelet, tmp_path: Path) -> None:
@@ -320,12 +322,13 @@ def test_the_daemon_exports_the_kubelets_names(kubelet: Kubelet, tmp_path: Path)
     from gpumon.faces.serve.daemon import ServeState
     from gpumon.faces.serve.log import EventLog
     from gpumon.model import GpuIdentity, GpuProcess, GpuSample, HostSample, Snapshot
-    from gpumon.monitor import Monitor, Tick
+    from gpumon.sample.monitor import Monitor
+    from gpumon.session import Session, Tick
 
     fake_proc(tmp_path / "proc", 4242, IN_POD)
     idents = (GpuIdentity(0, GPU_A), GpuIdentity(1, GPU_B))
     state = ServeState(
-        Monitor(None),
+        Session(monitor=Monitor(None), judge=False),
         ServeConfig(process_trees=False),
         EventLog(""),
         resolver=resolver(kubelet.socket, tmp_path / "proc"),
@@ -337,7 +340,7 @@ def test_the_daemon_exports_the_kubelets_names(kubelet: Kubelet, tmp_path: Path)
         for g in idents
     )  # fmt: skip
     snap = Snapshot(t_s=1.0, gpus=gpus, host=HostSample(t_s=1.0, cpu_pct=10.0))
-    state.monitor = _OneTick(Tick(snap, sample_duration_s=0.001))  # type: ignore[assignment]
+    state.session = _OneTick(Tick(snap, sample_duration_s=0.001), state.session)  # type: ignore[assignment]
     state.step()
     assert state.tick_errors_total == 0
     text = generate_latest(make_registry(state)).decode()  # type: ignore[arg-type]

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from gpumon.loop import paced
 from gpumon.model import (
     GpuIdentity,
     GpuProcess,
@@ -21,8 +22,8 @@ from gpumon.model import (
     TraceHeader,
     UtilPoint,
 )
-from gpumon.monitor import Monitor, paced
 from gpumon.sample.replay import Replay
+from gpumon.session import Session
 from gpumon.traces.jsonl import FORMAT_VERSION, TraceReader, TraceWriter
 
 T0 = 5000.0  # the recording's own monotonic clock: far from this process's
@@ -72,9 +73,9 @@ class FakeClock:
 def test_times_are_rebased_onto_the_live_clock_without_scaling() -> None:
     clock = FakeClock()
     replay = Replay(_snapshots(10), speed=4.0, clock=clock)
-    nvml, host, tree = replay.samplers()
     clock.t += 0.3  # 1.2 trace seconds at speed 4: the ticks at T0+1 and T0+2 are due
-    gpus = nvml.sample()
+    snap = replay.advance()
+    gpus = snap.gpus
     # The first tick (T0+1) plays at live_start; stream time = live clock + trace offset.
     assert replay.live_start_s == 100.0
     assert gpus[0].t_s == pytest.approx(101.0)  # T0+2 re-based: 100 + (2 - 1)
@@ -86,12 +87,12 @@ def test_times_are_rebased_onto_the_live_clock_without_scaling() -> None:
     assert [u for _, u in points[6:]] == [20.0] * 6
     assert all(a[0] < b[0] for a, b in itertools.pairwise(points))
     # Host and tree belong to the same merged tick, averaged over its two recorded ticks.
-    h = host.sample()
-    assert h.t_s == gpus[0].t_s
+    h = snap.host
+    assert h is not None and h.t_s == gpus[0].t_s
     assert h.cpu_pct == pytest.approx(1.5)
     assert h.cpu_pct_per_core == pytest.approx((1.5, 3.0))
-    tr = tree.sample()
-    assert tr.t_s == gpus[0].t_s and tr.root_pid == PID and tr.root_alive
+    tr = snap.tree
+    assert tr is not None and tr.t_s == gpus[0].t_s and tr.root_pid == PID and tr.root_alive
     assert tr.processes[0].cpu_pct == pytest.approx(1.5)
     assert replay.now() == pytest.approx(101.2)
     assert replay.played_s == pytest.approx(1.0)  # up to the last tick handed out
@@ -100,10 +101,9 @@ def test_times_are_rebased_onto_the_live_clock_without_scaling() -> None:
 def test_a_tick_with_nothing_due_keeps_readings_and_moves_on() -> None:
     clock = FakeClock()
     replay = Replay(_snapshots(5), speed=1.0, clock=clock)
-    nvml, _, _ = replay.samplers()
-    first = nvml.sample()
+    first = replay.advance().gpus
     clock.t += 0.4
-    again = nvml.sample()
+    again = replay.advance().gpus
     assert again[0].util_samples == ()  # the driver buffer had nothing new
     assert again[0].power_watts == first[0].power_watts
     assert again[0].t_s == pytest.approx(100.4) and again[0].t_s > first[0].t_s
@@ -112,18 +112,17 @@ def test_a_tick_with_nothing_due_keeps_readings_and_moves_on() -> None:
 def test_the_watched_root_exits_on_the_tick_after_the_last_recorded_one() -> None:
     clock = FakeClock()
     replay = Replay(_snapshots(3), speed=1.0, clock=clock)
-    nvml, _, tree = replay.samplers()
     clock.t += 10
-    last = tree.sample()
-    assert last.root_alive and tree.root_alive() and not replay.finished
+    last = replay.advance()
+    assert last.tree is not None and last.tree.root_alive and not replay.finished
     assert replay.ticks_replayed == 3
     clock.t += 1
-    gone = tree.sample()
-    assert not gone.root_alive and not tree.root_alive() and replay.finished
-    assert nvml.sample()[0].processes == ()
+    gone = replay.advance()
+    assert gone.tree is not None and not gone.tree.root_alive and replay.finished
+    assert gone.gpus[0].processes == ()
 
 
-def test_monitor_runs_unchanged_and_ticks_are_consistent() -> None:
+def test_a_replay_session_ticks_like_a_live_one_and_judges_every_recorded_tick() -> None:
     header = TraceHeader(
         version=FORMAT_VERSION,
         source="test",
@@ -132,31 +131,29 @@ def test_monitor_runs_unchanged_and_ticks_are_consistent() -> None:
         command=("python", "train.py"),
         gpus=(GpuIdentity(0, "GPU-0", name="A"), GpuIdentity(1, "GPU-1", name="B")),
     )
-    replay = Replay(_snapshots(4), header=header, speed=1000.0)
-    nvml, host, tree = replay.samplers()
-    monitor = Monitor(nvml, host, tree, tree_gpus_only=True)  # type: ignore[arg-type]
-    assert nvml.gpus == header.gpus and nvml.driver_version == "555.42"
-    assert tree.cmdline() == ("python", "train.py")
+    session = Session.replay(header, _snapshots(4), speed=1000.0)
+    assert session.gpus == header.gpus and session.driver_version == "555.42"
+    assert session.command == ("python", "train.py") and session.root_pid == PID
     time.sleep(0.01)  # 10 trace seconds: everything is due
-    tick = monitor.tick()
+    tick = session.tick()
     snap = tick.snapshot
-    assert [g.uuid for g in snap.gpus] == ["GPU-0", "GPU-1"]  # the tree's pid holds them
+    assert [g.uuid for g in snap.gpus] == ["GPU-0", "GPU-1"]
     assert snap.host is not None and snap.tree is not None
     assert snap.t_s == snap.host.t_s == snap.tree.t_s == snap.gpus[1].t_s
     assert len(snap.gpus[1].util_samples) == 24
+    # The detector saw the four recorded ticks one by one, not one merged tick.
+    assert session.gpu_totals()[1].samples == 24 and session.tree_gpu_uuids == {"GPU-0", "GPU-1"}
 
 
 def test_speed_10_plays_a_10_second_trace_in_about_a_second() -> None:
     snaps = _snapshots(11)  # ticks at T0+1 .. T0+11: 10 s of trace
-    replay = Replay(snaps, speed=10.0)
-    nvml, host, tree = replay.samplers()
-    monitor = Monitor(nvml, host, tree)  # type: ignore[arg-type]
+    session = Session.replay(TraceHeader(FORMAT_VERSION, "test"), snaps, speed=10.0)
     started = time.monotonic()
     seen_points = 0
     times = []
     stop = threading.Event()
     for _ in paced(0.05, stop, duration_s=5.0):
-        tick = monitor.tick()
+        tick = session.tick()
         times.append(tick.snapshot.t_s)
         seen_points += len(tick.snapshot.gpus[0].util_samples)
         if not tick.snapshot.tree.root_alive:

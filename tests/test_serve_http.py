@@ -180,10 +180,16 @@ def test_ready_says_503_until_sampled_and_when_sampling_is_stale(tmp_path) -> No
     from gpumon.faces.serve.landing import StatePages
     from gpumon.faces.serve.log import EventLog
     from gpumon.model import GpuIdentity, GpuSample, Snapshot
-    from gpumon.monitor import Monitor, Tick
+    from gpumon.sample.monitor import Monitor
+    from gpumon.session import Session, Tick
 
     ident = GpuIdentity(index=0, uuid="GPU-x")
-    state = ServeState(Monitor(None), ServeConfig(interval_s=1.0), EventLog(None), gpus=[ident])
+    state = ServeState(
+        Session(monitor=Monitor(None), judge=False),
+        ServeConfig(interval_s=1.0),
+        EventLog(None),
+        gpus=[ident],
+    )
     now = {"t": time.time()}
     app = WebApp(state.cfg, make_registry(state), StatePages(state, wall=lambda: now["t"]))
 

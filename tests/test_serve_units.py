@@ -20,8 +20,9 @@ from gpumon.faces.serve.config import ServeConfig
 from gpumon.faces.serve.daemon import Histogram, ServeState
 from gpumon.faces.serve.log import EventLog
 from gpumon.model import GpuIdentity, GpuProcess, GpuSample, HostSample, Snapshot, State
-from gpumon.monitor import Monitor, Tick
 from gpumon.sample.joblabels import JobLabels, JobResolver, parse_cgroup, parse_environ
+from gpumon.sample.monitor import Monitor
+from gpumon.session import Session, Tick
 
 PERIOD = 1.0 / 6.0
 POD_UID = "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0"
@@ -214,7 +215,7 @@ class Feeder:
             host = HostSample(t_s=self.t, cpu_pct=35.0, iowait_pct=2.0)
             tick = Tick(Snapshot(t_s=self.t, gpus=tuple(gpus), host=host), sample_duration_s=0.004)
             if self.via_step:
-                self.state.monitor = _OneTick(tick)  # type: ignore[assignment]
+                self.state.session = _OneTick(tick, self.state.session)  # type: ignore[assignment]
                 self.state.step()
                 assert self.state.tick_errors_total == 0
             else:
@@ -222,15 +223,17 @@ class Feeder:
 
 
 class _OneTick:
-    """A Monitor that returns the tick it was given."""
+    """The state's session, except that its every sample is the tick given."""
 
-    nvml = None
-
-    def __init__(self, tick: Tick) -> None:
+    def __init__(self, tick: Tick, session: object) -> None:
         self._tick = tick
+        self._session = getattr(session, "_session", session)
 
-    def tick(self) -> Tick:
+    def sample(self) -> Tick:
         return self._tick
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._session, name)
 
 
 def make_state(tmp_path: Path, **cfg: object) -> tuple[ServeState, Path]:
@@ -242,7 +245,7 @@ def make_state(tmp_path: Path, **cfg: object) -> tuple[ServeState, Path]:
         )
     log = tmp_path / "g.jsonl"
     state = ServeState(
-        Monitor(None),
+        Session(monitor=Monitor(None), judge=False),
         ServeConfig(**cfg),  # type: ignore[arg-type]
         EventLog(str(log)),
         resolver=JobResolver(procfs=str(tmp_path / "proc")),
@@ -358,7 +361,7 @@ def test_a_failing_part_never_fails_the_scrape(tmp_path: Path, monkeypatch) -> N
     def boom() -> None:
         raise RuntimeError("detector bug")
 
-    monkeypatch.setattr(state.detector, "seconds_in_state", boom)
+    monkeypatch.setattr(state.detector, "lost_gpu_seconds", boom)
     m = metrics(state)
     assert value(m, "gpumon_scrape_errors_total") == 1
     assert value(m, "gpumon_gpu_utilization_ratio", gpu="0") == 1.0  # the rest is served
@@ -368,13 +371,11 @@ def test_a_failing_part_never_fails_the_scrape(tmp_path: Path, monkeypatch) -> N
 def test_a_failing_tick_is_counted_and_skipped(tmp_path: Path, capsys) -> None:
     state, _ = make_state(tmp_path)
 
-    class Broken:
-        nvml = None
-
-        def tick(self) -> Tick:
+    class Broken(_OneTick):
+        def sample(self) -> Tick:
             raise OSError("driver hiccup")
 
-    state.monitor = Broken()  # type: ignore[assignment]
+    state.session = Broken(None, state.session)  # type: ignore[arg-type, assignment]
     state.step()
     state.step()
     assert state.tick_errors_total == 2
@@ -406,7 +407,7 @@ def test_a_jobs_process_tree_feeds_the_detector(tmp_path: Path) -> None:
         fake_proc(tmp_path / "proc", proc.pid, "0::/slurm/uid_0/job_4321/step_0\n")
         # Labels from a fake procfs, the tree from the real one.
         state = ServeState(
-            Monitor(None),
+            Session(monitor=Monitor(None), judge=False),
             ServeConfig(),
             EventLog(None),
             resolver=JobResolver(procfs=str(tmp_path / "proc")),
@@ -427,7 +428,7 @@ def test_a_jobs_process_tree_feeds_the_detector(tmp_path: Path) -> None:
         assert burner.cpu_pct is not None and burner.cpu_pct > 20
         # Without trees (config), nothing is sampled.
         off = ServeState(
-            Monitor(None),
+            Session(monitor=Monitor(None), judge=False),
             ServeConfig(process_trees=False),
             EventLog(None),
             resolver=JobResolver(procfs=str(tmp_path / "proc")),
@@ -563,7 +564,7 @@ def test_fake_pids_are_not_sampled_from_the_real_proc(tmp_path: Path) -> None:
     test's procfs is not the machine's init."""
     fake_proc(tmp_path / "proc", 1, "0::/slurm/uid_0/job_7/step_0\n")
     state = ServeState(
-        Monitor(None),
+        Session(monitor=Monitor(None), judge=False),
         ServeConfig(),
         EventLog(None),
         resolver=JobResolver(procfs=str(tmp_path / "proc")),

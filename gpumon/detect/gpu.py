@@ -14,6 +14,9 @@ from gpumon.detect.config import DetectorConfig
 from gpumon.detect.rings import History, Ring, quantile
 from gpumon.model import Cause, GpuSample, Reason, State
 
+# Not held, and less memory in use than any CUDA context takes (see GpuTrack._holding).
+_NO_CONTEXT = "no context"
+
 # Indices into a History record (running totals at one eval).
 H_T, H_COV, H_BUSY, H_GAPS, H_PW, H_PWCOV, H_BURSTS, H_ACT = range(8)
 
@@ -103,8 +106,8 @@ class GpuTrack:
         self.sm_active_ratio: float | None = None
         self.sm_occupancy_ratio: float | None = None
         self.tensor_active_ratio: float | None = None
-        self._held: bool | None = None
-        self._held_raw: bool | None = None
+        self._held: bool | str | None = None
+        self._held_raw: bool | str | None = None
         self._held_ticks = 0
         self.lost = False  # NVML said GpuIsLost on the latest tick
         self.last_tick_t: float | None = None
@@ -453,11 +456,18 @@ class GpuTrack:
         return self._gp_val
 
     def held(self) -> bool | None:
-        """Whether a process holds this GPU (as of the last tick folded in)."""
-        return self._held
+        """Whether a process holds this GPU (as of the last few ticks folded in)."""
+        h = self._held
+        return False if h == _NO_CONTEXT else h  # type: ignore[return-value]
 
-    def _holding(self) -> bool | None:
-        """Whether a process holds this GPU: the process list, else memory in use."""
+    def no_context(self) -> bool:
+        """Not held because less memory is in use than any CUDA context takes (over the
+        last few ticks): nothing that computes can be running on it."""
+        return self._held == _NO_CONTEXT
+
+    def _holding(self) -> bool | str | None:
+        """Whether a process holds this GPU: the process list, else memory in use
+        (``_NO_CONTEXT``: not held, and less memory in use than any CUDA context takes)."""
         if self.processes is not None and self.processes > 0:
             return True
         used, total = self.mem_used_bytes, self.mem_total_bytes
@@ -465,9 +475,9 @@ class GpuTrack:
         if used is not None and total:
             if used > min(cfg.held_mem_share * total, cfg.held_mem_bytes):
                 return True
-            if self.processes == 0 or used < cfg.no_context_mem_bytes:
-                return False  # (less than any CUDA context takes: nothing holds it)
-            return None
+            if used < cfg.no_context_mem_bytes:
+                return _NO_CONTEXT  # (less than any CUDA context takes: nothing holds it)
+            return False if self.processes == 0 else None
         if self.processes == 0:
             return False
         # No process list and no memory reading (a W&B or dmon log): power well above

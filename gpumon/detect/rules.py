@@ -240,11 +240,14 @@ def idle(c: GpuContext) -> Candidate | None:
 
 
 def no_run(c: GpuContext) -> Candidate | None:
-    """A GPU no process holds (none listed, or less memory in use than any CUDA context
-    takes, for several ticks running) has no run to starve: whatever reads on it (a
+    """A GPU with less memory in use than any CUDA context takes, and no process, for
+    several ticks running, has no run to starve: whatever reads on it (a
     display, a monitoring client, a desktop) is no compute workload -- the run has ended."""
-    if c.held is False:
-        return Candidate(State.IDLE, None, Reason.NO_PROCESS, None, c.t, c.tr.open_gap_s())
+    tr, cfg = c.tr, c.cfg
+    if tr.no_context() and c.duty is not None and c.duty < cfg.starved_duty:
+        return Candidate(State.IDLE, None, Reason.NO_PROCESS, None, c.t, tr.open_gap_s())
+    # (An empty process list alone is not enough: some containers list no process at
+    # all.  Pinned with no visible process is some work, not ours to call idle.)
     return None
 
 

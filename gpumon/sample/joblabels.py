@@ -33,9 +33,9 @@ import re
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from typing import Literal, Protocol
 
+from gpumon.model import JobLabels
 from gpumon.sample.podresources import (
     SOCKET,
     DeviceMap,
@@ -54,38 +54,6 @@ _SA_NAMESPACE = "var/run/secrets/kubernetes.io/serviceaccount/namespace"
 _ENV_LIMIT = 1 << 20
 POD_RESOURCES_MAX_AGE_S = 1.0
 POD_RESOURCES_BACKOFF_S = 30.0
-
-
-@dataclass(frozen=True, slots=True)
-class JobLabels:
-    """A process's job, as label values ("" where unknown: Prometheus' 'absent').
-
-    From the kubelet's pod-resources socket, ``pod`` and ``container`` are names.  From
-    /proc only, ``pod`` is the pod's name where the process environment is readable, else
-    its UID, and ``container`` the container id's first 12 hex digits (what ``crictl ps``
-    shows), since /proc has no container names.
-    """
-
-    hpc_job: str = ""
-    pod: str = ""
-    namespace: str = ""
-    container: str = ""
-
-    @property
-    def known(self) -> bool:
-        return bool(self.hpc_job or self.pod)
-
-    def job_key(self) -> tuple[str, str, str]:
-        """What makes two processes the same job (containers of one pod are one job)."""
-        return (self.hpc_job, self.namespace, self.pod)
-
-    def as_dict(self) -> dict[str, str]:
-        return {
-            "hpc_job": self.hpc_job,
-            "pod": self.pod,
-            "namespace": self.namespace,
-            "container": self.container,
-        }
 
 
 NO_JOB = JobLabels()

@@ -1,8 +1,9 @@
-"""Replay a recorded trace through the live pipeline: stand-ins for the three samplers.
+"""Replay a recorded trace through the live pipeline (``gpumon demo``, tests).
 
-``gpumon demo`` (and tests) hand a ``Monitor`` these stand-ins instead of ``NvmlSampler``,
-``HostSampler`` and ``ProcessTreeSampler``; the Monitor, the detector and every face then
-run unchanged on recorded data.  Nothing here imports ``pynvml`` or needs a GPU.
+``gpumon.session.Session.replay`` plays a trace against the wall clock with this: each
+tick takes every recorded tick that fell due, one by one (the session judges each as it
+was recorded) and merged (what a face shows).  Nothing here imports ``pynvml`` or needs a
+GPU.
 
 Time.  The trace plays in real time scaled by ``speed``: after ``w`` wall seconds the
 replay has reached trace time ``t0 + w * speed``.  Sample times are re-based onto the live
@@ -13,7 +14,7 @@ therefore runs ``speed`` times faster than ``time.monotonic()``; ``Replay.now()`
 stream's current time for a face that needs a "now" consistent with the samples.
 
 Ticks.  Like the real NVML sampler (which returns every driver buffer point since the
-previous call), each ``sample()`` returns everything recorded since the previous call:
+previous call), each ``advance()`` returns everything recorded since the previous call:
 the utilisation points of every trace tick that fell due, the newest scalar readings,
 and host/process rates averaged over those ticks.  So a face may tick at any interval and
 no recorded point is lost.  When the trace is exhausted the watched tree's root reads as
@@ -24,7 +25,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import replace
 
@@ -113,12 +113,7 @@ def merge_tree(samples: list[ProcTreeSample], t_s: float, alive: bool) -> ProcTr
 
 
 class Replay:
-    """Plays snapshots against the wall clock; the three stand-ins read from it.
-
-    Whichever stand-in is asked first in a tick advances the replay; the others return
-    their part of the same merged snapshot, so any order of calls (and a Monitor without
-    one of the samplers) gives one consistent tick.
-    """
+    """Plays snapshots against the wall clock: ``advance()`` hands out what fell due."""
 
     def __init__(
         self,
@@ -233,18 +228,6 @@ class Replay:
             tree = ProcTreeSample(t_s=t_s, root_pid=self.root_pid, root_alive=not self.finished)
         return Snapshot(t_s=t_s, gpus=tuple(gpus), host=host, tree=tree)
 
-    def _frame_for(self, seen: int) -> Snapshot:
-        """The current frame if this caller has not read it yet, else a new one."""
-        if seen >= self.frame:
-            return self.advance()
-        return self.current
-
-    # --- the stand-ins ------------------------------------------------------------------
-
-    def samplers(self) -> tuple[ReplayNvmlSampler, ReplayHostSampler, ReplayProcessTreeSampler]:
-        """(nvml, host, tree) stand-ins to pass to ``Monitor``."""
-        return ReplayNvmlSampler(self), ReplayHostSampler(self), ReplayProcessTreeSampler(self)
-
 
 def _identities(header: TraceHeader | None, first: Snapshot) -> tuple[GpuIdentity, ...]:
     if header is not None and header.gpus:
@@ -268,65 +251,3 @@ def _root_pid(header: TraceHeader | None, first: Snapshot) -> int:
     # No tree recorded: the first process seen on a GPU stands for the run.
     pids = sorted(p.pid for g in first.gpus for p in g.processes or ())
     return pids[0] if pids else DEFAULT_PID
-
-
-class _StandIn:
-    def __init__(self, replay: Replay) -> None:
-        self.replay = replay
-        self._seen = 0
-
-    def _frame(self) -> Snapshot:
-        snap = self.replay._frame_for(self._seen)
-        self._seen = self.replay.frame
-        return snap
-
-
-class ReplayNvmlSampler(_StandIn):
-    """``NvmlSampler``'s interface over a trace: ``gpus``, ``sample()``, versions, errors."""
-
-    def __init__(self, replay: Replay) -> None:
-        super().__init__(replay)
-        header = replay.header
-        self.driver_version = None if header is None else header.driver_version
-        self.nvml_version = None if header is None else header.nvml_version
-        self.errors: Counter[str] = Counter()
-        self.start_s = replay.live_start_s
-
-    @property
-    def gpus(self) -> tuple[GpuIdentity, ...]:
-        return self.replay.gpu_identities
-
-    def sample(self) -> tuple[GpuSample, ...]:
-        return self._frame().gpus
-
-
-class ReplayHostSampler(_StandIn):
-    """``HostSampler``'s interface over a trace."""
-
-    def sample(self) -> HostSample:
-        host = self._frame().host
-        return host if host is not None else HostSample(t_s=self.replay.current.t_s)
-
-
-class ReplayProcessTreeSampler(_StandIn):
-    """``ProcessTreeSampler``'s interface over a trace; the root 'exits' when it ends."""
-
-    def __init__(self, replay: Replay) -> None:
-        super().__init__(replay)
-        self.root_pid = replay.root_pid
-        header = replay.header
-        self._cmdline = None if header is None else header.command
-
-    def cmdline(self) -> tuple[str, ...] | None:
-        return self._cmdline
-
-    def root_alive(self) -> bool:
-        return not self.replay.finished
-
-    def sample(self) -> ProcTreeSample:
-        tree = self._frame().tree
-        if tree is not None:
-            return tree
-        return ProcTreeSample(
-            t_s=self.replay.current.t_s, root_pid=self.root_pid, root_alive=self.root_alive()
-        )

@@ -23,11 +23,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gpumon.detect import DetectorConfig
 from gpumon.errors import GpumonError
 from gpumon.faces.common import positive_float
+from gpumon.loop import paced
 from gpumon.model import Snapshot, TraceHeader
-from gpumon.monitor import Monitor, paced
-from gpumon.sample.replay import Replay
 from gpumon.session import Session, Tick
 from gpumon.traces.jsonl import TraceReader
 
@@ -178,13 +178,16 @@ class DemoServer:
         from gpumon.faces.serve.daemon import ServeState
         from gpumon.faces.serve.http import MetricsServer
         from gpumon.faces.serve.log import EventLog
-        from gpumon.sample.joblabels import JobResolver
 
-        self.replay = Replay(
-            trace.snapshots, header=trace.header, speed=speed, live_start_s=live_start_s
+        # The daemon's own replay of the trace, judged as the daemon judges: tick by tick.
+        self.session = Session.replay(
+            trace.header,
+            trace.snapshots,
+            speed=speed,
+            live_start_s=live_start_s,
+            interval_s=SERVE_INTERVAL_S,
+            config=DetectorConfig(),
         )
-        nvml, host, tree = self.replay.samplers()
-        monitor = Monitor(nvml, host, tree, interval_s=SERVE_INTERVAL_S)  # type: ignore[arg-type]
         self.log_path = os.path.join(log_dir, "gpumon-serve.log")
         cfg = ServeConfig(
             address="127.0.0.1",
@@ -198,12 +201,12 @@ class DemoServer:
         # The daemon's clocks follow the replay, so log times and periodic summaries are
         # those of the recorded run, started now.
         self.state = ServeState(
-            monitor,
+            self.session,
             cfg,
             EventLog(cfg.log_path),
-            resolver=JobResolver(()),
-            mono=self.replay.now,
-            wall=lambda: wall0 + (self.replay.now() - live_start_s),
+            resolver=Session.job_resolver(()),
+            mono=self.session.replay_now,
+            wall=lambda: wall0 + (self.session.replay_now() - live_start_s),
         )
         self.server = MetricsServer(cfg, make_registry(self.state))
         self.url = f"http://127.0.0.1:{self.server.port}/metrics"
@@ -221,7 +224,7 @@ class DemoServer:
     def _loop(self) -> None:
         for _ in paced(SERVE_INTERVAL_S, self.stop):
             self.state.step()
-            if self.replay.finished:  # the run is over: its episodes end with its last tick
+            if self.session.replay_finished:  # over: its episodes end with its last tick
                 return
 
     def close(self, reason: str) -> None:

@@ -94,12 +94,10 @@ class GpumonCollector(Collector):
         self.state = state
         self.http = http
         self._last_scrape_s: float | None = None
-        nvml = state.monitor.nvml
-        self._build_labels = build_labels(
-            state.version, None if nvml is None else nvml.nvml_version, state.driver_version
-        )
+        session = state.session
+        self._build_labels = build_labels(state.version, session.nvml_version, state.driver_version)
         # Every known kind at 0 from the first scrape: a panel shows 0, not "No data".
-        self._nvml_kinds = tuple(getattr(nvml, "known_error_kinds", ()))
+        self._nvml_kinds = session.known_error_kinds
 
     def describe(self) -> Iterator[Metric]:
         # Registering must not run a scrape (client_python calls collect() when a collector
@@ -219,7 +217,7 @@ class GpumonCollector(Collector):
 
     def _detection(self) -> list[Metric]:
         st = self.state
-        seconds = st.detector.seconds_in_state()
+        seconds = st.reported_seconds  # tick by tick: never decreases (counters)
         state = GaugeMetricFamily(
             "gpumon_gpu_state",
             "The detector's current state of the GPU: 1 for the current state, 0 otherwise.",

@@ -1,8 +1,9 @@
 """`gpumon serve`: the node daemon — Prometheus metrics, a JSON-lines log, job labels.
 
 Thin: it reads the configuration (TOML, plus an exporter-toolkit ``--web.config.file``),
-builds the Monitor (the only way to samples), the daemon state, the collector and the
-HTTP server, then paces ticks until SIGTERM/SIGINT.  SIGHUP reopens the log (logrotate).
+asks the session for the node's samplers and detector, builds the daemon state, the
+collector and the HTTP server, then paces ticks until SIGTERM/SIGINT.  SIGHUP reopens the
+log (logrotate).
 Under systemd (``Type=notify``) it says READY=1 once it serves and has sampled, and feeds
 the watchdog while ticks keep completing.  Exit status: 0 on a signal, 2 for a bad
 configuration, 3 without a usable driver, 1 when the port cannot be bound.
@@ -20,7 +21,8 @@ from typing import TYPE_CHECKING, Any
 
 from gpumon.faces.common import positive_float
 from gpumon.faces.serve import config as serve_config
-from gpumon.monitor import StopFlag, paced
+from gpumon.loop import StopFlag, paced
+from gpumon.session import Session
 
 if TYPE_CHECKING:
     from gpumon.faces.serve.config import ServeConfig
@@ -110,9 +112,9 @@ def run(args: argparse.Namespace) -> int:
     _log_to_stderr(args.log_level)
     cfg = load_config(args)
     disable_created_metrics()
-    monitor = _live_monitor(cfg.interval_s)  # NoDriverError -> exit 3
+    session = Session.live(interval_s=cfg.interval_s)  # NoDriverError -> exit 3
     log = EventLog(None)
-    state = ServeState(monitor, cfg, log)
+    state = ServeState(session, cfg, log)
     stats = ConnectionStats()
     server = MetricsServer(  # port in use -> one sentence, exit 1
         cfg, make_registry(state, stats), pages=StatePages(state), stats=stats
@@ -171,16 +173,6 @@ def run(args: argparse.Namespace) -> int:
         log.close()
     print(f"gpumon: stopped ({reason}) after {state.ticks_total} ticks.", file=sys.stderr)
     return 0
-
-
-def _live_monitor(interval_s: float) -> Any:
-    """NVML and the host, as faces.common.build_monitor built them before gpumon.session:
-    kept here only until the daemon's wiring moves into the session."""
-    from gpumon.monitor import Monitor
-    from gpumon.sample.host import HostSampler
-    from gpumon.sample.nvml import NvmlSampler
-
-    return Monitor(NvmlSampler(), HostSampler(), interval_s=interval_s)
 
 
 def _log_to_stderr(level: str) -> None:

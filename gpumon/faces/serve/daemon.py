@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gpumon import __version__
-from gpumon.detect import Detector, DetectorConfig, DetectorUpdate
+from gpumon.detect import Detector, DetectorUpdate
 from gpumon.errors import GpumonError
 from gpumon.faces.serve.config import ServeConfig
 from gpumon.faces.serve.log import EventLog
@@ -31,12 +31,12 @@ from gpumon.model import (
     GpuIdentity,
     GpuSample,
     HostSample,
+    JobLabels,
     ProcTreeSample,
     Snapshot,
+    State,
 )
-from gpumon.monitor import Monitor, Tick
-from gpumon.sample.host import ProcessTreeSampler
-from gpumon.sample.joblabels import JobLabels, JobResolver
+from gpumon.session import Session, Tick
 
 # Gaps: a DataLoader hiccup is 50-500 ms, a starved step 0.2-2 s, a checkpoint or an
 # evaluation tens of seconds to minutes.  Bursts: one step's kernels, 50 ms to seconds.
@@ -140,29 +140,28 @@ class ServeState:
 
     def __init__(
         self,
-        monitor: Monitor,
+        session: Session,
         cfg: ServeConfig,
         log: EventLog,
         *,
-        resolver: JobResolver | None = None,
-        detector_config: DetectorConfig | None = None,
+        resolver: Any | None = None,
         gpus: Sequence[GpuIdentity] | None = None,
         wall: Callable[[], float] = time.time,
         mono: Callable[[], float] = time.monotonic,
         procfs: str | None = None,
     ) -> None:
-        self.monitor = monitor
+        self.session = session
         self.cfg = cfg
         self.log = log
-        self.resolver = resolver if resolver is not None else JobResolver(cfg.job_sources)
+        self.resolver = resolver if resolver is not None else session.job_resolver(cfg.job_sources)
         # Where process trees are read: the resolver's procfs unless told otherwise.
         self.procfs = procfs if procfs is not None else self.resolver.procfs
-        self.detector_config = detector_config or DetectorConfig()
-        idents = tuple(
-            gpus if gpus is not None else (monitor.nvml.gpus if monitor.nvml is not None else ())
-        )
+        idents = tuple(gpus if gpus is not None else session.gpus)
         self.identities = idents
-        self.detector = Detector(self.detector_config, idents)
+        # The node's detector (the session's, or one for the GPUs given).
+        det = session.detector if gpus is None else session.new_detector(idents)
+        assert det is not None, "the daemon's session must judge"
+        self.detector: Detector = det
         self.gpus: dict[int, GpuRuntime] = {g.index: GpuRuntime(g) for g in idents}
         self.jobs: dict[JobKey, JobRuntime] = {}
         # The open episode per GPU (and None: the node), kept from the detector's updates:
@@ -174,7 +173,7 @@ class ServeState:
         self._mono = mono
         self.started_wall_s = wall()
         self._wall_minus_mono = self.started_wall_s - mono()
-        self.driver_version = None if monitor.nvml is None else monitor.nvml.driver_version
+        self.driver_version = session.driver_version
         self.version = __version__
         self.ticks_total = 0
         self.tick_errors_total = 0
@@ -190,7 +189,12 @@ class ServeState:
         self._expired: list[JobKey] = []
         # Each tracked job's process-tree sampler and its root pid (None: the root could
         # not be read); only the sampling thread touches it.
-        self._trees: dict[JobKey, tuple[int, ProcessTreeSampler | None]] = {}
+        self._trees: dict[JobKey, tuple[int, Any | None]] = {}
+        # Seconds per state each GPU (None: the node) was reported in, tick by tick: the
+        # exported counters only ever grow (the detector's own totals move back when it
+        # backdates an episode to its onset, which Prometheus would take for a reset).
+        self.reported_seconds: dict[int | None, dict[State, float]] = {}
+        self._last_t: float | None = None
 
     # --- time ------------------------------------------------------------------------------
 
@@ -202,7 +206,7 @@ class ServeState:
     def step(self) -> None:
         """One tick: sample, read /proc, fold it in (lock), write the log.  Never raises."""
         try:
-            tick = self.monitor.tick()
+            tick = self.session.sample()  # judged in _fold, with the jobs' process trees
         except Exception as exc:  # a bug or an unforeseen driver/proc fault: skip the tick
             self._tick_failed("sampling", exc)
             return
@@ -251,6 +255,7 @@ class ServeState:
             tree = whole[0].tree_sample if len(whole) == 1 else None
             update = self.detector.update(snap if tree is None else replace(snap, tree=tree))
         _track(self.episodes, update)
+        self._count_seconds(snap.t_s)
         for gpu, seconds in update.gaps:
             if gpu in self.gpus:
                 self.gpus[gpu].gaps.observe(seconds)
@@ -265,8 +270,7 @@ class ServeState:
         self.ticks_total += 1
         self.last_sample_wall_s = self.wall_of(snap.t_s)
         self.last_sample_duration_s = tick.sample_duration_s
-        if self.monitor.nvml is not None:
-            self.nvml_errors = dict(self.monitor.nvml.errors)
+        self.nvml_errors = self.session.nvml_errors
         now = self._mono()
         if now - self._last_summary_mono >= self.cfg.summary_interval_s:
             self._last_summary_mono = now
@@ -308,8 +312,7 @@ class ServeState:
 
     def _identity_of(self, g: GpuSample) -> GpuIdentity:
         """The sampler's identity of the GPU (name, bus id, ...), else index and UUID."""
-        nvml = self.monitor.nvml
-        for ident in () if nvml is None else nvml.gpus:
+        for ident in self.session.gpus:
             if ident.index == g.gpu and ident.uuid == g.uuid:
                 return ident
         return GpuIdentity(index=g.gpu, uuid=g.uuid)
@@ -456,7 +459,7 @@ class ServeState:
         if kept is None or kept[0] != root:
             self._drop_tree(key)
             try:
-                tree = ProcessTreeSampler(root, procfs=self.procfs)
+                tree = self.session.process_tree(root, procfs=self.procfs)
             except GpumonError:  # gone or not readable: no tree for this root
                 self._trees[key] = (root, None)
                 return None
@@ -503,7 +506,19 @@ class ServeState:
 
     def _job_detector(self, gpus: frozenset[int]) -> Detector:
         idents = [rt.identity for i, rt in self.gpus.items() if i in gpus]
-        return Detector(self.detector_config, idents)
+        return self.session.new_detector(idents)
+
+    def _count_seconds(self, t: float) -> None:
+        """Add the time since the last tick to the state each GPU (and the node) is in."""
+        last, self._last_t = self._last_t, t
+        if last is None or not 0 < t - last < 60.0:  # (a stalled loop adds nothing)
+            return
+        dt = t - last
+        for key, ep in self.episodes.items():
+            per = self.reported_seconds.get(key)
+            if per is None:
+                per = self.reported_seconds[key] = dict.fromkeys(State, 0.0)
+            per[ep.state] += dt
 
     # --- the log -------------------------------------------------------------------------------
 
@@ -539,12 +554,13 @@ class ServeState:
             "evidence": dict(ep.evidence),
             "advice": list(ep.advice),
             "note": ep.note,
+            "reason": None if ep.reason is None else str(ep.reason),
         }
 
     def summary(self, event: str = "summary") -> dict[str, Any]:
         """A periodic (and final) line: each GPU's state and time per state, jobs, health."""
         verdict = self.detector.verdict()
-        seconds = self.detector.seconds_in_state()
+        seconds = self.reported_seconds
         gpus = []
         for v in verdict.gpus:
             rt = self.gpus.get(v.gpu)
@@ -562,12 +578,20 @@ class ServeState:
             last, since = self.last_sample_wall_s, rt and self.wall_of(rt.lost_since_s)
             if last is not None and since is not None:
                 gpus[-1]["lost_for_s"] = round(last - since, 1)
+        run = self.detector.summary()
         return {
             "time": self._wall(),
             "event": event,
             "version": self.version,
             "node_state": str(verdict.state),
             "node_cause": None if verdict.cause is None else str(verdict.cause),
+            # The node's run so far, as `gpumon analyze` and the watch summary say it.
+            "verdict": str(run.verdict),
+            "cause": None if run.cause is None else str(run.cause),
+            "reason": None if run.reason is None else str(run.reason),
+            "effective_gpus": run.effective_gpus,
+            "speedup_if_fed": run.speedup_if_fed,
+            "advice": list(run.advice),
             "gpus": gpus,
             "jobs": [dict(j.labels.as_dict(), gpus=sorted(j.gpus)) for j in self.jobs.values()],
             "lost_gpu_seconds": round(self.detector.lost_gpu_seconds(), 1),
