@@ -110,23 +110,33 @@ class OneHertz:
     tick every GPU's sample-buffer and process-utilisation cursors move back one second,
     so each tick reads a second of driver samples (mapped onto the advancing clock, so the
     detector sees a coherent 1 Hz stream) and the detector runs its 1 Hz schedule.
+
+    Several contenders, each with its own samplers, each get their own ``OneHertz``: the
+    clock gpumon's modules see is the real one plus the offset of the one that stepped
+    last, so each contender's ticks are one second apart on its own clock whatever the
+    others did in between (a shared clock would give each stream holes).  Every contender
+    that reads the clock (a host sampler's rates too) needs its own, stepped before each
+    call: the clock moves back when another contender's is further ahead.
     """
 
-    def __init__(self, sampler: object, modules: list[types.ModuleType]) -> None:
+    _active: OneHertz | None = None
+
+    def __init__(self, samplers: object, modules: list[types.ModuleType]) -> None:
         self.offset_s = 0.0
-        self._sampler = sampler
+        self._samplers = list(samplers) if isinstance(samplers, list | tuple) else [samplers]
         self._modules = modules
-        real = time.monotonic
-        clock = types.ModuleType("time")
-        clock.__dict__.update(time.__dict__)
-        clock.monotonic = lambda: real() + self.offset_s  # type: ignore[attr-defined]
-        self._clock = clock
+
+    @staticmethod
+    def _now() -> float:
+        active = OneHertz._active
+        return _REAL_MONOTONIC() + (0.0 if active is None else active.offset_s)
 
     @contextmanager
     def installed(self) -> Iterator[OneHertz]:
+        """gpumon's modules read the stepped clock inside (nesting is fine)."""
         saved = [m.time for m in self._modules]  # type: ignore[attr-defined]
         for m in self._modules:
-            m.time = self._clock  # type: ignore[attr-defined]
+            m.time = _CLOCK  # type: ignore[attr-defined]
         try:
             yield self
         finally:
@@ -134,9 +144,35 @@ class OneHertz:
                 m.time = t  # type: ignore[attr-defined]
 
     def step(self) -> None:
+        OneHertz._active = self
         self.offset_s += 1.0
-        for st in self._sampler._gpus:  # type: ignore[attr-defined]
-            if st.last_sample_ts_us:
-                st.last_sample_ts_us -= 1_000_000
-            if st.last_proc_ts_us:
-                st.last_proc_ts_us -= 1_000_000
+        for sampler in self._samplers:
+            for st in sampler._gpus:  # type: ignore[attr-defined]
+                if st.last_sample_ts_us:
+                    st.last_sample_ts_us -= 1_000_000
+                if st.last_proc_ts_us:
+                    st.last_proc_ts_us -= 1_000_000
+
+
+_REAL_MONOTONIC = time.monotonic
+_CLOCK = types.ModuleType("time")
+_CLOCK.__dict__.update(time.__dict__)
+_CLOCK.monotonic = OneHertz._now  # type: ignore[attr-defined]
+
+
+def nvml_sampler_of(session: object) -> object:
+    """The NVML sampler a live ``gpumon.session.Session`` built (its cursors are moved back
+    by ``OneHertz``; a benchmark may reach where a face may not)."""
+    monitor = session._monitor  # type: ignore[attr-defined]
+    assert monitor is not None and monitor.nvml is not None, "a live session with NVML"
+    return monitor.nvml
+
+
+#: gpumon's modules that read the monotonic clock while sampling (OneHertz patches them).
+def clock_modules() -> list[types.ModuleType]:
+    import gpumon.sample.host
+    import gpumon.sample.monitor
+    import gpumon.sample.nvml
+    import gpumon.session
+
+    return [gpumon.sample.monitor, gpumon.sample.host, gpumon.sample.nvml, gpumon.session]

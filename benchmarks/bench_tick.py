@@ -2,13 +2,20 @@
 
     python benchmarks/bench_tick.py [--quick]
 
-The floor is the same NVML calls made directly through ``pynvml`` in a loop with no
-processing (each result's fields are read out, nothing more).  gpumon's NVML part is
-``NvmlSampler.sample()``; the whole tick is ``Monitor.tick()``: NVML + host + the
-process tree + the detector.  All run in this process against the same fake GPUs,
-interleaved in rotating order (benchmarks/_timing.py), so machine noise hits all alike;
-the figure that matters is the ratio.  Medians over rounds of process CPU time per call
-(wall-clock printed for reference: on a loaded machine it mostly measures the wait).
+The floor makes the NVML calls gpumon makes per tick, each the way gpumon makes it, with
+no processing: the driver's utilisation sample buffer in ONE C call into a kept buffer
+(as gpumon reads it; pynvml's wrapper makes two calls and builds a Python object per
+sample), the GPM sample and metrics calls (two C calls into kept buffers, as gpumon
+makes them), and pynvml's own functions for the rest (utilisation, memory, power, power
+limit, SM clock, clock-event reasons, temperature, PCIe every 5th tick, the compute
+processes and their SM utilisation); each result's values are read out, nothing more.
+gpumon's NVML part is ``NvmlSampler.sample()``; the whole tick is what ``gpumon watch``
+runs, ``Session.live(pid=...).tick()``: NVML + host + the process tree + the detector.
+All run in this process against the same fake GPUs (H100s with GPM, as the fake
+describes them), interleaved in rotating order (benchmarks/_timing.py), so machine noise
+hits all alike; the figure that matters is the ratio.  Medians over rounds of process
+CPU time per call (wall-clock printed for reference: on a loaded machine it mostly
+measures the wait).
 
 Ticks run back to back but cost what a 1 Hz tick costs (``OneHertz``): before each, the
 driver-buffer cursors of gpumon and of the floor move back one second (each call reads a
@@ -16,13 +23,15 @@ second of samples, ~6 per GPU, and of per-process utilisation) and gpumon's cloc
 forward one second (PCIe read every 5th tick, the detector classifies on its 1 Hz
 schedule).  Back to back without it the buffer would be empty and the detector idle.
 
-Targets (issue 7): NVML part within 1.3x of the bare calls; a whole tick under 1 ms at
-8 GPUs and a 32-process tree (judged on CPU time).
+Targets (issue 12): NVML part within 1.3x of the one-call floor; a whole tick under 1 ms
+at 8 GPUs and a 32-process tree (judged on CPU time).
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
+import struct
 import subprocess
 import sys
 import tempfile
@@ -35,38 +44,79 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _timing import OneHertz, interleaved, ratio, table  # noqa: E402
+from _timing import OneHertz, clock_modules, interleaved, nvml_sampler_of, ratio, table  # noqa: E402
 from fakenvml import FakeGPU, Pattern, Process, Scenario, load_in_process, write_scenario  # noqa: E402
 
 PROCTREE = ROOT / "tests" / "helpers" / "proctree.py"
 
 
-def make_floor(n_gpus: int) -> Callable[[], None]:
-    """The bare pynvml calls gpumon makes per tick, with no processing at all."""
+class _FloorGpm:
+    """GPM's two calls per GPU, bare: a sample into one of two kept buffers, then the
+    metrics of the pair (three metrics), values unpacked."""
+
+    def __init__(self, handle: object) -> None:
+        import pynvml as n
+
+        self.handle = handle
+        self.sample_get = n._nvmlGetFunctionPointer("nvmlGpmSampleGet")
+        self.metrics_get = n._nvmlGetFunctionPointer("nvmlGpmMetricsGet")
+        self.bufs = (n.nvmlGpmSampleAlloc(), n.nvmlGpmSampleAlloc())
+        ids = (n.NVML_GPM_METRIC_SM_UTIL, n.NVML_GPM_METRIC_SM_OCCUPANCY,
+               n.NVML_GPM_METRIC_ANY_TENSOR_UTIL)  # fmt: skip
+        self.reqs = []
+        off = n.c_nvmlGpmMetricsGet_t.metrics.offset
+        for a, b in (self.bufs, self.bufs[::-1]):
+            req = n.c_nvmlGpmMetricsGet_t()
+            req.version, req.numMetrics, req.sample1, req.sample2 = 1, 3, a, b
+            for i, m in enumerate(ids):
+                req.metrics[i].metricId = m
+            self.reqs.append((ctypes.byref(req), memoryview(req).cast("B")[off : off + 120]))
+        self.layout = struct.Struct("@" + "Iid24x" * 3)
+        self.turn = 0
+        self.sample_get(handle, self.bufs[1])
+
+    def read(self) -> None:
+        self.sample_get(self.handle, self.bufs[self.turn])
+        ref, view = self.reqs[1 - self.turn]
+        self.metrics_get(ref)
+        self.layout.unpack(view)
+        self.turn = 1 - self.turn
+
+
+def make_floor(n_gpus: int, gpm: bool) -> tuple[Callable[[], None], Callable[[], None]]:
+    """The bare NVML calls gpumon makes per tick (see the docstring), and GPM's alone."""
     import pynvml as n
 
     handles = [n.nvmlDeviceGetHandleByIndex(i) for i in range(n_gpus)]
     last = [0] * n_gpus
     last_proc = [0] * n_gpus
     calls = [0]
+    get_samples = n._nvmlGetFunctionPointer("nvmlDeviceGetSamples")
+    cap = 1024
+    buf = (n.c_nvmlSample_t * cap)()
+    raw = memoryview(buf).cast("B")
+    layout = struct.Struct("@QI4x")
+    count, value_type = ctypes.c_uint(0), ctypes.c_uint(0)
+    count_ref, value_type_ref = ctypes.byref(count), ctypes.byref(value_type)
+    util_type = ctypes.c_uint(n.NVML_GPU_UTILIZATION_SAMPLES)
+    gpms = [_FloorGpm(h) for h in handles] if gpm else []
 
     def floor() -> None:
-        # Each call's values are read out (a struct's fields, each sample's timestamp and
-        # value): calls whose results are never looked at would not be a fair floor.  Like
-        # gpumon's (OneHertz), its cursors move back 1 s: each call reads a second's samples,
-        # and every 5th call reads PCIe throughput (gpumon: every 5 s).
+        # Like gpumon's (OneHertz), its cursors move back 1 s: each call reads a second's
+        # samples, and every 5th call reads PCIe throughput (gpumon: every 5 s).
         calls[0] += 1
         pcie = calls[0] % 5 == 0
         for i, h in enumerate(handles):
             last[i] = max(0, last[i] - 1_000_000)
             last_proc[i] = max(0, last_proc[i] - 1_000_000)
-            try:
-                _, samples = n.nvmlDeviceGetSamples(h, n.NVML_GPU_UTILIZATION_SAMPLES, last[i])
-                for s in samples:
-                    last[i] = max(last[i], s.timeStamp)
-                    s.sampleValue.uiVal  # noqa: B018
-            except n.NVMLError_NotFound:
-                pass
+            count.value = cap
+            ret = get_samples(
+                h, util_type, ctypes.c_ulonglong(last[i]), value_type_ref, count_ref, buf
+            )
+            if ret == 0:
+                for ts, _value in layout.iter_unpack(raw[: count.value * layout.size]):
+                    if ts > last[i]:
+                        last[i] = ts
             rates = n.nvmlDeviceGetUtilizationRates(h)
             rates.gpu, rates.memory  # noqa: B018
             mem = n.nvmlDeviceGetMemoryInfo(h)
@@ -89,8 +139,14 @@ def make_floor(n_gpus: int) -> Callable[[], None]:
                         s.pid, s.smUtil  # noqa: B018
                 except n.NVMLError_NotFound:
                     pass
+            if gpm:
+                gpms[i].read()
 
-    return floor
+    def gpm_floor() -> None:
+        for g in gpms:
+            g.read()
+
+    return floor, gpm_floor
 
 
 def start_tree(n_procs: int) -> tuple[subprocess.Popen[str], int]:
@@ -110,42 +166,51 @@ def main() -> int:
     args = parser.parse_args()
     rounds = 7 if args.quick else 31
 
-    import gpumon.monitor
-    import gpumon.sample.host
-    import gpumon.sample.nvml
-    from gpumon.detect import Detector
-    from gpumon.monitor import Monitor
-    from gpumon.sample.host import HostSampler, ProcessTreeSampler
+    from gpumon.sample.host import FdBudget, HostSampler, ProcessTreeSampler
     from gpumon.sample.nvml import NvmlSampler
+    from gpumon.session import Session
 
-    modules = [gpumon.monitor, gpumon.sample.host, gpumon.sample.nvml]
+    modules = clock_modules()
     scenario_path = Path(tempfile.mkdtemp()) / "scenario.txt"
     rows: list[tuple[str, str, str, str, str, str]] = []
     parts: list[str] = []
     ok_all = True
     for n_gpus in (1, 8):
-        gpu = FakeGPU(pattern=Pattern.burst(1.0, 0.4), processes=[Process(4242)])
+        gpu = FakeGPU(
+            pattern=Pattern.burst(1.0, 0.4), processes=[Process(4242)], gpm_supported=True
+        )
         write_scenario(scenario_path, Scenario(gpus=[gpu] * n_gpus))
         if n_gpus == 1:
             load_in_process(scenario_path)  # once: gpumon calls nvmlInit once per process
         time.sleep(0.05)  # the fake notices a rewritten scenario within ~10 ms
         sampler = NvmlSampler()
         hz = OneHertz(sampler, modules)
-        floor = make_floor(n_gpus)
+        floor, gpm_floor = make_floor(n_gpus, gpm=True)
+        gpm_t = [0.0]
+        gpm_sampler = NvmlSampler()  # GPM's own readers: their last-read times are not shared
 
         def nvml_part(hz: OneHertz = hz, sampler: NvmlSampler = sampler) -> None:
             hz.step()
             sampler.sample()
 
+        def gpm_part(sampler: NvmlSampler = gpm_sampler, t: list[float] = gpm_t) -> None:
+            t[0] += 1.0  # a second apart, as at 1 Hz
+            for st in sampler._gpus:
+                st.gpm.read(st.handle, t[0])
+
         per = 20 if n_gpus == 1 else 4
         with hz.installed():
-            res = interleaved({"floor": floor, "nvml": nvml_part}, rounds=rounds, per_batch=per)
+            res = interleaved(
+                {"floor": floor, "nvml": nvml_part, "gpm_floor": gpm_floor, "gpm": gpm_part},
+                rounds=rounds,
+                per_batch={"floor": per, "nvml": per, "gpm_floor": 4 * per, "gpm": 4 * per},
+            )
         r = ratio(res["nvml"], res["floor"])
         ok = r <= 1.3
         ok_all &= ok
         rows.append(
             (
-                f"NVML part, {n_gpus} GPU (CPU us; floor)",
+                f"NVML part, {n_gpus} GPU (CPU us; one-call floor)",
                 f"{res['nvml'].cpu_us:.0f}",
                 f"{res['floor'].cpu_us:.0f}",
                 f"{r:.2f}",
@@ -153,32 +218,57 @@ def main() -> int:
                 "PASS" if ok else "FAIL",
             )
         )
+        rows.append(
+            (
+                "  of it GPM, per GPU (CPU us; its 2 calls)",
+                f"{res['gpm'].cpu_us / n_gpus:.1f}",
+                f"{res['gpm_floor'].cpu_us / n_gpus:.1f}",
+                f"{ratio(res['gpm'], res['gpm_floor']):.2f}",
+                "",
+                "",
+            )
+        )
         for n_procs in (1, 32, 128):
             tree_proc, pid = start_tree(n_procs)
             try:
-                host, tree = HostSampler(), ProcessTreeSampler(pid)
-                monitor = Monitor(sampler, host, tree, Detector(gpus=sampler.gpus))
-                bare = Monitor(sampler, host, tree, None)  # the same tick without a detector
+                session = Session.live(pid=pid, interval_s=1.0)
+                bare = Session.live(pid=pid, interval_s=1.0, judge=False)  # no detector
+                # The tree alone, with a file budget of its own: the two sessions' trees
+                # keep up to 2 x 384 files open, a third would overrun the shared 1024.
+                host, tree = HostSampler(), ProcessTreeSampler(pid, fd_budget=FdBudget(1024))
+                # Each contender on its own clock, one second a tick (see OneHertz).
+                hz_tick = OneHertz(nvml_sampler_of(session), modules)
+                hz_bare = OneHertz(nvml_sampler_of(bare), modules)
+                hz_host, hz_tree = OneHertz((), modules), OneHertz((), modules)
 
-                def tick(hz: OneHertz = hz, monitor: Monitor = monitor) -> None:
+                def tick(hz: OneHertz = hz_tick, session: Session = session) -> None:
                     hz.step()
-                    monitor.tick()
+                    session.tick()
 
-                def no_detector(hz: OneHertz = hz, bare: Monitor = bare) -> None:
+                def no_detector(hz: OneHertz = hz_bare, bare: Session = bare) -> None:
                     hz.step()
                     bare.tick()
 
+                def host_part(hz: OneHertz = hz_host, host: HostSampler = host) -> None:
+                    hz.step()
+                    host.sample()
+
+                def tree_part(hz: OneHertz = hz_tree, tree: ProcessTreeSampler = tree) -> None:
+                    hz.step()
+                    tree.sample()
+
                 with hz.installed():
-                    monitor.tick()
-                    assert len(monitor.tick().snapshot.tree.processes) == n_procs
+                    tick()
+                    hz_tick.step()
+                    assert len(session.tick().snapshot.tree.processes) == n_procs
                     res = interleaved(
                         {
                             "floor": floor,
                             "tick": tick,
                             "no_detector": no_detector,
                             "nvml": nvml_part,
-                            "host": host.sample,
-                            "tree": tree.sample,
+                            "host": host_part,
+                            "tree": tree_part,
                         },
                         rounds=rounds,
                         per_batch={
@@ -190,9 +280,11 @@ def main() -> int:
                             "tree": max(2, 40 // n_procs),
                         },
                     )
+                    verdict = session.verdict()
             finally:
                 tree_proc.terminate()
                 tree_proc.wait()
+            assert verdict is not None and verdict.state.value == "starved", verdict
             target = (n_gpus, n_procs) == (8, 32)
             ok = res["tick"].cpu_us < 1000.0
             ok_all &= ok or not target

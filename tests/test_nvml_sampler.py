@@ -92,7 +92,7 @@ def test_burst_samples_come_through_without_loss_between_ticks(nvml) -> None:
         time.sleep(0.7)  # ticks far slower than the driver's sample period
         (sample,) = sampler.sample()
         points.extend(sample.util_samples)
-    times = [p.t_s for p in points]
+    times = [t for t, _ in points]  # (t_s, util_pct) pairs
     assert times == sorted(times) and len(set(times)) == len(times)  # no duplicates
     gaps = [b - a for a, b in itertools.pairwise(times)]
     assert max(gaps) == pytest.approx(sample_period, abs=0.01)  # nothing lost between ticks
@@ -100,9 +100,9 @@ def test_burst_samples_come_through_without_loss_between_ticks(nvml) -> None:
     # Converted to our monotonic clock: within the sampling window.
     assert start - 0.01 <= times[0] and times[-1] <= time.monotonic()
     # The pattern survives: the sampled duty cycle is the scenario's, not a smeared 100 %.
-    mean = sum(p.util_pct for p in points) / len(points) / 100.0
+    mean = sum(u for _, u in points) / len(points) / 100.0
     assert mean == pytest.approx(duty, abs=0.08)
-    assert min(p.util_pct for p in points) == 0.0 and max(p.util_pct for p in points) == 100.0
+    assert min(u for _, u in points) == 0.0 and max(u for _, u in points) == 100.0
 
 
 def test_one_call_sample_buffer_reads_what_pynvml_reads(nvml) -> None:
@@ -125,13 +125,13 @@ def test_one_call_sample_buffer_reads_what_pynvml_reads(nvml) -> None:
         time.sleep(0.3)
     # A driver sample may land between the three reads (a new one at the end, the oldest
     # gone from the start of the history): compare the span all three read.
-    start = max(got[0].t_s for got in points) - 1e-3
-    end = min(got[-1].t_s for got in points) + 1e-3
-    common = [[p for p in got if start <= p.t_s <= end] for got in points]
+    start = max(got[0][0] for got in points) - 1e-3
+    end = min(got[-1][0] for got in points) + 1e-3
+    common = [[(t, u) for t, u in got if start <= t <= end] for got in points]
     assert len(common[0]) >= 110  # the driver's history (120), then the new samples
-    values = [[p.util_pct for p in got] for got in common]
+    values = [[u for _, u in got] for got in common]
     assert values[0] == values[1] == values[2]
-    ts = [[p.t_s for p in got] for got in common]
+    ts = [[t for t, _ in got] for got in common]
     assert ts[0] == pytest.approx(ts[1], abs=1e-3) == ts[2]
 
 
@@ -153,15 +153,15 @@ def test_sample_timestamps_on_any_clock_land_on_ours(nvml, clock: str) -> None:
     assert chosen in clocks
     skew = abs(time.clock_gettime(clocks[chosen]) - time.clock_gettime(clocks[clock]))
     assert skew < 1.0
-    for p in sample.util_samples:
-        assert sampler.start_s - 0.2 <= p.t_s <= before + 0.01
+    for t, _ in sample.util_samples:
+        assert sampler.start_s - 0.2 <= t <= before + 0.01
 
 
 def test_samples_buffered_before_start_are_not_replayed(nvml) -> None:
     nvml.set(Scenario(epoch=time.monotonic() - 30.0))  # the buffer is full of old samples
     sampler = NvmlSampler()
     (sample,) = sampler.sample()
-    assert all(p.t_s >= sampler.start_s for p in sample.util_samples)
+    assert all(t >= sampler.start_s for t, _ in sample.util_samples)
 
 
 def test_unsupported_fields_are_absent_and_retried_only_later(nvml) -> None:
@@ -448,11 +448,11 @@ SAMPLE_THEN_MAPS = """
 import sys, time
 from gpumon.sample.nvml import NvmlSampler
 from gpumon.traces.jsonl import TraceReader
-from gpumon.monitor import Monitor
+from gpumon.sample.monitor import Monitor
 from gpumon.sample.host import HostSampler
 m = Monitor(NvmlSampler(), HostSampler())
 for _ in range(3):
-    m.tick(); time.sleep(0.1)
+    m.sample(); time.sleep(0.1)
 maps = open("/proc/self/maps").read()
 print("nvml" if "libnvidia-ml.so.1" in maps else "no-nvml")
 print("cuda" if "libcuda" in maps or "libcudart" in maps else "no-cuda")

@@ -33,17 +33,20 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, TypeVar
 
 import pynvml
 
 from gpumon.errors import NoDriverError
-from gpumon.model import GpuIdentity, GpuProcess, GpuSample, MigActivity, UtilPoint
+from gpumon.model import GpuIdentity, GpuProcess, GpuSample, MigActivity, Point
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+_CLOCK_SM = pynvml.NVML_CLOCK_SM
+_TEMPERATURE_GPU = pynvml.NVML_TEMPERATURE_GPU
 
 _init_lock = threading.Lock()
 _init_done = False
@@ -134,12 +137,25 @@ class SampleClock:
         self._clock_id: int | None = None
         self._anchor_offset_s: float | None = None
 
-    def offset_s(self, newest_ts_us: int) -> float:
-        """Seconds to subtract from ``ts_us / 1e6`` to land on time.monotonic()."""
+    def offset_s(
+        self, newest_ts_us: int, tick: dict[int, tuple[float, float]] | None = None
+    ) -> float:
+        """Seconds to subtract from ``ts_us / 1e6`` to land on time.monotonic().
+
+        ``tick``: the clocks' offsets read once per tick for every GPU (two clocks drift
+        apart by microseconds a second at most, NTP's slew; a jump is caught below).
+        """
         newest_s = newest_ts_us / 1e6
-        if self._clock_id is not None:
-            offset = time.clock_gettime(self._clock_id) - time.monotonic()
-            if newest_s - offset <= time.monotonic() + self._MAX_AHEAD_S:
+        clock_id = self._clock_id
+        if clock_id is not None:
+            known = None if tick is None else tick.get(clock_id)
+            if known is None:
+                offset = time.clock_gettime(clock_id) - (now := time.monotonic())
+                if tick is not None:
+                    tick[clock_id] = (offset, now)
+            else:
+                offset, now = known
+            if newest_s - offset <= now + self._MAX_AHEAD_S:
                 return offset
             self._clock_id = None  # the clock jumped or was misjudged: choose again
         elif self._anchor_offset_s is not None:
@@ -192,7 +208,8 @@ class _SampleBuffer:
             return None
 
     def read(self, handle: Any, last_seen_us: int) -> list[tuple[int, int]] | None:
-        """(timeStamp, uiVal) of the samples after ``last_seen_us``; None if the buffer filled."""
+        """(timeStamp, uiVal) of the samples after ``last_seen_us``, oldest first; None if
+        the buffer filled."""
         self._count.value = self.capacity
         ret = self._fn(
             handle,
@@ -207,7 +224,8 @@ class _SampleBuffer:
         n = self._count.value
         if n >= self.capacity:
             return None
-        return list(self._LAYOUT.iter_unpack(self._bytes[: n * self._LAYOUT.size]))
+        # Sorted: the driver returns them oldest first, so this is one pass to confirm.
+        return sorted(self._LAYOUT.iter_unpack(self._bytes[: n * self._LAYOUT.size]))
 
 
 GpmReading = tuple[float | None, float | None, float | None]
@@ -259,6 +277,10 @@ class _Gpm:
             view = memoryview(req).cast("B")[offset : offset + len(ids) * self._METRIC.size]
             self._views.append((req, view))
         self._layout = struct.Struct("@" + "Iid24x" * len(ids))
+        # Per turn: the buffer filled, then the request that has it as sample2 and its bytes.
+        self._steps = tuple(
+            (self._buffers[k], self._requests[1 - k], self._views[1 - k][1]) for k in (0, 1)
+        )
         self._turn = 0  # which buffer the next sample goes into
         self._last_t: float | None = None
         self.values: GpmReading = _NO_GPM
@@ -279,23 +301,22 @@ class _Gpm:
         if last is not None and t_s - last < self.MIN_INTERVAL_S:
             return self.values
         turn = self._turn
-        buf = self._buffers[turn]
+        buf, request, view = self._steps[turn]
         if self._gi is None:
             ret = self._sample_fn(handle, buf)
         else:
             ret = self._sample_fn(handle, self._gi, buf)
-        if ret != pynvml.NVML_SUCCESS:
+        if ret:
             raise pynvml.NVMLError(ret)
         self._turn = 1 - turn
         self._last_t = t_s
         if last is None:
             return _NO_GPM  # one sample: no interval yet
-        # The buffer just filled is sample2: request 0 orders (0, 1), request 1 (1, 0).
-        ret = self._metrics_fn(self._requests[1 - turn])
-        if ret != pynvml.NVML_SUCCESS:
+        ret = self._metrics_fn(request)  # the previous sample and this one
+        if ret:
             self.values = _NO_GPM
             raise pynvml.NVMLError(ret)
-        raw = self._layout.unpack(self._views[1 - turn][1])
+        raw = self._layout.unpack(view)
         self.values = (
             raw[2] / 100.0 if raw[1] == 0 and raw[2] >= 0.0 else None,
             raw[5] / 100.0 if raw[4] == 0 and raw[5] >= 0.0 else None,
@@ -359,6 +380,7 @@ class NvmlSampler:
         self.nvml_version = self._system_text(pynvml.nvmlSystemGetNVMLVersion)
         self.known_error_kinds = KNOWN_ERROR_KINDS
         self.rediscoveries = 0  # how often _rediscover ran (its cost is measured on it)
+        self._clock_offsets: dict[int, tuple[float, float]] = {}  # this tick's (SampleClock)
         self._gpus = self._discover()
         self._rediscover_at = time.monotonic() + rediscover_every_s
 
@@ -562,53 +584,55 @@ class NvmlSampler:
         if t_s >= self._rediscover_at:
             self._rediscover_at = t_s + self.rediscover_every_s
             self._rediscover(t_s)
-        return tuple(self._sample_gpu(state, t_s) for state in self._gpus)
+        self._clock_offsets.clear()
+        return tuple([self._sample_gpu(state, t_s) for state in self._gpus])
 
     def _sample_gpu(self, st: _GpuState, t_s: float) -> GpuSample:
         ident = st.identity
         if st.lost:
-            return GpuSample(t_s=t_s, gpu=ident.index, uuid=ident.uuid, lost=True)
-        util_samples = self._util_samples(st)
-        rates, mem, power_mw, limit_mw, sm_clock, reasons, temp = self._scalars(st)
-        rx, tx = self._pcie(st, t_s)
-        processes = self._processes(st)
-        sm_active, sm_occupancy, tensor_active = self._gpm(st, t_s)
+            return GpuSample(t_s, ident.index, ident.uuid, lost=True)
+        # The common case, nothing known unsupported, skips every per-field check.
+        fast = not st.unsupported_until
+        util_samples = self._util_samples(st, fast)
+        rates, mem, power_mw, limit_mw, sm_clock, reasons, temp = self._scalars(st, fast)
+        rx, tx = st.pcie if t_s - st.pcie_read_at < self.pcie_every_s else self._pcie(st, t_s)
+        processes = self._processes(st, fast)
+        gpm = st.gpm
+        sm_active = sm_occupancy = tensor_active = None
+        if gpm is not None and (fast or not self._skip(st, "gpm")):
+            try:
+                sm_active, sm_occupancy, tensor_active = gpm.read(st.handle, t_s)
+            except pynvml.NVMLError as exc:  # NotSupported (MIG on): asked again rarely
+                self._fault(st, "gpm", exc)
         mig = self._mig_activity(st, t_s) if st.mig_gpm else ()
         if st.lost:  # a call above found the GPU gone: report it lost, not half-read
-            return GpuSample(t_s=t_s, gpu=ident.index, uuid=ident.uuid, lost=True)
+            return GpuSample(t_s, ident.index, ident.uuid, lost=True)
+        # Positional, in GpuSample's field order (checked at import, _FIELD_ORDER): keyword
+        # arguments cost four times as much, and this runs for every GPU every tick.
         return GpuSample(
-            t_s=t_s,
-            gpu=ident.index,
-            uuid=ident.uuid,
-            util_samples=util_samples,
-            util_pct=None if rates is None else float(rates.gpu),
-            mem_util_pct=None if rates is None else float(rates.memory),
-            mem_used_bytes=None if mem is None else int(mem.used),
-            mem_total_bytes=None if mem is None else int(mem.total),
-            power_watts=None if power_mw is None else power_mw / 1000.0,
-            power_limit_watts=None if limit_mw is None else limit_mw / 1000.0,
-            sm_clock_mhz=sm_clock,
-            clock_event_reasons=reasons,
-            pcie_rx_bytes_per_s=rx,
-            pcie_tx_bytes_per_s=tx,
-            temperature_c=None if temp is None else float(temp),
-            processes=processes,
-            sm_active_ratio=sm_active,
-            sm_occupancy_ratio=sm_occupancy,
-            tensor_active_ratio=tensor_active,
-            mig_activity=mig,
-            unsupported=tuple(st.unsupported_until),
+            t_s,
+            ident.index,
+            ident.uuid,
+            util_samples,
+            None if rates is None else float(rates.gpu),
+            None if rates is None else float(rates.memory),
+            None if mem is None else int(mem.used),
+            None if mem is None else int(mem.total),
+            None if power_mw is None else power_mw / 1000.0,
+            None if limit_mw is None else limit_mw / 1000.0,
+            sm_clock,
+            reasons,
+            rx,
+            tx,
+            None if temp is None else float(temp),
+            processes,
+            False,
+            tuple(st.unsupported_until) if st.unsupported_until else (),
+            sm_active,
+            sm_occupancy,
+            tensor_active,
+            mig,
         )
-
-    def _gpm(self, st: _GpuState, t_s: float) -> GpmReading:
-        gpm = st.gpm
-        if gpm is None or self._skip(st, "gpm"):
-            return _NO_GPM
-        try:
-            return gpm.read(st.handle, t_s)
-        except pynvml.NVMLError as exc:  # NotSupported (MIG on): asked again only rarely
-            self._fault(st, "gpm", exc)
-            return _NO_GPM
 
     def _mig_activity(self, st: _GpuState, t_s: float) -> tuple[MigActivity, ...]:
         if self._skip(st, "gpm_mig"):
@@ -639,7 +663,7 @@ class NvmlSampler:
 
     _SCALAR_NAMES = frozenset(name for name, _, _ in _SCALARS)
 
-    def _scalars(self, st: _GpuState) -> tuple[Any, ...]:
+    def _scalars(self, st: _GpuState, fast: bool) -> tuple[Any, ...]:
         """The scalar fields, each None where unreadable.
 
         The common case, a GPU that supports everything, makes the calls back to back in
@@ -648,16 +672,16 @@ class NvmlSampler:
         the guarded path, field by field.
         """
         h = st.handle
-        if not st.unsupported_until.keys() & self._SCALAR_NAMES:
+        if fast or not st.unsupported_until.keys() & self._SCALAR_NAMES:
             try:
                 return (
                     pynvml.nvmlDeviceGetUtilizationRates(h),
                     pynvml.nvmlDeviceGetMemoryInfo(h),
                     pynvml.nvmlDeviceGetPowerUsage(h),
                     pynvml.nvmlDeviceGetEnforcedPowerLimit(h),
-                    pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM),
+                    pynvml.nvmlDeviceGetClockInfo(h, _CLOCK_SM),
                     pynvml.nvmlDeviceGetCurrentClocksEventReasons(h),
-                    pynvml.nvmlDeviceGetTemperature(h, pynvml.NVML_TEMPERATURE_GPU),
+                    pynvml.nvmlDeviceGetTemperature(h, _TEMPERATURE_GPU),
                 )
             except pynvml.NVMLError:
                 pass
@@ -665,20 +689,21 @@ class NvmlSampler:
             self._read(st, name, getattr(pynvml, fn), h, *args) for name, fn, args in self._SCALARS
         )
 
-    def _util_samples(self, st: _GpuState) -> tuple[UtilPoint, ...]:
-        if self._skip(st, "samples"):
+    def _util_samples(self, st: _GpuState, fast: bool) -> tuple[Point, ...]:
+        if not fast and self._skip(st, "samples"):
             return ()
+        last_seen = st.last_sample_ts_us
         try:
             stamped = None
             if st.sample_buffer is not None:
-                stamped = st.sample_buffer.read(st.handle, st.last_sample_ts_us)
+                stamped = st.sample_buffer.read(st.handle, last_seen)
             if stamped is None:
                 _, raw = pynvml.nvmlDeviceGetSamples(
-                    st.handle, pynvml.NVML_GPU_UTILIZATION_SAMPLES, st.last_sample_ts_us
+                    st.handle, pynvml.NVML_GPU_UTILIZATION_SAMPLES, last_seen
                 )
                 # Each field read once: a pynvml struct's attribute access runs Python
                 # code and builds a union object for the value, about 1 µs each.
-                stamped = [(s.timeStamp, s.sampleValue.uiVal) for s in raw]
+                stamped = sorted([(s.timeStamp, s.sampleValue.uiVal) for s in raw])
         except pynvml.NVMLError_NotFound:
             return ()  # nothing new since lastSeenTimeStamp: not an error
         except pynvml.NVMLError as exc:
@@ -688,18 +713,17 @@ class NvmlSampler:
             return ()
         if not stamped:
             return ()
-        newest = max(stamped)[0]
-        offset = st.clock.offset_s(newest)
-        first_call = st.last_sample_ts_us == 0
-        if newest > st.last_sample_ts_us:
+        newest = stamped[-1][0]
+        offset = st.clock.offset_s(newest, self._clock_offsets)
+        if newest > last_seen:
             st.last_sample_ts_us = newest
-        stamped.sort()  # the driver returns them oldest first: a pass to confirm
-        start = self.start_s if first_call else float("-inf")
-        return tuple(
-            UtilPoint(t, float(v))
-            for ts, v in stamped
-            if ts > 0 and (t := ts / 1e6 - offset) >= start
-        )
+        if last_seen == 0:  # the first call: drop what was buffered before the start
+            start = self.start_s
+            return tuple(
+                [(t, float(v)) for ts, v in stamped if ts > 0 and (t := ts / 1e6 - offset) >= start]
+            )
+        # Plain (t, util) pairs: a UtilPoint per sample would cost a third of the tick.
+        return tuple([(ts / 1e6 - offset, float(v)) for ts, v in stamped if ts > 0])
 
     def _pcie(self, st: _GpuState, t_s: float) -> tuple[float | None, float | None]:
         if t_s - st.pcie_read_at >= self.pcie_every_s:
@@ -721,29 +745,37 @@ class NvmlSampler:
             st.pcie = (None if rx is None else rx * 1024.0, None if tx is None else tx * 1024.0)
         return st.pcie
 
-    def _processes(self, st: _GpuState) -> tuple[GpuProcess, ...] | None:
-        if st.processes_fn is None:
-            st.processes_fn = pynvml.nvmlDeviceGetComputeRunningProcesses
+    def _processes(self, st: _GpuState, fast: bool) -> tuple[GpuProcess, ...] | None:
+        fn = st.processes_fn
+        if fn is None:
+            fn = st.processes_fn = pynvml.nvmlDeviceGetComputeRunningProcesses
         try:
-            raw = self._read(st, "processes", st.processes_fn, st.handle)
+            if fast:
+                try:
+                    raw = fn(st.handle)
+                except pynvml.NVMLError as exc:
+                    self._fault(st, "processes", exc)
+                    return None
+            else:
+                raw = self._read(st, "processes", fn, st.handle)
         except pynvml.NVMLLibraryMismatchError:
             # Driver lacks the _v3 symbol (not an NVMLError subclass): use _v2 from now on.
             st.processes_fn = pynvml.nvmlDeviceGetComputeRunningProcesses_v2
             raw = self._read(st, "processes", st.processes_fn, st.handle)
         if raw is None:
             return None
-        sm_by_pid = self._process_sm_util(st) if raw else {}
-        return tuple(
-            GpuProcess(
-                pid=int(p.pid),
-                used_mem_bytes=None if p.usedGpuMemory is None else int(p.usedGpuMemory),
-                sm_util_pct=sm_by_pid.get(int(p.pid)),
-            )
-            for p in raw
-        )
+        if not raw:
+            return ()
+        sm_by_pid = self._process_sm_util(st, fast)
+        out = []
+        for p in raw:
+            pid = int(p.pid)
+            used = p.usedGpuMemory
+            out.append(GpuProcess(pid, None if used is None else int(used), sm_by_pid.get(pid)))
+        return tuple(out)
 
-    def _process_sm_util(self, st: _GpuState) -> dict[int, float]:
-        if self._skip(st, "process_utilization"):
+    def _process_sm_util(self, st: _GpuState, fast: bool) -> dict[int, float]:
+        if not fast and self._skip(st, "process_utilization"):
             return {}
         try:
             raw = pynvml.nvmlDeviceGetProcessUtilization(st.handle, st.last_proc_ts_us)
@@ -753,7 +785,23 @@ class NvmlSampler:
             self._fault(st, "process_utilization", exc)
             return {}
         out: dict[int, float] = {}
+        newest = st.last_proc_ts_us
         for s in raw:
-            st.last_proc_ts_us = max(st.last_proc_ts_us, int(s.timeStamp))
+            ts = int(s.timeStamp)
+            if ts > newest:
+                newest = ts
             out[int(s.pid)] = float(s.smUtil)
+        st.last_proc_ts_us = newest
         return out
+
+
+# GpuSample's fields in the order _sample_gpu passes them (positionally, for speed).
+_FIELD_ORDER = (
+    "t_s", "gpu", "uuid", "util_samples", "util_pct", "mem_util_pct", "mem_used_bytes",
+    "mem_total_bytes", "power_watts", "power_limit_watts", "sm_clock_mhz",
+    "clock_event_reasons", "pcie_rx_bytes_per_s", "pcie_tx_bytes_per_s", "temperature_c",
+    "processes", "lost", "unsupported", "sm_active_ratio", "sm_occupancy_ratio",
+    "tensor_active_ratio", "mig_activity",
+)  # fmt: skip
+if tuple(f.name for f in fields(GpuSample)) != _FIELD_ORDER:
+    raise ImportError("gpumon.model.GpuSample's fields changed: update nvml._FIELD_ORDER")
