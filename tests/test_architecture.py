@@ -8,7 +8,9 @@
   gpumon.session.Session, the one place that wires sources and the detector;
 - pyproject's package list names every package under gpumon/ (it is listed, not found,
   because the dstat plugin package is mapped onto dstat_plugins/);
-- the detector is pure: no I/O modules, no clock.
+- the detector is pure: no I/O modules, no clock;
+- gpumon's modules import each other without a cycle (a function-level import that only
+  hides one still counts): each module can be read, and loaded, before those above it.
 """
 
 from __future__ import annotations
@@ -147,3 +149,54 @@ def test_only_the_session_builds_the_detector() -> None:
         if _calls_detector(p) and not module_name(p).startswith("gpumon.detect")
     }
     assert builders == {"gpumon.session"}
+
+
+def module_edges(path: Path) -> set[str]:
+    """The gpumon modules a file imports.  ``from pkg import sub`` is an edge to ``sub``
+    alone: the package is already loading when it hands out its submodule."""
+    edges: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            edges.update(a.name for a in node.names if a.name in MODULES)
+        elif isinstance(node, ast.ImportFrom) and node.module in MODULES and node.level == 0:
+            subs = {f"{node.module}.{a.name}" for a in node.names} & MODULES.keys()
+            edges.update(subs)
+            if len(subs) < len(node.names):
+                edges.add(node.module)
+    edges.discard(module_name(path))
+    return edges
+
+
+def import_cycles() -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    graph = {module_name(p): module_edges(p) for p in PACKAGE.rglob("*.py")}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while (w := stack.pop()) != v:
+                component.append(w)
+            component.append(v)
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return cycles
+
+
+def test_no_import_cycles() -> None:
+    assert import_cycles() == []

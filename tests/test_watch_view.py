@@ -20,10 +20,10 @@ from rich.text import Text
 
 from gpumon.detect import RunSummary
 from gpumon.faces.watch.keys import KeyReader, ViewControls, parse_keys
+from gpumon.faces.watch.layout import LiveView
 from gpumon.faces.watch.summary import EXIT_FAIL_ON, GpuLine, Summary, parse_states
 from gpumon.faces.watch.view import (
     HOLE,
-    LiveView,
     WatchState,
     evidence_items,
     plain_line,

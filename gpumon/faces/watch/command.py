@@ -29,9 +29,9 @@ from gpumon.errors import GpumonError, ProcessGoneError, UsageError
 from gpumon.faces.common import positive_float, write_tick
 from gpumon.faces.watch.child import Child
 from gpumon.faces.watch.keys import KeyReader, ViewControls
-from gpumon.faces.watch.layout import MIN_WIDTH
+from gpumon.faces.watch.layout import MIN_WIDTH, LiveView
 from gpumon.faces.watch.summary import EXIT_FAIL_ON, GpuLine, Summary, parse_states
-from gpumon.faces.watch.view import LiveView, WatchState, plain_line
+from gpumon.faces.watch.view import WatchState, plain_line
 from gpumon.loop import StopFlag, paced
 from gpumon.model import State, Verdict
 from gpumon.session import Session

@@ -12,12 +12,14 @@ A terminal narrower than ``MIN_WIDTH`` gets the plain per-interval lines instead
 
 from __future__ import annotations
 
+import contextlib
 import math
 import re
 import textwrap
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
+from rich.console import Console, ConsoleOptions, RenderResult
 from rich.text import Text
 
 from gpumon.faces.watch.keys import ADVICE, HELP, ViewControls
@@ -740,3 +742,26 @@ def _narrow(st: WatchState, width: int, height: int | None) -> list[Text]:
         lines += [Text("")] * (room - len(lines))
         return [*head, *lines][:height]
     return [*head, *lines]
+
+
+# --- the full screen -----------------------------------------------------------------------
+
+
+class LiveView:
+    """A ``rich`` renderable over a ``WatchState``: the screen is laid out anew on each
+    refresh for the size the terminal has then (a resize mid-run included)."""
+
+    def __init__(self, state: WatchState, controls: ViewControls | None = None) -> None:
+        self.state = state
+        self.controls = controls
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        frozen = None if self.controls is None else self.controls.frozen
+        st = frozen or self.state
+        # Live passes no height, only the console's (the terminal's, as it is now).
+        height = options.height if options.height is not None else options.max_height
+        # Build under the lock, write outside it: a slow (or XOFF'd) terminal must not hold
+        # up ``feed()`` and so the sampling.  A paused view's copy is its own.
+        with contextlib.nullcontext() if frozen is not None else self.state.lock:
+            lines = compose(st, self.controls, width=options.max_width, height=height)
+        yield from lines

@@ -9,7 +9,6 @@ output files, CI logs).
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import itertools
 import threading
@@ -17,15 +16,10 @@ import time
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
-from rich.console import Console, ConsoleOptions, RenderResult
 from rich.text import Text
 
 from gpumon.model import GpuIdentity, GpuSample, Point, Snapshot, State, Verdict
-
-if TYPE_CHECKING:
-    from gpumon.faces.watch.keys import ViewControls
 
 BLOCKS = "▁▂▃▄▅▆▇█"
 HISTORY_LINES = 200
@@ -312,28 +306,3 @@ def plain_line(st: WatchState, now_wall: float | None = None) -> str:
     if snap is not None and snap.tree is not None:
         parts.append(f"procs={len(snap.tree.processes)}")
     return " ".join(parts)
-
-
-# --- the full screen -----------------------------------------------------------------------
-
-
-class LiveView:
-    """A ``rich`` renderable over a ``WatchState``: the screen is laid out anew on each
-    refresh for the size the terminal has then (a resize mid-run included)."""
-
-    def __init__(self, state: WatchState, controls: ViewControls | None = None) -> None:
-        self.state = state
-        self.controls = controls
-
-    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
-        from gpumon.faces.watch.layout import compose
-
-        frozen = None if self.controls is None else self.controls.frozen
-        st = frozen or self.state
-        # Live passes no height, only the console's (the terminal's, as it is now).
-        height = options.height if options.height is not None else options.max_height
-        # Build under the lock, write outside it: a slow (or XOFF'd) terminal must not hold
-        # up ``feed()`` and so the sampling.  A paused view's copy is its own.
-        with contextlib.nullcontext() if frozen is not None else self.state.lock:
-            lines = compose(st, self.controls, width=options.max_width, height=height)
-        yield from lines
