@@ -313,7 +313,9 @@ def test_two_jobs_get_their_own_states_and_every_metric_is_emitted(tmp_path: Pat
     declared = {n.removesuffix("_total") for n in METRIC_NAMES}
     missing = declared - emitted
     assert emitted <= declared, emitted - declared
-    assert not missing - {"gpumon_nvml_errors"}, missing  # no NVML errors without NVML
+    # No NVML errors without NVML; no reason for a plainly starved or healthy GPU.
+    assert not missing - {"gpumon_nvml_errors", "gpumon_gpu_reason"}, missing
+    assert all(ep.reason is None for ep in state.episodes.values() if ep is not None)
     # Two jobs on subsets of the GPUs: each has its own detector.
     assert all(j.detector is not None for j in state.jobs.values())
     records = [json.loads(x) for x in log.read_text().splitlines()]
@@ -352,6 +354,20 @@ def test_lost_gpu_is_marked_and_its_values_absent(tmp_path: Path) -> None:
     assert value(m, "gpumon_gpu_lost", gpu="0") == 0
     assert not [k for k in m if k.startswith("gpumon_gpu_power_watts") and 'gpu="1"' in k]
     assert value(m, "gpumon_gpu_info", gpu="1") == 1
+
+
+def test_the_reason_is_exported_while_the_episode_has_one(tmp_path: Path) -> None:
+    state, _ = make_state(tmp_path)
+    f = Feeder(state, {0: (101,)})
+    f.run(2, {0: "steady", 1: "steady"})
+    m = metrics(state)
+    assert value(m, "gpumon_gpu_reason", gpu="0", reason="start_up") == 1
+    f.run(20, {0: "steady", 1: "steady"})
+    f.run(3, {0: "steady", 1: "steady"}, lost=frozenset({1}))
+    m = metrics(state)
+    assert value(m, "gpumon_gpu_reason", gpu="1", reason="gpu_lost") == 1
+    assert value(m, "gpumon_gpu_state", gpu="0", state="healthy") == 1
+    assert not [k for k in m if k.startswith("gpumon_gpu_reason") and 'gpu="0"' in k]
 
 
 def test_a_failing_part_never_fails_the_scrape(tmp_path: Path, monkeypatch) -> None:

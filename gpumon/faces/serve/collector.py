@@ -38,6 +38,8 @@ GPU = ["gpu", "uuid"]
 JOB = ["hpc_job", "pod", "namespace", "container"]
 STATES = tuple(str(s) for s in State)
 CAUSES = tuple(str(c) for c in Cause)
+# Reasons as label values: the enum's names, since its values are phrases for people.
+REASON_LABELS = {r: r.name.lower() for r in Reason}
 
 # Every metric family name this collector can emit (the dashboard and rules tests check
 # their queries against this list).
@@ -53,6 +55,7 @@ METRIC_NAMES = (
     "gpumon_gpu_processes",
     "gpumon_gpu_state",
     "gpumon_gpu_cause",
+    "gpumon_gpu_reason",
     "gpumon_gpu_straggler",
     "gpumon_gpu_state_seconds_total",
     "gpumon_gpu_idle_gap_seconds",
@@ -229,6 +232,13 @@ class GpumonCollector(Collector):
             "absent unless starved.",
             labels=[*GPU, "cause"],
         )
+        reason = GaugeMetricFamily(
+            "gpumon_gpu_reason",
+            "Why the GPU has its state, where the state alone does not say (start_up, "
+            "no_process, memory_held, busy_wait, straggler, ...): 1 for the current reason; "
+            "absent when there is none.",
+            labels=[*GPU, "reason"],
+        )
         strag = GaugeMetricFamily(
             "gpumon_gpu_straggler",
             "1 when the other GPUs of the node wait on this one (the straggler).",
@@ -260,6 +270,8 @@ class GpumonCollector(Collector):
                 c = str(ep.cause or Cause.UNKNOWN)
                 for name in CAUSES:
                     cause.add_metric([*lv, name], 1.0 if name == c else 0.0)
+            if ep is not None and ep.reason is not None:
+                reason.add_metric([*lv, REASON_LABELS[ep.reason]], 1.0)
             strag.add_metric(lv, 1.0 if ep is not None and is_straggler(ep) else 0.0)
             per = seconds.get(idx, {})
             for s in State:
@@ -288,7 +300,7 @@ class GpumonCollector(Collector):
             "GPU-seconds spent idle or busy-waiting while a process held the GPU.",
             value=st.detector.lost_gpu_seconds(),
         )
-        return [state, cause, strag, secs, gaps, bursts, node, node_secs, lost]
+        return [state, cause, reason, strag, secs, gaps, bursts, node, node_secs, lost]
 
     def _jobs(self) -> list[Metric]:
         st = self.state
