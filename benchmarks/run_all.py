@@ -20,10 +20,12 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-#: (short name, script, what it measures): issue 7's items 1-5, in that order.
+#: (short name, script, what it measures): issue 7's items 1-5, in that order, and issue
+#: 12's daemon tick after the peers.
 BENCHMARKS: tuple[tuple[str, str, str], ...] = (
     ("tick", "bench_tick.py", "one tick against the bare-pynvml floor"),
     ("peers", "bench_peers.py", "one tick against nvitop and gpustat queries"),
+    ("daemon_tick", "bench_daemon_tick.py", "the daemon's tick against the in-process tick"),
     ("serve", "bench_serve.py", "daemon soak: CPU share, RSS, scrape latency"),
     ("analyze", "bench_analyze.py", "analysis throughput and peak memory"),
     ("detector", "bench_detector.py", "detection precision/recall and latency"),

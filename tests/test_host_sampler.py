@@ -13,12 +13,15 @@ import pytest
 
 from gpumon.errors import ProcessGoneError
 from gpumon.sample.host import (
+    FdBudget,
     HostSampler,
     ProcessTreeSampler,
     cpu_busy_pct,
+    parse_block_stat,
     parse_diskstats,
     parse_io,
     parse_meminfo,
+    parse_proc_stat,
     parse_stat,
     rate,
 )
@@ -116,6 +119,63 @@ def test_kept_procfs_files_are_closed_when_a_worker_leaves_and_on_close() -> Non
         t.proc.wait(5)
 
 
+THREADED = r"""
+import os, sys, threading, time
+def fork_child():
+    pid = os.fork()
+    if pid == 0:
+        time.sleep(60); os._exit(0)
+    print(pid, flush=True)
+    time.sleep(60)
+for _ in range(3):
+    threading.Thread(target=time.sleep, args=(60,), daemon=True).start()
+threading.Thread(target=fork_child, daemon=True).start()  # a child of a non-main thread
+sys.stdin.readline()
+threading.Thread(target=fork_child, daemon=True).start()  # a new thread, a new child
+sys.stdin.readline()
+"""
+
+
+def _kept_children_files() -> int:
+    """How many /proc/PID/task/TID/children files this process holds open."""
+    n = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            n += os.readlink(f"/proc/self/fd/{fd}").endswith("/children")
+        except OSError:
+            continue
+    return n
+
+
+def test_children_of_any_thread_are_found_and_their_files_kept() -> None:
+    """A child is listed under the thread that forked it: every thread's file is read, kept
+    open while the threads stay the same, and listed again when they change."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", THREADED], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    try:
+        first_child = int(proc.stdout.readline())
+        sampler = ProcessTreeSampler(proc.pid, fd_budget=FdBudget(64))
+        tree = sampler.sample()
+        assert {p.pid for p in tree.processes} == {proc.pid, first_child}
+        assert tree.root is not None and tree.root.num_threads == 5  # main, 3 + 1 threads
+        kept = _kept_children_files()
+        assert kept >= 5  # one per thread of the root (and the child's own)
+        assert {p.pid for p in sampler.sample().processes} == {proc.pid, first_child}
+        assert _kept_children_files() == kept  # read again through the kept files
+        proc.stdin.write("\n")
+        proc.stdin.flush()
+        second_child = int(proc.stdout.readline())
+        tree = sampler.sample()
+        assert {p.pid for p in tree.processes} == {proc.pid, first_child, second_child}
+        sampler.close()
+        assert _kept_children_files() == 0
+    finally:
+        proc.kill()
+        proc.wait(5)
+
+
 def test_new_descendants_are_picked_up_and_root_exit_is_seen() -> None:
     parent = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.7)"])
     sampler = ProcessTreeSampler(parent.pid)
@@ -143,18 +203,10 @@ def test_host_sample_sees_busy_cores(tree: Tree) -> None:
     assert host.mem_total_bytes and host.mem_used_bytes
 
 
-class Times(tuple):
-    """A stand-in for psutil's scputimes namedtuple in the pure arithmetic tests."""
-
-    _fields = ("user", "system", "idle", "iowait")
-
-    def __new__(cls, user: float, system: float, idle: float, iowait: float) -> Times:
-        return super().__new__(cls, (user, system, idle, iowait))
-
-    user = property(lambda s: s[0])
-    system = property(lambda s: s[1])
-    idle = property(lambda s: s[2])
-    iowait = property(lambda s: s[3])
+def Times(user: float, system: float, idle: float, iowait: float) -> tuple[float, ...]:
+    """One CPU's times in /proc/stat's (and psutil's scputimes') order: user nice system
+    idle iowait irq softirq steal guest guest_nice."""
+    return (user, 0.0, system, idle, iowait, 0.0, 0.0, 0.0, 0.0, 0.0)
 
 
 def test_cpu_busy_pct_arithmetic() -> None:
@@ -162,6 +214,102 @@ def test_cpu_busy_pct_arithmetic() -> None:
     assert busy == pytest.approx(50.0)
     assert iowait == pytest.approx(20.0)
     assert cpu_busy_pct(Times(1, 1, 1, 1), Times(1, 1, 1, 1)) == (None, None)
+    # Guest time is already inside user: not counted twice.
+    guest = (15, 0, 0, 13, 2, 0, 0, 0, 5, 0)
+    assert cpu_busy_pct((10, 0, 0, 10, 0, 0, 0, 0, 0, 0), guest)[0] == pytest.approx(50.0)
+    # psutil's own tuples (the fallback) have the same order.
+    import psutil
+
+    before, after = psutil.cpu_times(percpu=True)[0], psutil.cpu_times(percpu=True)[0]
+    assert cpu_busy_pct(before, after) is not None
+
+
+def test_proc_stat_is_parsed_per_cpu() -> None:
+    text = (
+        "cpu  300 10 200 1000 50 0 5 0 0 0\n"
+        "cpu0 100 5 100 500 25 0 2 0 0 0\n"
+        "cpu1 200 5 100 500 25 0 3 0 0 0\n"
+        "intr 12345 1 2 3\nctxt 999\ncpu9 1 1 1 1\n"
+    )
+    assert parse_proc_stat(text) == [
+        (100, 5, 100, 500, 25, 0, 2, 0, 0, 0),
+        (200, 5, 100, 500, 25, 0, 3, 0, 0, 0),
+    ]
+    with pytest.raises(ValueError):
+        parse_proc_stat("intr 1 2 3\n")
+    # This machine's, against psutil's count of CPUs.
+    import psutil
+
+    assert len(parse_proc_stat(Path("/proc/stat").read_text())) == len(
+        psutil.cpu_times(percpu=True)
+    )
+
+
+def test_block_stat_gives_bytes() -> None:
+    text = "  100 0 2000 0 50 0 1000 0 0 0 0 0 0 0 0 0 0\n"
+    assert parse_block_stat(text) == (2000 * 512.0, 1000 * 512.0)
+
+
+def _fake_host(root: Path, *, cpu: str, read: int, written: int) -> None:
+    (root / "proc").mkdir(exist_ok=True)
+    (root / "proc" / "stat").write_text(cpu + "intr 1\n")
+    (root / "proc" / "meminfo").write_text(
+        "MemTotal:       1000 kB\nMemFree:         100 kB\nMemAvailable:    400 kB\n"
+    )
+    for disk in ("vda", "loop0"):
+        (root / "sys" / "block" / disk).mkdir(parents=True, exist_ok=True)
+        (root / "sys" / "block" / disk / "stat").write_text(f"1 0 {read} 0 1 0 {written} 0 0 0 0\n")
+
+
+def test_host_sample_from_proc_and_sys(tmp_path: Path) -> None:
+    """CPU from /proc/stat, memory from /proc/meminfo, throughput of the physical disks
+    from /sys/block/DEV/stat (loop devices left out)."""
+    _fake_host(tmp_path, cpu="cpu0 10 0 0 10 0 0 0 0 0 0\n", read=0, written=0)
+    sampler = HostSampler(procfs=str(tmp_path / "proc"), sysfs=str(tmp_path / "sys"))
+    _fake_host(tmp_path, cpu="cpu0 40 0 0 20 10 0 0 0 0 0\n", read=2048, written=4096)
+    (tmp_path / "sys" / "block" / "loop0" / "stat").write_text("1 0 99999 0 1 0 99999 0\n")
+    sampler._t -= 2.0  # two seconds ago
+    host = sampler.sample()
+    assert host.cpu_pct_per_core == (pytest.approx(60.0),)
+    assert host.iowait_pct == pytest.approx(20.0)
+    assert host.mem_used_bytes == 600 * 1024 and host.mem_total_bytes == 1000 * 1024
+    assert host.disk_read_bytes_per_s == pytest.approx(2048 * 512 / 2.0, rel=0.01)
+    assert host.disk_write_bytes_per_s == pytest.approx(4096 * 512 / 2.0, rel=0.01)
+    # A disk gone: no throughput reading (not a drop to 0); unreadable CPUs: no CPU reading.
+    (tmp_path / "sys" / "block" / "vda" / "stat").unlink()
+    (tmp_path / "proc" / "stat").write_text("garbage\n")
+    host = sampler.sample()
+    assert host.disk_read_bytes_per_s is None and host.cpu_pct is None
+    assert host.cpu_pct_per_core == ()
+    assert host.mem_total_bytes == 1000 * 1024
+
+
+def test_host_falls_back_on_psutil_without_proc_stat(tmp_path: Path) -> None:
+    (tmp_path / "proc").mkdir()
+    sampler = HostSampler(procfs=str(tmp_path / "proc"), sysfs=str(tmp_path / "sys"))
+    time.sleep(0.05)
+    host = sampler.sample()
+    assert len(host.cpu_pct_per_core) == os.cpu_count()
+    assert host.mem_used_bytes is None and host.disk_read_bytes_per_s is None
+
+
+def test_host_files_are_kept_open_and_closed(tmp_path: Path) -> None:
+    def open_fds() -> set[str]:
+        fds = Path("/proc/self/fd")
+        out = set()
+        for fd in fds.iterdir():
+            try:
+                out.add(os.readlink(fd))
+            except OSError:
+                continue
+        return out
+
+    sampler = HostSampler()
+    sampler.sample()
+    kept = open_fds()
+    assert {"/proc/stat", "/proc/meminfo"} <= kept
+    sampler.close()
+    assert not {"/proc/stat", "/proc/meminfo"} & open_fds()
 
 
 def test_rate_clamps_counter_resets() -> None:
@@ -336,18 +484,17 @@ def test_the_roots_stat_is_read_once_per_tick(
 
 
 def test_host_cpu_is_absent_unless_every_core_was_read(monkeypatch: pytest.MonkeyPatch) -> None:
-    from gpumon.sample import host
-
     before = [Times(10, 0, 10, 0), Times(10, 0, 10, 0)]
     after = [Times(15, 0, 15, 0), Times(10, 0, 10, 0)]  # core 1: no time passed (no reading)
     sampler = HostSampler()
     sampler._cpu = before
-    monkeypatch.setattr(host.psutil, "cpu_times", lambda percpu: after)
+    monkeypatch.setattr(sampler, "_cpu_times", lambda: after)
     partial = sampler.sample()
     assert partial.cpu_pct is None and partial.cpu_pct_per_core == ()
     sampler._cpu = before
-    monkeypatch.setattr(
-        host.psutil, "cpu_times", lambda percpu: [Times(15, 0, 15, 0), Times(12, 0, 18, 0)]
-    )
+    monkeypatch.setattr(sampler, "_cpu_times", lambda: after[:1])  # a core went offline
+    assert sampler.sample().cpu_pct is None
+    sampler._cpu = before
+    monkeypatch.setattr(sampler, "_cpu_times", lambda: [Times(15, 0, 15, 0), Times(12, 0, 18, 0)])
     full = sampler.sample()
     assert full.cpu_pct == pytest.approx(35.0) and len(full.cpu_pct_per_core) == 2
