@@ -263,3 +263,40 @@ def test_three_gpus_told_apart_by_temperature() -> None:
 def test_short_log_is_read_whole() -> None:
     _, _, snaps, _ = load("short_v100.csv")
     assert [s.gpus[0].util_pct for s in snaps] == [0, 31, 0, 95, 0, 24, 0, 94, 0, 0]
+
+
+def test_one_table_before_a_csv_log_is_a_preamble() -> None:
+    fmt, header, snaps, warnings = load("table_then_csv.csv")
+    assert fmt == "nvidia-smi-csv"
+    assert [w for w in warnings if "one nvidia-smi table printed before the log" in w]
+    assert len(snaps) == 180 and header.gpus[0].name == "NVIDIA A100-SXM4-40GB"
+
+
+def _table_then_csv(tables: int, bad_row: bool = False) -> list[str]:
+    text = (QUIRKS / "table_then_csv.csv").read_text().splitlines(keepends=True)
+    at = next(i for i, ln in enumerate(text) if ln.startswith("timestamp,"))
+    table, log = text[:at], text[at:]
+    if bad_row:
+        log[5] = "this is not a row\n"
+    return table * tables + log
+
+
+def test_a_malformed_row_after_the_preamble_keeps_its_line_number() -> None:
+    from gpumon.errors import TraceFormatError
+    from gpumon.traces.sniff import read_lines
+
+    lines = _table_then_csv(1, bad_row=True)
+    _fmt, _header, snaps = read_lines(lines)
+    with pytest.raises(TraceFormatError) as err:
+        list(snaps)
+    bad = lines.index("this is not a row\n") + 1
+    assert err.value.line == bad, str(err.value)
+
+
+def test_several_tables_are_a_table_log_not_a_preamble() -> None:
+    from gpumon.traces.sniff import read_lines
+
+    warnings: list[str] = []
+    fmt, _header, _snaps = read_lines(_table_then_csv(2), warnings=warnings)
+    assert fmt == "nvidia-smi-table"
+    assert not [w for w in warnings if "preamble" in w or "before the log" in w]

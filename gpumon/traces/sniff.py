@@ -239,6 +239,8 @@ def _read(
         if found is None:
             raise _unrecognised(src.head, path)
         fmt = found
+        if fmt == "nvidia-smi-table":
+            fmt = _skip_preamble(src, fmt, warnings)
     if fmt == "gpumon":
         _check_gpumon(src.head, path)
         reader = TraceReader.from_lines(src.lines(), path)
@@ -262,6 +264,36 @@ def _read(
     if warnings is not None:
         snapshots = _frozen_clock(snapshots, path, warnings)
     return fmt, header, snapshots, lambda: None
+
+
+def _skip_preamble(src: Source, fmt: str, warnings: list[str] | None) -> str:
+    """A job script often prints one ``nvidia-smi`` table before it starts its logging loop
+    (``nvidia-smi; nvidia-smi --query-gpu=... -l 1``): a lone table followed by a log of
+    another format is a preamble, and the log after it is what is read.  Its lines become
+    blank, so every line keeps its number.  Returns the format to read."""
+    head = src.head
+    end = None
+    for i, line in enumerate(head):
+        text = line.strip()
+        if not text or text[0] in "|+" or nvsmi_table.parse_date(text) is not None:
+            continue
+        end = i
+        break
+    if end is None:
+        return fmt
+    banners = sum("NVIDIA-SMI" in ln for ln in head[:end])
+    if banners != 1 or any("NVIDIA-SMI" in ln for ln in head[end:]):
+        return fmt
+    after = sniff(head[end:])
+    if after is None or after == fmt:
+        return fmt
+    src.head = ["\n"] * end + head[end:]
+    if warnings is not None:
+        warnings.append(
+            f"{src.path}: lines 1-{end}: one nvidia-smi table printed before the log; the "
+            f"log is read from line {end + 1} ({after})"
+        )
+    return after
 
 
 def read_lines(

@@ -741,6 +741,50 @@ def epoch_gap_27s() -> str:
     return lines(out)
 
 
+def table_then_csv() -> str:
+    """A job script that prints ``nvidia-smi`` once (2 A100s, nothing running yet), then
+    starts ``nvidia-smi --query-gpu=... --format=csv -l 1`` into the same file: a table
+    preamble, then a CSV log of a run whose input pipeline cannot keep up."""
+    t0 = START - 3
+    table = [
+        date_line(t0) + "       ",
+        "+" + "-" * 87 + "+",
+        "| NVIDIA-SMI 535.154.05             Driver Version: 535.154.05   CUDA Version: 12.2     |",
+        "|-----------------------------------------+----------------------+----------------------+",
+        "| GPU  Name                 Persistence-M | Bus-Id        Disp.A | Volatile Uncorr. ECC |",
+        "| Fan  Temp   Perf          Pwr:Usage/Cap |         Memory-Usage | GPU-Util  Compute M. |",
+        "|                                         |                      |               MIG M. |",
+        "|=========================================+======================+======================|",
+    ]
+    for g, bus in enumerate(("00000000:07:00.0", "00000000:0F:00.0")):
+        table += [
+            f"|   {g}  NVIDIA A100-SXM4-40GB          On  | {bus} Off |                    0 |",
+            f"| N/A   {31 + g}C    P0              {52 + 3 * g}W / 400W |      4MiB / 40960MiB |      0%      Default |",
+            "|                                         |                      |             Disabled |",
+            "+-----------------------------------------+----------------------+----------------------+",
+        ]
+    table += [
+        " " * 89,
+        "+" + "-" * 87 + "+",
+        "| Processes:                                                                            |",
+        "|  GPU   GI   CI        PID   Type   Process name                            GPU Memory |",
+        "|        ID   ID                                                             Usage      |",
+        "|=======================================================================================|",
+        "|  No running processes found                                                           |",
+        "+" + "-" * 87 + "+",
+    ]
+    run = Run("starved", 2, 127, tdp=400.0, mem_total=40960.0, period=5.0, duty=0.4)
+    out = ["timestamp, index, name, utilization.gpu [%], memory.used [MiB], power.draw [W]"]
+    for k in range(180):
+        for g in range(2):
+            s = run.state(k, g)
+            out.append(
+                f"{nvsmi_stamp(START + k + 0.31 + 0.002 * g)}, {g}, NVIDIA A100-SXM4-40GB, "
+                f"{s.util:.0f} %, {s.mem:.0f} MiB, {s.power:.2f} W"
+            )
+    return lines(table + out)
+
+
 FILES = {
     "nvsmi_8gpu_same_stamp.csv": nvsmi_8gpu_same_stamp,
     "nvsmi_2gpu_ms_apart.csv": nvsmi_2gpu_ms_apart,
@@ -769,6 +813,7 @@ FILES = {
     "three_gpu_date_time.csv": three_gpu_date_time,
     "short_v100.csv": short_v100,
     "epoch_gap_27s.csv": epoch_gap_27s,
+    "table_then_csv.csv": table_then_csv,
 }
 
 
