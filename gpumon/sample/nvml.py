@@ -170,6 +170,11 @@ class SampleClock:
         return self._anchor_offset_s
 
 
+# nvmlSample_t: unsigned long long timeStamp; nvmlValue_t sampleValue (an 8-byte union;
+# uiVal, an unsigned int, at its start).
+_SAMPLE = struct.Struct("@QI4x")
+
+
 class _SampleBuffer:
     """``nvmlDeviceGetSamples`` for utilisation in one C call, into a buffer kept per GPU.
 
@@ -182,9 +187,7 @@ class _SampleBuffer:
     """
 
     CAPACITY = 1024
-    # nvmlSample_t: unsigned long long timeStamp; nvmlValue_t sampleValue (an 8-byte
-    # union; uiVal, an unsigned int, at its start).
-    _LAYOUT = struct.Struct("@QI4x")
+    _LAYOUT = _SAMPLE
     _TYPE = ctypes.c_uint(pynvml.NVML_GPU_UTILIZATION_SAMPLES)
 
     def __init__(self, fn: Callable[..., int], capacity: int = CAPACITY) -> None:
@@ -210,7 +213,8 @@ class _SampleBuffer:
     def read(self, handle: Any, last_seen_us: int) -> list[tuple[int, int]] | None:
         """(timeStamp, uiVal) of the samples after ``last_seen_us``, oldest first; None if
         the buffer filled."""
-        self._count.value = self.capacity
+        count, capacity = self._count, self.capacity
+        count.value = capacity
         ret = self._fn(
             handle,
             self._TYPE,
@@ -219,13 +223,13 @@ class _SampleBuffer:
             self._count_ref,
             self._buf,
         )
-        if ret != pynvml.NVML_SUCCESS:
+        if ret:
             raise pynvml.NVMLError(ret)  # the specific subclass, as pynvml raises it
-        n = self._count.value
-        if n >= self.capacity:
+        n = count.value
+        if n >= capacity:
             return None
         # Sorted: the driver returns them oldest first, so this is one pass to confirm.
-        return sorted(self._LAYOUT.iter_unpack(self._bytes[: n * self._LAYOUT.size]))
+        return sorted(_SAMPLE.iter_unpack(self._bytes[: n * _SAMPLE.size]))
 
 
 GpmReading = tuple[float | None, float | None, float | None]
