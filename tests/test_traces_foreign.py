@@ -14,7 +14,7 @@ from gpumon.errors import TraceFormatError
 from gpumon.model import GpuIdentity, GpuSample, Snapshot, TraceHeader
 from gpumon.traces import dmon, nvsmi_table, tabular
 from gpumon.traces._common import num
-from gpumon.traces.jsonl import TraceWriter
+from gpumon.traces.jsonl import FORMAT_VERSION, TraceWriter
 from gpumon.traces.sniff import open_trace, read_lines
 from gpumon.traces.timefmt import date_time
 
@@ -456,7 +456,10 @@ def test_readers_are_lazy() -> None:
 def test_gpumon_trace_through_open_trace(tmp_path: Path) -> None:
     path = tmp_path / "t.jsonl"
     header = TraceHeader(
-        version=1, source="gpumon", interval_s=1.0, gpus=(GpuIdentity(index=0, uuid="GPU-x"),)
+        version=FORMAT_VERSION,
+        source="gpumon",
+        interval_s=1.0,
+        gpus=(GpuIdentity(index=0, uuid="GPU-x"),),
     )
     snaps = [
         Snapshot(t_s=float(k), gpus=(GpuSample(t_s=float(k), gpu=0, uuid="GPU-x", util_pct=50.0),))

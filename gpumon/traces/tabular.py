@@ -503,81 +503,19 @@ def read(
 ) -> tuple[TraceHeader, Iterator[Snapshot]]:
     """Parse a table-shaped GPU log: the header now, the snapshots lazily.
 
-    ``lines`` keep their line endings (a last line without one was cut short).
+    ``lines`` keep their line endings (a last line without one was cut short).  The first
+    ``PREFIX_LINES`` fix everything a header says (the columns, the time format, which GPU
+    a row is, the interval); the rest are read as they come.
     """
     warns = warnings if warnings is not None else []
-    src = as_source(lines, path)
-    numbered = enumerate(src.lines(checked=False), 1)  # the row loop checks line lengths
-    prefix: list[tuple[int, str]] = []
-    for no, line in numbered:
-        if len(line) > MAX_LINE:
-            if not prefix:
-                raise too_long(path, no)
-            numbered = _raising(too_long(path, no))  # after the rows before it
-            break
-        prefix.append((no, line))
-        if len(prefix) >= PREFIX_LINES:
-            break
+    prefix, numbered = _read_prefix(as_source(lines, path), path)
     content = [ln for _, ln in prefix if ln.strip() and not ln.lstrip().startswith("#")]
     if not content:
         raise TraceFormatError("no rows found", path=path)
     delim = sniff_delimiter(content) or ","
-
-    # The prefix as records (a quoted field may span lines).
-    records: list[tuple[int, list[str], str]] = []
-    pit = iter(prefix)
-    for no, line in pit:
-        if not line.strip() or line.lstrip().startswith("#"):
-            continue
-        text = line
-        if '"' in line and open_quote(line):
-            try:
-                text = join_quoted(line, pit, no, path)
-            except TraceFormatError:
-                break  # the record runs past the prefix: the row loop reads it
-        cells = (
-            split_quoted(text, delim) if '"' in text else split_plain(text.rstrip("\r\n"), delim)
-        )
-        cells = [c.split("\n", 1)[0] if "\n" in c else c for c in cells]
-        records.append((no, cells, text))
-
-    records = [r for r in records if r[1]]
-    if not records:
-        raise TraceFormatError("no rows found", path=path)
+    records = _prefix_records(prefix, delim, path)
     extra: dict[str, object] = {}
-    records[0][1][0] = records[0][1][0].lstrip("\ufeff")
-    at = header_index([r[1] for r in records[: PREAMBLE + 1]])
-    header_no = 0
-    if at is not None:
-        first_cells = records[at][1]
-        header_no = records[at][0]
-        if at:
-            warns.append(f"{path}: lines 1-{header_no - 1} come before the header line; skipped")
-        lay = resolve(first_cells)
-        fmt = _label(first_cells, lay)
-        tab = _Table(lay, first_cells)
-        data = [r for r in records[at + 1 :] if not is_header(r[1])]
-    else:
-        guessed = guess_layout([r[1] for r in records])
-        if guessed is None:
-            raise TraceFormatError(
-                "a table without a header line whose values carry no units: its columns "
-                "cannot be named. Re-run nvidia-smi with --format=csv (keeping the header "
-                "line), or at least without 'nounits'",
-                path=path,
-                line=records[0][0],
-            )
-        lay = guessed
-        fmt = NVSMI
-        tab = _Table(lay, None)
-        data = records
-        named = dict(lay.at)
-        if lay.time_at is not None:
-            named["time"] = lay.time_at
-        named = dict(sorted(named.items(), key=lambda x: x[1]))
-        names = ", ".join(named)
-        extra["columns_guessed"] = named
-        warns.append(f"{path}: no header line; columns named from their values ({names})")
+    lay, fmt, tab, data, header_no = _layout_of(records, path, warns, extra)
     if lay.ignored:
         extra["ignored_columns"] = lay.ignored
     rows = [f for _, c, _ in data if (f := _fit(c, lay.count, tab)) is not None]
@@ -594,8 +532,108 @@ def read(
             f"{path}: no GPU utilisation column (utilization.gpu, gpu_util, ...); the GPUs' "
             "activity cannot be judged"
         )
+    _read_fractions(tab, rows, extra)
+    times, rows = _prefix_times(tab, rows, extra)
+    gpu_ids = _gpu_ids(tab, rows, times, extra)
+    identities = _identities(tab, gpu_ids, _first_rows(tab, rows, gpu_ids), extra)
+    interval, sub_stamp = _interval(tab, rows, times, interval_s, extra)
+    t0 = times[0] if times else 0.0
+    absolute = tab.time.absolute if tab.time is not None else tab.clock is not None
+    header = TraceHeader(
+        version=1,
+        source=fmt,
+        started_wall_s=t0 if (times and absolute) else None,
+        started_mono_s=0.0,
+        interval_s=interval,
+        gpus=tuple(identities[g] for g in sorted(identities)),
+        extra=extra,
+    )
+    body = chain((p for p in prefix if p[0] > header_no), numbered)
+    return header, _snapshots(body, tab, delim, header, t0, sub_stamp, path, warns)
 
-    # Utilisation logged as a 0-1 fraction.
+
+Numbered = Iterator[tuple[int, str]]
+Record = tuple[int, list[str], str]  # (line number, cells, the record's text)
+
+
+def _read_prefix(src: Source, path: str) -> tuple[list[tuple[int, str]], Numbered]:
+    """The first ``PREFIX_LINES`` numbered lines, and the numbered lines after them."""
+    numbered: Numbered = enumerate(src.lines(checked=False), 1)  # the row loop checks lengths
+    prefix: list[tuple[int, str]] = []
+    for no, line in numbered:
+        if len(line) > MAX_LINE:
+            if not prefix:
+                raise too_long(path, no)
+            numbered = _raising(too_long(path, no))  # after the rows before it
+            break
+        prefix.append((no, line))
+        if len(prefix) >= PREFIX_LINES:
+            break
+    return prefix, numbered
+
+
+def _prefix_records(prefix: list[tuple[int, str]], delim: str, path: str) -> list[Record]:
+    """The prefix as records (a quoted field may span lines); blank and comment lines and
+    empty records left out."""
+    records: list[Record] = []
+    pit = iter(prefix)
+    for no, line in pit:
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        text = line
+        if '"' in line and open_quote(line):
+            try:
+                text = join_quoted(line, pit, no, path)
+            except TraceFormatError:
+                break  # the record runs past the prefix: the row loop reads it
+        cells = (
+            split_quoted(text, delim) if '"' in text else split_plain(text.rstrip("\r\n"), delim)
+        )
+        cells = [c.split("\n", 1)[0] if "\n" in c else c for c in cells]
+        records.append((no, cells, text))
+    records = [r for r in records if r[1]]
+    if not records:
+        raise TraceFormatError("no rows found", path=path)
+    records[0][1][0] = records[0][1][0].lstrip("\ufeff")
+    return records
+
+
+def _layout_of(
+    records: list[Record], path: str, warns: list[str], extra: dict[str, object]
+) -> tuple[Layout, str, _Table, list[Record], int]:
+    """The columns, from the header line or (without one) guessed from the values:
+    (layout, format label, table, data records, the header's line number or 0)."""
+    at = header_index([r[1] for r in records[: PREAMBLE + 1]])
+    if at is not None:
+        first_cells = records[at][1]
+        header_no = records[at][0]
+        if at:
+            warns.append(f"{path}: lines 1-{header_no - 1} come before the header line; skipped")
+        lay = resolve(first_cells)
+        data = [r for r in records[at + 1 :] if not is_header(r[1])]
+        return lay, _label(first_cells, lay), _Table(lay, first_cells), data, header_no
+    guessed = guess_layout([r[1] for r in records])
+    if guessed is None:
+        raise TraceFormatError(
+            "a table without a header line whose values carry no units: its columns "
+            "cannot be named. Re-run nvidia-smi with --format=csv (keeping the header "
+            "line), or at least without 'nounits'",
+            path=path,
+            line=records[0][0],
+        )
+    named = dict(guessed.at)
+    if guessed.time_at is not None:
+        named["time"] = guessed.time_at
+    named = dict(sorted(named.items(), key=lambda x: x[1]))
+    extra["columns_guessed"] = named
+    warns.append(f"{path}: no header line; columns named from their values ({', '.join(named)})")
+    return guessed, NVSMI, _Table(guessed, None), records, 0
+
+
+def _read_fractions(tab: _Table, rows: list[list[str]], extra: dict[str, object]) -> None:
+    """Utilisation logged as a 0-1 fraction (a ratio column, or values all within 0-1 and
+    some strictly between) is read as percent."""
+    lay = tab.lay
     util_cols = [f["util"] for f in tab.gpu_columns().values() if "util" in f]
     values: list[float] = []
     for r in rows[:200]:
@@ -613,7 +651,12 @@ def read(
         tab.fraction = True
         extra["util_scale"] = "utilisation logged as a 0-1 fraction; read as percent x100"
 
-    # Times of the prefix rows.
+
+def _prefix_times(
+    tab: _Table, rows: list[list[str]], extra: dict[str, object]
+) -> tuple[list[float] | None, list[list[str]]]:
+    """The times of the prefix rows (None without a time column), and the rows that have
+    one: a row whose time does not parse is left for the row loop to name."""
     times: list[float] | None = None
     if tab.time is not None or tab.clock is not None:
         timed: list[tuple[float, list[str]]] = []
@@ -631,11 +674,15 @@ def read(
         extra["timestamps"] = tab.time.note
     elif tab.time is not None and tab.time.absolute:
         extra["timestamps"] = "local time of the logging machine, read as UTC"
+    return times, rows
 
-    # Which GPU each row is.
-    gpu_ids: list[int]
-    lay_key = lay.key
-    identities: dict[int, GpuIdentity] = {}
+
+def _gpu_ids(
+    tab: _Table, rows: list[list[str]], times: list[float] | None, extra: dict[str, object]
+) -> list[int]:
+    """Which GPUs the log holds: one set of columns each (a wide file), a key column
+    (index, uuid, pci.bus_id), or, without either, the cycle the rows repeat in."""
+    lay = tab.lay
     if lay.wide or lay.series:
         gpu_ids = sorted(lay.wide) if lay.wide else ([0] if "util" in lay.at else [])
         nxt = (max(gpu_ids) + 1) if gpu_ids else 0
@@ -644,49 +691,57 @@ def read(
             nxt += 1
         if lay.wide:
             add_note(extra, f"{len(gpu_ids)} GPU(s), one set of columns each (a wide file)")
-    elif lay_key is not None:
-        key_at = lay.at[lay_key]
+        return gpu_ids
+    if lay.key is not None:
+        key_at = lay.at[lay.key]
         seen: list[str] = []
         for r in rows:
             k = r[key_at].strip()
             if k and k not in seen:
                 seen.append(k)
-        if lay_key == "index":
-            gpu_ids = sorted({i for k in seen if (i := _gpu_index(k)) is not None}) or [0]
-        else:
-            gpu_ids = list(range(len(seen))) or [0]
-    else:
-        fps = [_fingerprint(tab, r) for r in rows]
-        tab.cycle = ident.infer(
-            times if times is not None and len(times) == len(rows) else None, fps
-        )
-        gpu_ids = list(range(tab.cycle.n))
-        if tab.cycle.n > 1 or not (lay.aggregate):
-            extra["gpus_inferred"] = tab.cycle.note
-        if tab.cycle.mode == "key":
-            tab.key_cols = tuple(lay.at[f] for f in tab.cycle.key_fields)
+        if lay.key == "index":
+            return sorted({i for k in seen if (i := _gpu_index(k)) is not None}) or [0]
+        return list(range(len(seen))) or [0]
+    fps = [_fingerprint(tab, r) for r in rows]
+    tab.cycle = ident.infer(times if times is not None and len(times) == len(rows) else None, fps)
+    if tab.cycle.n > 1 or not (lay.aggregate):
+        extra["gpus_inferred"] = tab.cycle.note
+    if tab.cycle.mode == "key":
+        tab.key_cols = tuple(lay.at[f] for f in tab.cycle.key_fields)
+    return list(range(tab.cycle.n))
 
-    # Identities from the first row of each GPU.
+
+def _first_rows(tab: _Table, rows: list[list[str]], gpu_ids: list[int]) -> dict[int, list[str]]:
+    """Each GPU's first row, where its identity (name, uuid, memory total) is read."""
+    lay = tab.lay
     first_row: dict[int, list[str]] = {}
-    if lay.wide or lay.series or lay_key is None:
+    if lay.wide or lay.series or lay.key is None:
         for g in gpu_ids:
             first_row[g] = rows[0] if rows else []
         if tab.cycle is not None and tab.cycle.n > 1 and rows:
             for j, r in enumerate(rows[: tab.cycle.n]):
                 first_row[j] = r
-    else:
-        key_at = lay.at[lay_key]
-        order: dict[str, int] = {}
-        for r in rows:
-            k = r[key_at].strip()
-            if lay_key == "index":
-                index = _gpu_index(k)
-                if index is None:
-                    continue
-                g = index
-            else:
-                g = order.setdefault(k, len(order))
-            first_row.setdefault(g, r)
+        return first_row
+    key_at = lay.at[lay.key]
+    order: dict[str, int] = {}
+    for r in rows:
+        k = r[key_at].strip()
+        if lay.key == "index":
+            index = _gpu_index(k)
+            if index is None:
+                continue
+            g = index
+        else:
+            g = order.setdefault(k, len(order))
+        first_row.setdefault(g, r)
+    return first_row
+
+
+def _identities(
+    tab: _Table, gpu_ids: list[int], first_row: dict[int, list[str]], extra: dict[str, object]
+) -> dict[int, GpuIdentity]:
+    lay = tab.lay
+    identities: dict[int, GpuIdentity] = {}
     for g in gpu_ids:
         r = first_row.get(g, [])
         uuid = _uuid(tab, g, r)
@@ -722,14 +777,19 @@ def read(
         add_note(
             extra, f"the {lay.columns[lay.host_cpu].label!r} column is read as host CPU, not a GPU"
         )
+    return identities
 
-    # The interval.
-    interval: float | None
-    if times:
-        per_tick = _tick_times(times, tab, rows)
-        interval = median_interval(per_tick)
-    else:
-        interval = None
+
+def _interval(
+    tab: _Table,
+    rows: list[list[str]],
+    times: list[float] | None,
+    interval_s: float | None,
+    extra: dict[str, object],
+) -> tuple[float, float | None]:
+    """The seconds between ticks (measured, else ``--interval``, else 1 s, said so), and
+    the spacing given to ticks that share one whole-second timestamp (None: they do not)."""
+    interval = median_interval(_tick_times(times, tab, rows)) if times else None
     if tab.time is None and tab.clock is None:
         interval = interval_s or 1.0
         extra["interval_assumed"] = f"no time column: rows assumed {interval:g} s apart" + (
@@ -745,19 +805,7 @@ def read(
             f"second: ticks under one timestamp are spread {sub_stamp:.3g} s apart",
         )
         interval = sub_stamp
-    t0 = times[0] if times else 0.0
-    absolute = tab.time.absolute if tab.time is not None else tab.clock is not None
-    header = TraceHeader(
-        version=1,
-        source=fmt,
-        started_wall_s=t0 if (times and absolute) else None,
-        started_mono_s=0.0,
-        interval_s=interval,
-        gpus=tuple(identities[g] for g in sorted(identities)),
-        extra=extra,
-    )
-    body = chain((p for p in prefix if p[0] > header_no), numbered)
-    return header, _snapshots(body, tab, delim, header, t0, sub_stamp, path, warns)
+    return interval, sub_stamp
 
 
 def _gpu_index(cell: str) -> int | None:
