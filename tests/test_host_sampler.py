@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -154,8 +156,10 @@ def test_children_of_any_thread_are_found_and_their_files_kept() -> None:
         [sys.executable, "-c", THREADED], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
     )
     assert proc.stdin is not None and proc.stdout is not None
+    children: list[int] = []
     try:
         first_child = int(proc.stdout.readline())
+        children.append(first_child)
         sampler = ProcessTreeSampler(proc.pid, fd_budget=FdBudget(64))
         tree = sampler.sample()
         assert {p.pid for p in tree.processes} == {proc.pid, first_child}
@@ -167,11 +171,15 @@ def test_children_of_any_thread_are_found_and_their_files_kept() -> None:
         proc.stdin.write("\n")
         proc.stdin.flush()
         second_child = int(proc.stdout.readline())
+        children.append(second_child)
         tree = sampler.sample()
         assert {p.pid for p in tree.processes} == {proc.pid, first_child, second_child}
         sampler.close()
         assert _kept_children_files() == 0
     finally:
+        for pid in children:  # the forked children outlive their killed parent otherwise
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
         proc.kill()
         proc.wait(5)
 
