@@ -96,21 +96,15 @@ class GpuTrack:
         self.last_burst: float | None = None
         self.cum_pw = 0.0
         self.cum_pw_cov = 0.0
-        self.power_watts: float | None = None
+        self.latest: GpuSample | None = None  # the latest tick's readings, as read
         self.power_peak_watts: float | None = None
         self.power_limit_watts = power_limit_watts
         self.mem_used_bytes: int | None = None
         self.mem_total_bytes = mem_total_bytes
-        self.processes: int | None = None  # count; None = could not be read
         # Hopper's GPM counters over the latest tick (None: no reading), as sampled.
-        self.sm_active_ratio: float | None = None
-        self.sm_occupancy_ratio: float | None = None
-        self.tensor_active_ratio: float | None = None
         self._held: bool | str | None = None
         self._held_raw: bool | str | None = None
         self._held_ticks = 0
-        self.lost = False  # NVML said GpuIsLost on the latest tick
-        self.last_tick_t: float | None = None
         self.hist = History(cfg.ring_evals)
         self.hist_long = History(cfg.ring_long)
         self._long_t = float("-inf")
@@ -162,10 +156,9 @@ class GpuTrack:
             self._fold(pts, self.cfg, out_bursts, out_gaps, pts is not g.util_samples)
         # Tick-level readings.
         t_s = g.t_s
-        last_tick = self.last_tick_t
-        self.last_tick_t = t_s
+        last_tick = None if self.latest is None else self.latest.t_s
+        self.latest = g
         p = g.power_watts
-        self.power_watts = p
         if p is not None:
             if last_tick is not None:
                 tick_dt = t_s - last_tick
@@ -184,12 +177,6 @@ class GpuTrack:
         v = g.mem_total_bytes
         if v is not None:
             self.mem_total_bytes = v
-        procs = g.processes
-        self.processes = None if procs is None else len(procs)
-        self.sm_active_ratio = g.sm_active_ratio
-        self.sm_occupancy_ratio = g.sm_occupancy_ratio
-        self.tensor_active_ratio = g.tensor_active_ratio
-        self.lost = g.lost
         # Held or not as it has been for the last few ticks: memory that flickers (a
         # desktop's apps on a GPU the run has left) does not flip it on each reading.
         raw = self._holding()
@@ -199,6 +186,39 @@ class GpuTrack:
             self._held_raw, self._held_ticks = raw, 1
         if self._held_ticks >= 3 or self.samples <= 3 or self._held is None:
             self._held = raw
+
+    # Readings of the latest tick (None before the first, or where not read).
+
+    @property
+    def last_tick_t(self) -> float | None:
+        return None if self.latest is None else self.latest.t_s
+
+    @property
+    def power_watts(self) -> float | None:
+        return None if self.latest is None else self.latest.power_watts
+
+    @property
+    def processes(self) -> int | None:
+        """How many processes hold the GPU; None where the list could not be read."""
+        procs = None if self.latest is None else self.latest.processes
+        return None if procs is None else len(procs)
+
+    @property
+    def sm_active_ratio(self) -> float | None:
+        return None if self.latest is None else self.latest.sm_active_ratio
+
+    @property
+    def sm_occupancy_ratio(self) -> float | None:
+        return None if self.latest is None else self.latest.sm_occupancy_ratio
+
+    @property
+    def tensor_active_ratio(self) -> float | None:
+        return None if self.latest is None else self.latest.tensor_active_ratio
+
+    @property
+    def lost(self) -> bool:
+        """NVML said GpuIsLost on the latest tick."""
+        return self.latest is not None and self.latest.lost
 
     def _looks_powered_down(self, p: float | None) -> bool:
         if p is None:
