@@ -316,7 +316,7 @@ class Session:
     # --- what the daemon builds per job ---------------------------------------------------
 
     @staticmethod
-    def process_tree(root_pid: int, procfs: str | None = None) -> ProcessTreeSampler:
+    def process_tree(root_pid: int, procfs: str = "/proc") -> ProcessTreeSampler:
         """A sampler of one job's process tree (the daemon keeps one per job)."""
         from gpumon.sample.host import ProcessTreeSampler
 

@@ -506,3 +506,11 @@ def test_host_cpu_is_absent_unless_every_core_was_read(monkeypatch: pytest.Monke
     monkeypatch.setattr(sampler, "_cpu_times", lambda: [Times(15, 0, 15, 0), Times(12, 0, 18, 0)])
     full = sampler.sample()
     assert full.cpu_pct == pytest.approx(35.0) and len(full.cpu_pct_per_core) == 2
+
+
+def test_the_sessions_process_tree_reads_the_real_proc_by_default() -> None:
+    """What the daemon asks for per job, asked without a procfs path: the live /proc."""
+    from gpumon.session import Session
+
+    tree = Session.process_tree(os.getpid()).sample()
+    assert os.getpid() in {p.pid for p in tree.processes}
