@@ -297,6 +297,44 @@ def test_all_gpus_pausing_together_is_a_sync_stall() -> None:
     assert {g.reason for g in v.gpus} == {Reason.SYNC_PAUSES}
 
 
+@pytest.mark.parametrize("gpm", [True, False])
+def test_gpus_spinning_together_at_full_power_pause_where_gpm_reads(gpm: bool) -> None:
+    """All four GPUs wait 8 s of every 30 s in a collective held up on the host (a rank's
+    CPU-side checkpoint), at 100 % and full power.  Their SMs say they wait (GPM): the
+    pauses, all GPUs together, are a sync stall.  Without GPM nothing tells the wait."""
+    from gpumon.detect import Detector
+    from gpumon.model import Snapshot
+
+    working = square(30.0, 1 - 8 / 30)
+    det = Detector()
+    for k in range(1, 200):
+        t = float(k)
+        waits = working(t - 0.5) == 0.0
+        pts = tuple((t - 1 + (j + 1) / 6, 100.0) for j in range(6))
+        gpus = tuple(
+            GpuSample(
+                t,
+                i,
+                f"GPU-{i}",
+                pts,
+                power_watts=600.0,
+                power_limit_watts=700.0,
+                mem_used_bytes=20 * GIB,
+                mem_total_bytes=80 * GIB,
+                processes=(GpuProcess(100 + i),),
+                sm_active_ratio=(0.15 if waits else 0.85) if gpm else None,
+            )
+            for i in range(4)
+        )
+        det.update(Snapshot(t, gpus))
+    v = det.verdict()
+    if gpm:
+        assert v.state is State.SYNC_STALL, v
+        assert {g.reason for g in v.gpus} <= {Reason.SYNC_PAUSES, Reason.BUSY_WAIT}, v
+    else:
+        assert v.state is State.HEALTHY, v
+
+
 # --- the run summary rule -------------------------------------------------------------------
 
 

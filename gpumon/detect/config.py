@@ -74,6 +74,10 @@ class DetectorConfig:
     # utilisation with at most this share of SMs busy (a collective's spinning kernels hold
     # one block per channel, a few SMs of a hundred; real work keeps most of them busy).
     busywait_sm_active_ratio: float = 0.2
+    # ... or at most this share of the highest SM activity any GPU of the run has shown:
+    # NCCL's kernels may hold 24-32 channels (a fifth of an H100's SMs), far below the
+    # 0.7-0.9 of a GPU computing the same model.
+    busywait_sm_share: float = 0.4
     # All-GPU pauses (checkpoint, host-side sync): a second in which every working GPU is
     # below ``pause_util_pct`` (or busy-waiting).  Pauses of ``sync_pause_min_s`` to
     # ``sync_pause_max_s`` taking more than ``sync_pause_share`` of the last

@@ -7,6 +7,7 @@ only local floats and appends a tuple per completed burst or gap, never per poin
 from __future__ import annotations
 
 from bisect import bisect_left
+from collections.abc import Iterable
 from dataclasses import dataclass
 from itertools import pairwise
 
@@ -97,6 +98,7 @@ class GpuTrack:
         self.cum_pw = 0.0
         self.cum_pw_cov = 0.0
         self.latest: GpuSample | None = None  # the latest tick's readings, as read
+        self.sm_active_peak: float | None = None  # highest GPM SM activity seen
         self.power_peak_watts: float | None = None
         self.power_limit_watts = power_limit_watts
         self.mem_used_bytes: int | None = None
@@ -171,6 +173,9 @@ class GpuTrack:
         v = g.power_limit_watts
         if v is not None:
             self.power_limit_watts = v
+        v = g.sm_active_ratio
+        if v is not None and (self.sm_active_peak is None or v > self.sm_active_peak):
+            self.sm_active_peak = v
         v = g.mem_used_bytes
         if v is not None:
             self.mem_used_bytes = v
@@ -517,6 +522,27 @@ class GpuTrack:
             alt = self.cfg.power_ref_of_limit * lim
             ref = alt if ref is None or alt > ref else ref
         return ref
+
+    def spinning_now(self, run_peak_watts: float | None, run_sm_peak: float | None) -> bool | None:
+        """Whether the latest tick looks like a spin in a collective (callers check that
+        utilisation is pinned): few SMs active where GPM reads, well below what the run's
+        GPUs reach when they compute; without GPM, little power.  None: neither is read."""
+        cfg = self.cfg
+        sm = self.sm_active_ratio
+        if sm is not None:
+            share = cfg.busywait_sm_share * (run_sm_peak or 0.0)
+            return sm <= max(cfg.busywait_sm_active_ratio, share)
+        ref = self.power_ref_watts(run_peak_watts)
+        p = self.power_watts
+        if ref is None or p is None:
+            return None
+        return p <= cfg.busywait_power_share * ref
+
+
+def sm_active_peak(tracks: Iterable[GpuTrack]) -> float | None:
+    """The highest SM activity any of these GPUs has shown (None: none reads GPM)."""
+    peaks = [tr.sm_active_peak for tr in tracks if tr.sm_active_peak is not None]
+    return max(peaks) if peaks else None
 
 
 def find_rhythm(gaps: list[tuple[float, float]], cfg: DetectorConfig) -> Rhythm | None:

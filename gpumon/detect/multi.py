@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from gpumon.detect.config import DetectorConfig
-from gpumon.detect.gpu import GpuTrack, Window
+from gpumon.detect.gpu import GpuTrack, Window, sm_active_peak
 from gpumon.detect.pauses import PauseTracker
 from gpumon.detect.rules import Candidate
 from gpumon.model import Reason, State
@@ -66,10 +66,12 @@ def busy_wait(c: RunContext) -> None:
     with the lowest duty cycle among those not waiting is the straggler.
 
     Where the GPU has GPM counters, SM activity tells it directly (100 % utilisation with
-    SM activity near 0 is NCCL spinning), whatever the power; without them, low power
-    does (a spinning GPU draws little)."""
+    few SMs active, well below what the run's GPUs show when they compute, is NCCL
+    spinning), whatever the power; without them, low power does (a spinning GPU draws
+    little)."""
     cfg, t = c.cfg, c.t
-    waiting = {i for i in c.wins if _spinning(c, i, cfg, t)}
+    sm_peak = sm_active_peak(c.tracks.values())
+    waiting = {i for i in c.wins if _spinning(c, i, cfg, t, sm_peak)}
     c.busywait = waiting
     if not waiting:
         return
@@ -93,30 +95,27 @@ def busy_wait(c: RunContext) -> None:
         _stall(c, s, Reason.STRAGGLER, "its peers busy-wait on it", clear)
 
 
-def _spinning(c: RunContext, idx: int, cfg: DetectorConfig, t: float) -> bool:
-    """Pinned at high utilisation while its SMs idle (GPM) or, without GPM, at low power."""
+def _spinning(
+    c: RunContext, idx: int, cfg: DetectorConfig, t: float, sm_peak: float | None
+) -> bool:
+    """Pinned at high utilisation while few of its SMs are active (GPM) or, without GPM,
+    at low power, now and over the last few seconds."""
     tr, w = c.tracks[idx], c.wins[idx]
     if not tr.seen_work or w.duty is None or w.duty * 100 < cfg.busywait_util_pct - 10:
         return False
-    sm = tr.sm_active_ratio
-    if sm is not None:  # GPM: SM activity over the last tick says it directly
-        if sm > cfg.busywait_sm_active_ratio:
-            return False
-        if w.span_s > cfg.busywait_window_s:
-            w = tr.window(t, cfg.busywait_window_s)
-        return w.duty is not None and w.duty * 100 >= cfg.busywait_util_pct
-    ref = tr.power_ref_watts(c.run_peak_watts)
-    if ref is None or w.power_watts is None:
-        return False  # no power reading: a busy GPU is never taken for a waiting one
-    if tr.power_watts is None or tr.power_watts > cfg.busywait_power_share * ref:
-        return False  # drawing real power now
-    if w.span_s > cfg.busywait_window_s:  # power is a 1 s mean: a short window will do
+    if not tr.spinning_now(c.run_peak_watts, sm_peak):
+        return False  # SMs busy or real power now, or neither read: never taken for a wait
+    if w.span_s > cfg.busywait_window_s:  # a short window will do (power is a 1 s mean)
         w = tr.window(t, cfg.busywait_window_s)
+    if w.duty is None or w.duty * 100 < cfg.busywait_util_pct:
+        return False
+    if tr.sm_active_ratio is not None:  # GPM: SM activity over the last tick says it
+        return True
+    ref = tr.power_ref_watts(c.run_peak_watts)
     return (
-        w.duty is not None
-        and w.power_watts is not None
-        and w.duty * 100 >= cfg.busywait_util_pct
-        and w.power_watts <= cfg.busywait_power_share * ref
+        w.power_watts is not None
+        and ref is not None
+        and (w.power_watts <= cfg.busywait_power_share * ref)
     )
 
 

@@ -1,8 +1,9 @@
 """All-GPU pauses (checkpoints, host-side syncs) and when they add up to a sync stall.
 
-A pause is a stretch in which every working GPU is quiet, or spins at low power (NCCL
-busy-wait).  Short or rare pauses are dips of a healthy run; long pauses taking a large
-share of the time, with the GPUs busy in between, are a sync stall.
+A pause is a stretch in which every working GPU is quiet, or spins (NCCL busy-wait:
+pinned utilisation with few SMs active, or at low power where GPM is not read).  Short or
+rare pauses are dips of a healthy run; long pauses taking a large share of the time, with
+the GPUs busy in between, are a sync stall.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from collections import deque
 from collections.abc import Sequence
 
 from gpumon.detect.config import DetectorConfig
-from gpumon.detect.gpu import H_BUSY, H_COV, GpuTrack
+from gpumon.detect.gpu import H_BUSY, H_COV, GpuTrack, sm_active_peak
 
 
 class PauseTracker:
@@ -30,7 +31,10 @@ class PauseTracker:
     ) -> bool:
         """Fold one eval in; True while the pauses amount to a sync stall."""
         cfg = self.cfg
-        paused = len(working) >= 2 and all(self._quiet(tr, t, run_peak_watts) for tr in working)
+        sm_peak = sm_active_peak(working)
+        paused = len(working) >= 2 and all(
+            self._quiet(tr, t, run_peak_watts, sm_peak) for tr in working
+        )
         if paused and self.open_since is None:
             self.open_since = prev_eval
             starts = [tr.run_start for tr in working if not tr.run_busy]
@@ -48,7 +52,9 @@ class PauseTracker:
         per = max((tr.period_s or 0.0 for tr in working), default=0.0)
         return max(self.cfg.eval_interval_s, per)
 
-    def _quiet(self, tr: GpuTrack, t: float, run_peak_watts: float | None) -> bool:
+    def _quiet(
+        self, tr: GpuTrack, t: float, run_peak_watts: float | None, sm_peak: float | None
+    ) -> bool:
         """Whether this GPU paused over the last driver sample (or eval interval)."""
         cfg = self.cfg
         look = max(cfg.eval_interval_s, tr.period_s or 0.0)
@@ -61,15 +67,8 @@ class PauseTracker:
         u = (tr.cum_busy - rec[H_BUSY]) / cov * 100
         if u < cfg.pause_util_pct:
             return True
-        # Spinning through the pause counts as paused: high util, low power now.
-        ref = tr.power_ref_watts(run_peak_watts)
-        p = tr.power_watts
-        return bool(
-            u >= cfg.busywait_util_pct
-            and p is not None
-            and ref
-            and p <= cfg.busywait_power_share * ref
-        )
+        # Spinning through the pause counts as paused: pinned, few SMs or little power.
+        return u >= cfg.busywait_util_pct and bool(tr.spinning_now(run_peak_watts, sm_peak))
 
     def _pattern(self, t: float, working: Sequence[GpuTrack]) -> bool:
         cfg = self.cfg
