@@ -300,3 +300,19 @@ def test_several_tables_are_a_table_log_not_a_preamble() -> None:
     fmt, _header, _snaps = read_lines(_table_then_csv(2), warnings=warnings)
     assert fmt == "nvidia-smi-table"
     assert not [w for w in warnings if "preamble" in w or "before the log" in w]
+
+
+def test_dcgmi_smact_is_sm_activity() -> None:
+    """SMACT (field 1002) is read as GPM's SM activity: few SMs while the peers spin at
+    100 %, none on the rank that writes its checkpoint, most while all compute."""
+    _, _, snaps, _ = load("dcgmi_dmon.txt")
+    by_gpu: dict[int, list[tuple[float, float]]] = {}
+    for s in snaps:
+        for g in s.gpus:
+            if g.sm_active_ratio is not None and g.util_pct is not None:
+                by_gpu.setdefault(g.gpu, []).append((g.util_pct, g.sm_active_ratio))
+    assert set(by_gpu) == {0, 1, 2, 3}
+    assert all(0.0 <= sm <= 1.0 for pts in by_gpu.values() for _, sm in pts)
+    spinning = [sm for g in (0, 2, 3) for u, sm in by_gpu[g] if u >= 99 and sm < 0.3]
+    computing = [sm for g in (0, 2, 3) for u, sm in by_gpu[g] if u >= 99 and sm >= 0.3]
+    assert spinning and computing and max(spinning) < 0.5 * min(computing)

@@ -228,6 +228,35 @@ def test_prometheus_array_of_responses_and_vector_refused() -> None:
         read(json.dumps(vector))
 
 
+def test_dcgm_profiling_fields_are_the_gpm_ratios() -> None:
+    """dcgm-exporter's SM activity, occupancy and tensor activity are what gpumon reads
+    from GPM itself: the same 0-1 ratios, so busy-wait is told the same way."""
+
+    def series(name: str, value: str) -> dict:
+        return {"metric": {"__name__": name, "gpu": "0"}, "values": [[100, value]]}
+
+    resp = {
+        "status": "success",
+        "data": {
+            "resultType": "matrix",
+            "result": [
+                series("DCGM_FI_DEV_GPU_UTIL", "100"),
+                series("DCGM_FI_PROF_SM_ACTIVE", "0.17"),
+                series("DCGM_FI_PROF_SM_OCCUPANCY", "0.05"),
+                series("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "0"),
+            ],
+        },
+    }
+    _, _, snaps, _ = read(json.dumps(resp))
+    (g,) = snaps[0].gpus
+    assert (g.util_pct, g.sm_active_ratio, g.sm_occupancy_ratio, g.tensor_active_ratio) == (
+        100.0,
+        0.17,
+        0.05,
+        0.0,
+    )
+
+
 def test_wandb_process_keys_stand_in_and_cpu_over_100_is_not_host_cpu() -> None:
     lines = [
         json.dumps({"system.gpu.process.0.gpu": 40.0 + k, "system.cpu": 250.0, "_runtime": k})

@@ -26,6 +26,9 @@ PREFIX_LINES = 400
 TAGS: dict[str, tuple[str, float]] = {
     "GPUTL": ("util", 1.0),  # 203 DCGM_FI_DEV_GPU_UTIL, %
     "GRACT": ("util_prof", 100.0),  # 1001 DCGM_FI_PROF_GR_ENGINE_ACTIVE, ratio
+    "SMACT": ("sm_active", 1.0),  # 1002 DCGM_FI_PROF_SM_ACTIVE, ratio (what GPM reads)
+    "SMOCC": ("sm_occupancy", 1.0),  # 1003 DCGM_FI_PROF_SM_OCCUPANCY, ratio
+    "TENSO": ("tensor_active", 1.0),  # 1004 DCGM_FI_PROF_PIPE_TENSOR_ACTIVE, ratio
     "MCUTL": ("mem_util", 1.0),  # 204 DCGM_FI_DEV_MEM_COPY_UTIL, %
     "FBUSD": ("mem_used", 1.0),  # 252 DCGM_FI_DEV_FB_USED, MiB
     "FBTTL": ("mem_total", 1.0),  # 250 DCGM_FI_DEV_FB_TOTAL, MiB
@@ -188,6 +191,9 @@ def _build(
         pcie_rx_bytes_per_s=cols.get(cells, "pcie_rx"),
         pcie_tx_bytes_per_s=cols.get(cells, "pcie_tx"),
         temperature_c=cols.get(cells, "temp"),
+        sm_active_ratio=cols.get(cells, "sm_active"),
+        sm_occupancy_ratio=cols.get(cells, "sm_occupancy"),
+        tensor_active_ratio=cols.get(cells, "tensor_active"),
     )
 
 

@@ -34,6 +34,9 @@ MAX_POINTS = 4_000_000
 METRICS: dict[str, tuple[str, float]] = {
     "DCGM_FI_DEV_GPU_UTIL": ("util", 1.0),
     "DCGM_FI_PROF_GR_ENGINE_ACTIVE": ("util_prof", 100.0),
+    "DCGM_FI_PROF_SM_ACTIVE": ("sm_active", 1.0),
+    "DCGM_FI_PROF_SM_OCCUPANCY": ("sm_occupancy", 1.0),
+    "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": ("tensor_active", 1.0),
     "DCGM_FI_DEV_MEM_COPY_UTIL": ("mem_util", 1.0),
     "DCGM_FI_DEV_FB_USED": ("mem_used", MIB),
     "DCGM_FI_DEV_FB_FREE": ("mem_free", MIB),
@@ -289,4 +292,7 @@ def _sample(gpu: int, t: float, f: dict[str, float], uuid: str) -> GpuSample:
         power_limit_watts=f.get("power_limit"),
         sm_clock_mhz=None if clock is None else int(clock),
         temperature_c=f.get("temp"),
+        sm_active_ratio=f.get("sm_active"),
+        sm_occupancy_ratio=f.get("sm_occupancy"),
+        tensor_active_ratio=f.get("tensor_active"),
     )

@@ -345,6 +345,8 @@ _EV_TEXT = (
     ("gap_p90_s", "gap p90", _secs),
     ("period_s", "period", _secs),
     ("power_share_of_peak", "power/peak", _pct),
+    ("sm_active_ratio", "SM active", _pct),
+    ("tensor_active_ratio", "tensor active", _pct),
     ("main_cpu_pct", "main CPU", lambda v: f"{v:.0f} %"),
     ("workers_cpu_pct", "worker CPU", lambda v: f"{v:.0f} %/worker"),
     ("workers", "workers", lambda v: f"{v:.0f}"),

@@ -488,8 +488,18 @@ def dmon_time_only_midnight() -> str:
 def dcgmi_dmon() -> str:
     """``dcgmi dmon -e 203,252,155,150,1001,1002``: the #Entity header and its ID/units line
     reprinted every 14 rows, GPUs listed from the last, N/A cells; 4 GPUs, GPU 1 writes a
-    checkpoint while the others wait."""
+    checkpoint while the others wait.  SMACT is what SM activity reads: most SMs busy
+    while a GPU computes, the few SMs of NCCL's channels while it spins, none when idle."""
     run = Run("sync_stall", 4, 115, tdp=400.0, period=15.0, duty=0.35, stall_rank=1)
+    sm_rng = random.Random(1150)
+
+    def smact(s: State) -> float:
+        if s.util < 5:
+            return 0.0
+        if s.power < 0.4 * run.tdp:  # pinned utilisation at idle power: spinning
+            return sm_rng.uniform(0.14, 0.19)
+        return s.util / 100 * sm_rng.uniform(0.78, 0.9)
+
     out = []
     rows = 0
     for k in range(160):
@@ -504,7 +514,7 @@ def dcgmi_dmon() -> str:
             grac = "N/A" if k < 2 else f"{s.util / 100 * 0.93:.3f}"
             out.append(
                 f"GPU {g}     {int(s.util):<17} {int(s.mem):<17} {s.power:<17.3f} {run.temp_of(g, s.util):<12} "
-                f"{grac:<17} {s.util / 100 * 0.41:.3f}"
+                f"{grac:<17} {smact(s):.3f}"
             )
     return lines(out)
 
