@@ -208,6 +208,10 @@ class Feeder:
                         power_watts=600.0 if patterns[g.index] == "steady" else 300.0,
                         power_limit_watts=700.0,
                         processes=tuple(GpuProcess(pid) for pid in self.pids.get(g.index, ())),
+                        # GPM on GPU 1 only: GPU 0 is a card without it.
+                        sm_active_ratio=None if g.index == 0 else 0.8,
+                        sm_occupancy_ratio=None if g.index == 0 else 0.4,
+                        tensor_active_ratio=None if g.index == 0 else 0.5,
                     )
                 )
             while self.next_point + PERIOD <= self.t + 1e-9:
@@ -301,6 +305,9 @@ def test_two_jobs_get_their_own_states_and_every_metric_is_emitted(tmp_path: Pat
     assert value(m, "gpumon_host_cpu_ratio") == pytest.approx(0.35)
     assert value(m, "gpumon_host_iowait_ratio") == pytest.approx(0.02)
     assert value(m, "gpumon_gpu_power_watts", gpu="1") == 600
+    assert value(m, "gpumon_gpu_sm_active_ratio", gpu="1") == 0.8
+    assert value(m, "gpumon_gpu_tensor_active_ratio", gpu="1") == 0.5
+    assert not [k for k in m if k.startswith("gpumon_gpu_sm_active_ratio{") and 'gpu="0"' in k]
     assert value(m, "gpumon_sample_duration_seconds") == pytest.approx(0.004)
     assert value(m, "gpumon_samples_total") == 60
     # Every family the collector can emit was emitted, and nothing else.

@@ -53,6 +53,9 @@ METRIC_NAMES = (
     "gpumon_gpu_power_watts",
     "gpumon_gpu_power_limit_watts",
     "gpumon_gpu_processes",
+    "gpumon_gpu_sm_active_ratio",
+    "gpumon_gpu_sm_occupancy_ratio",
+    "gpumon_gpu_tensor_active_ratio",
     "gpumon_gpu_state",
     "gpumon_gpu_cause",
     "gpumon_gpu_reason",
@@ -179,6 +182,22 @@ class GpumonCollector(Collector):
         procs = GaugeMetricFamily(
             "gpumon_gpu_processes", "Processes holding a compute context on the GPU.", labels=GPU
         )
+        sm_active = GaugeMetricFamily(
+            "gpumon_gpu_sm_active_ratio",
+            "Share of SMs with a warp resident over the last tick (GPM, Hopper and later; "
+            "DCGM_FI_PROF_SM_ACTIVE): low while utilisation reads 100 % is a GPU waiting.",
+            labels=GPU,
+        )
+        sm_occupancy = GaugeMetricFamily(
+            "gpumon_gpu_sm_occupancy_ratio",
+            "Resident warps over the SMs' maximum, over the last tick (GPM).",
+            labels=GPU,
+        )
+        tensor = GaugeMetricFamily(
+            "gpumon_gpu_tensor_active_ratio",
+            "Share of cycles the tensor cores were busy, over the last tick (GPM).",
+            labels=GPU,
+        )
         jobinfo = InfoMetricFamily(
             "gpumon_gpu_job",
             "The jobs using each GPU (Slurm job id; Kubernetes pod, namespace, container id).",
@@ -216,7 +235,13 @@ class GpumonCollector(Collector):
                 s.power_limit_watts if s.power_limit_watts is not None else ident.power_limit_watts,
             )
             _add(procs, lv, rt.processes)
-        return [info, lost, util, used, total, power, limit, procs, jobinfo]
+            _add(sm_active, lv, s.sm_active_ratio)
+            _add(sm_occupancy, lv, s.sm_occupancy_ratio)
+            _add(tensor, lv, s.tensor_active_ratio)
+        return [
+            *(info, lost, util, used, total, power, limit, procs),
+            *(sm_active, sm_occupancy, tensor, jobinfo),
+        ]
 
     def _detection(self) -> list[Metric]:
         st = self.state
