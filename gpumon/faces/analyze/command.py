@@ -115,7 +115,9 @@ def run(args: argparse.Namespace) -> int:
     if guarded.error is not None and guarded.count == 0:
         raise guarded.error
     if args.json:
-        print(json.dumps(_finite(to_json(result)), indent=2, allow_nan=False))
+        # Written as it is encoded: a day's report is megabytes, never one string in memory.
+        json.dump(_finite(to_json(result)), sys.stdout, indent=2, allow_nan=False)
+        sys.stdout.write("\n")
     else:
         print(render_text(result))
     sys.stdout.flush()
