@@ -493,7 +493,8 @@ class GpuTrack:
     def _holding(self) -> bool | str | None:
         """Whether a process holds this GPU: the process list, else memory in use
         (``_NO_CONTEXT``: not held, and less memory in use than any CUDA context takes)."""
-        if self.processes is not None and self.processes > 0:
+        procs = self.processes
+        if procs is not None and procs > 0:
             return True
         used, total = self.mem_used_bytes, self.mem_total_bytes
         cfg = self.cfg
@@ -502,8 +503,8 @@ class GpuTrack:
                 return True
             if used < cfg.no_context_mem_bytes:
                 return _NO_CONTEXT  # (less than any CUDA context takes: nothing holds it)
-            return False if self.processes == 0 else None
-        if self.processes == 0:
+            return False if procs == 0 else None
+        if procs == 0:
             return False
         # No process list and no memory reading (a W&B or dmon log): power well above
         # idle says something runs on it.
