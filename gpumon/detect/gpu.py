@@ -103,7 +103,6 @@ class GpuTrack:
         self.power_limit_watts = power_limit_watts
         self.mem_used_bytes: int | None = None
         self.mem_total_bytes = mem_total_bytes
-        # Hopper's GPM counters over the latest tick (None: no reading), as sampled.
         self._held: bool | str | None = None
         self._held_raw: bool | str | None = None
         self._held_ticks = 0
