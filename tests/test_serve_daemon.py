@@ -135,6 +135,13 @@ class Daemon:
         return self.proc.returncode
 
 
+def serve_argv(port: int | None = None, *args: str) -> list[str]:
+    """``gpumon serve`` as the tests start it: no configuration file (only defaults and
+    flags), on loopback at ``port`` when one is given."""
+    listen = ["--listen", f"127.0.0.1:{port}"] if port is not None else []
+    return [sys.executable, "-m", "gpumon", "serve", "--config", os.devnull, *listen, *args]
+
+
 def start_daemon(
     env: dict[str, str],
     tmp: Path,
@@ -146,21 +153,9 @@ def start_daemon(
 ) -> Daemon:
     port = free_port()
     log_path = tmp / "gpumon.jsonl" if log else None
-    cmd = [
-        sys.executable,
-        "-m",
-        "gpumon",
-        "serve",
-        "--config",
-        os.devnull,
-        "--listen",
-        f"127.0.0.1:{port}",
-        "--interval",
-        INTERVAL,
-        "--log",
-        str(log_path) if log_path else "",
-        *args,
-    ]
+    cmd = serve_argv(
+        port, "--interval", INTERVAL, "--log", str(log_path) if log_path else "", *args
+    )
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     d = Daemon(proc, port, log_path, scheme, _ctx=ctx)
     if wait:
@@ -424,18 +419,7 @@ def test_port_in_use_is_one_clear_sentence(fake_nvml, tmp_path) -> None:
         s.listen()
         port = s.getsockname()[1]
         res = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "gpumon",
-                "serve",
-                "--config",
-                os.devnull,
-                "--listen",
-                f"127.0.0.1:{port}",
-                "--log",
-                str(tmp_path / "x.jsonl"),
-            ],
+            serve_argv(port, "--log", str(tmp_path / "x.jsonl")),
             env=fake_nvml.env,
             capture_output=True,
             text=True,
@@ -475,16 +459,7 @@ def test_invalid_config_names_key_and_line_and_nothing_starts(fake_nvml, tmp_pat
 def test_no_driver_exits_with_one_sentence(fake_nvml, tmp_path) -> None:
     fake_nvml.set(Scenario.no_driver())
     res = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "gpumon",
-            "serve",
-            "--config",
-            os.devnull,
-            "--listen",
-            f"127.0.0.1:{free_port()}",
-        ],
+        serve_argv(free_port()),
         env=fake_nvml.env,
         capture_output=True,
         text=True,

@@ -10,13 +10,11 @@ from __future__ import annotations
 import base64
 import http.client
 import json
-import os
 import shutil
 import socket
 import ssl
 import struct
 import subprocess
-import sys
 import threading
 import time
 import urllib.parse
@@ -34,6 +32,7 @@ from test_serve_daemon import (
     make_cert,
     one,
     series,
+    serve_argv,
     start_daemon,
 )
 
@@ -319,7 +318,7 @@ def test_a_bad_web_config_names_file_line_and_key(fake_nvml, tmp_path) -> None:
     web = write_web_config(tmp_path, "tls_server_config:\n  cert_file: a.crt\n  keyfile: a.key\n")
     res = subprocess.run(
         [
-            *start_cmd(),
+            *serve_argv(),
             "--web.config.file",
             str(web),
             "--web.listen-address",
@@ -333,10 +332,6 @@ def test_a_bad_web_config_names_file_line_and_key(fake_nvml, tmp_path) -> None:
     assert res.returncode == 2, res.stderr
     assert f"{web}:3: tls_server_config.keyfile: unknown key" in res.stderr, res.stderr
     assert "Traceback" not in res.stderr
-
-
-def start_cmd() -> list[str]:
-    return [sys.executable, "-m", "gpumon", "serve", "--config", os.devnull]
 
 
 def test_web_config_tls_and_mtls_policy(fake_nvml, tmp_path, daemons) -> None:
