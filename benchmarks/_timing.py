@@ -161,18 +161,18 @@ _CLOCK.monotonic = OneHertz._now  # type: ignore[attr-defined]
 
 
 def nvml_sampler_of(session: object) -> object:
-    """The NVML sampler a live ``gpumon.session.Session`` built (its cursors are moved back
+    """The NVML sampler a live ``gpumon.engine.Session`` built (its cursors are moved back
     by ``OneHertz``; a benchmark may reach where a face may not)."""
-    monitor = session._monitor  # type: ignore[attr-defined]
+    monitor = session.source.monitor  # type: ignore[attr-defined]
     assert monitor is not None and monitor.nvml is not None, "a live session with NVML"
     return monitor.nvml
 
 
 #: gpumon's modules that read the monotonic clock while sampling (OneHertz patches them).
 def clock_modules() -> list[types.ModuleType]:
+    import gpumon.engine.sources
     import gpumon.sample.host
     import gpumon.sample.monitor
     import gpumon.sample.nvml
-    import gpumon.session
 
-    return [gpumon.sample.monitor, gpumon.sample.host, gpumon.sample.nvml, gpumon.session]
+    return [gpumon.sample.monitor, gpumon.sample.host, gpumon.sample.nvml, gpumon.engine.sources]

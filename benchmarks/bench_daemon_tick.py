@@ -107,10 +107,10 @@ def main() -> int:
     args = parser.parse_args()
     rounds = 7 if args.quick else 31
 
+    from gpumon.engine import Session
     from gpumon.faces.serve.config import ServeConfig
     from gpumon.faces.serve.daemon import ServeState
     from gpumon.faces.serve.log import EventLog
-    from gpumon.session import Session
 
     tree, pids = start_job()
     tmp = Path(tempfile.mkdtemp())

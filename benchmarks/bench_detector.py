@@ -207,8 +207,7 @@ def pct(vals: list[float], q: float) -> float:
 
 def speed_line(minutes: float = 20.0) -> None:
     """Throughput at analyze's design load: 8 GPUs x 6 driver samples/s, CPU time."""
-    from gpumon.faces.analyze.report import analyze_snapshots
-    from gpumon.session import OFFLINE_CONFIG
+    from gpumon.engine import OFFLINE_CONFIG, analyze
 
     tr = generate("healthy_then_starved", 99, gpus=8, period_s=1 / 6, duration_s=minutes * 60)
     n = sum(len(g.util_samples) for s in tr.snapshots for g in s.gpus)
@@ -220,11 +219,11 @@ def speed_line(minutes: float = 20.0) -> None:
             det.update(snap)
         out.append((name, n / (time.process_time() - t0)))
     t0 = time.process_time()
-    analyze_snapshots(tr.header, tr.snapshots)
+    analyze(tr.header, tr.snapshots)
     rate = n / (time.process_time() - t0)
     print(
         f"speed (8 GPUs x 6 samples/s, {n:,} points): detector live {out[0][1]:,.0f} "
-        f"points/s, offline {out[1][1]:,.0f} points/s; analyze_snapshots {rate:,.0f} "
+        f"points/s, offline {out[1][1]:,.0f} points/s; analyze {rate:,.0f} "
         f"points/s -> 4 M points in {4e6 / rate:.1f} s (parsing not included)"
     )
 

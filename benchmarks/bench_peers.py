@@ -110,7 +110,7 @@ def gpumon_tick(
     root_pid: int | None,
 ) -> tuple[Callable[[], object], OneHertz, Callable[[], int]]:
     """One gpumon tick at 1 Hz (NVML + host + tree + detector), and the tree's size."""
-    from gpumon.session import Session
+    from gpumon.engine import Session
 
     session = Session.live(pid=root_pid, interval_s=1.0)
     hz = OneHertz(nvml_sampler_of(session), clock_modules())

@@ -166,9 +166,9 @@ def main() -> int:
     args = parser.parse_args()
     rounds = 7 if args.quick else 31
 
+    from gpumon.engine import Session
     from gpumon.sample.host import FdBudget, HostSampler, ProcessTreeSampler
     from gpumon.sample.nvml import NvmlSampler
-    from gpumon.session import Session
 
     modules = clock_modules()
     scenario_path = Path(tempfile.mkdtemp()) / "scenario.txt"

@@ -1,4 +1,10 @@
-"""gpumon's small exception tree; the CLI turns each into one clear sentence and an exit status."""
+"""gpumon's small exception tree; the CLI turns each into one clear sentence and an exit status.
+
+Each error carries the fields a program needs to act on it (the pid, the file and line,
+NVML's error code) as well as the sentence a person reads, as psutil's ``NoSuchProcess``
+carries its pid: a notebook can catch ``ProcessGoneError`` and look at ``.pid`` instead
+of parsing the message.
+"""
 
 from __future__ import annotations
 
@@ -10,19 +16,35 @@ class GpumonError(Exception):
 
 
 class NoDriverError(GpumonError):
-    """NVML cannot be loaded or the NVIDIA kernel driver is not running."""
+    """NVML cannot be loaded or the NVIDIA kernel driver is not running.
+
+    ``nvml_code``: NVML's error code where NVML gave one (12: library not found, 9: driver
+    not loaded, 4: no permission, ...)."""
 
     exit_status = 3
+
+    def __init__(self, message: str, *, nvml_code: int | None = None) -> None:
+        super().__init__(message)
+        self.nvml_code = nvml_code
 
 
 class DeviceLostError(GpumonError):
     """A GPU fell off the bus (NVML GpuIsLost)."""
 
+    def __init__(self, message: str, *, gpu: int | None = None, uuid: str | None = None) -> None:
+        super().__init__(message)
+        self.gpu = gpu
+        self.uuid = uuid
+
 
 class ProcessGoneError(GpumonError):
-    """The process to watch does not exist, exited, or cannot be read."""
+    """The process to watch does not exist, exited, or cannot be read (``pid``)."""
 
     exit_status = 4
+
+    def __init__(self, message: str, *, pid: int | None = None) -> None:
+        super().__init__(message)
+        self.pid = pid
 
 
 class TraceFormatError(GpumonError):
@@ -35,6 +57,7 @@ class TraceFormatError(GpumonError):
         super().__init__(f"{where}: {message}" if where else message)
         self.path = path
         self.line = line
+        self.reason = message  # without the place
 
 
 class ConfigError(GpumonError):

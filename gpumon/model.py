@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import NamedTuple
+from typing import Literal, NamedTuple, TypedDict
 
 
 class State(StrEnum):
@@ -256,16 +256,100 @@ class TraceHeader:
 
 
 # --- What the detector says -------------------------------------------------------------
-#
-# Evidence is a flat mapping of named numbers (JSON-friendly, so analyze --json, the log
-# file and the summary carry it unchanged).  Keys the detector fills where it can, all in
-# base units: duty_cycle (0-1), burst_p50_s, burst_p90_s, gap_p50_s, gap_p90_s, period_s,
-# power_watts, power_peak_watts, power_limit_watts, power_share_of_peak, sm_active_ratio,
-# sm_occupancy_ratio, tensor_active_ratio (GPM), skew_s,
-# effective_gpus, main_cpu_pct, workers_cpu_pct, workers, host_cpu_pct, iowait_pct,
-# read_bytes_per_s, mem_used_bytes, mem_total_bytes, mem_headroom_ratio, sample_period_s,
-# samples.  A key that could not be measured is absent, never 0.
-Evidence = dict[str, float | int | str | None]
+
+
+class Evidence(TypedDict, total=False):
+    """The numbers behind a finding, in base units: a flat, JSON-friendly mapping (the
+    log file, ``analyze --json`` and the summary carry it unchanged).  A key that could
+    not be measured is absent, never 0."""
+
+    # The GPU over its window (a closed episode's duty cycle is over the episode).
+    duty_cycle: float  # 0-1, utilisation-weighted busy share
+    window_s: float
+    duration_s: float  # a closed episode's length
+    samples: int
+    sample_period_s: float
+    burst_p50_s: float
+    burst_p90_s: float
+    gap_p50_s: float
+    gap_p90_s: float
+    period_s: float  # of its burst/gap cycle
+    pause_interval_p50_s: float  # a rhythm of long gaps, or all-GPU pauses
+    pause_p50_s: float
+    pauses: int
+    power_watts: float
+    power_peak_watts: float
+    power_limit_watts: float
+    power_share_of_peak: float
+    sm_active_ratio: float  # GPM, Hopper and later
+    sm_occupancy_ratio: float
+    tensor_active_ratio: float
+    mem_used_bytes: int
+    mem_total_bytes: int
+    mem_headroom_ratio: float
+    larger_batch_fits: str  # "yes" or "no"
+    processes: int
+    # The host and the job's process tree, averaged over the GPU's gaps.
+    cpu_count: int
+    main_cpu_pct: float  # the job's main process, % of one core
+    workers_cpu_pct: float  # per worker, % of one core
+    workers: float  # mean worker count over the gaps
+    host_cpu_pct: float  # all cores, 0-100
+    iowait_pct: float
+    read_bytes_per_s: float
+    max_core_pct: float
+    outside_cpu_pct: float  # cores' worth (%) used by processes outside the job
+    outside_top: str  # the busiest of them: "name (pid N, 340 %)"
+    # The run.
+    gpus: int
+    effective_gpus: float
+    straggler_gpu: int
+    skew_s: float
+    lost_gpu_seconds: float
+
+
+EvidenceKey = Literal[
+    "duty_cycle",
+    "window_s",
+    "duration_s",
+    "samples",
+    "sample_period_s",
+    "burst_p50_s",
+    "burst_p90_s",
+    "gap_p50_s",
+    "gap_p90_s",
+    "period_s",
+    "pause_interval_p50_s",
+    "pause_p50_s",
+    "pauses",
+    "power_watts",
+    "power_peak_watts",
+    "power_limit_watts",
+    "power_share_of_peak",
+    "sm_active_ratio",
+    "sm_occupancy_ratio",
+    "tensor_active_ratio",
+    "mem_used_bytes",
+    "mem_total_bytes",
+    "mem_headroom_ratio",
+    "larger_batch_fits",
+    "processes",
+    "cpu_count",
+    "main_cpu_pct",
+    "workers_cpu_pct",
+    "workers",
+    "host_cpu_pct",
+    "iowait_pct",
+    "read_bytes_per_s",
+    "max_core_pct",
+    "outside_cpu_pct",
+    "outside_top",
+    "gpus",
+    "effective_gpus",
+    "straggler_gpu",
+    "skew_s",
+    "lost_gpu_seconds",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -278,7 +362,7 @@ class Episode:
     cause: Cause | None
     start_s: float
     end_s: float | None  # None while the episode is still open
-    evidence: Evidence = field(default_factory=dict)
+    evidence: Evidence = field(default_factory=lambda: Evidence())
     advice: tuple[str, ...] = ()
     note: str | None = None  # for people: the reason in words, with its numbers
     reason: Reason | None = None  # for code: why this state (faces decide on it)
@@ -297,7 +381,7 @@ class GpuVerdict:
     state: State
     cause: Cause | None
     since_s: float | None
-    evidence: Evidence = field(default_factory=dict)
+    evidence: Evidence = field(default_factory=lambda: Evidence())
     advice: tuple[str, ...] = ()
     note: str | None = None
     reason: Reason | None = None
@@ -311,7 +395,7 @@ class Verdict:
     state: State
     cause: Cause | None
     gpus: tuple[GpuVerdict, ...] = ()
-    evidence: Evidence = field(default_factory=dict)
+    evidence: Evidence = field(default_factory=lambda: Evidence())
     advice: tuple[str, ...] = ()
     note: str | None = None
     reason: Reason | None = None

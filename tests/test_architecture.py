@@ -2,10 +2,12 @@
 
 - only gpumon/sample/nvml.py imports pynvml, only gpumon/sample/host.py imports psutil:
   everything above them sees plain dataclasses;
-- the core (model, errors, sample, traces, detect, session, loop) and the lab never
-  import a face: faces import the core;
-- faces never import the samplers (gpumon.sample) and never build a Detector: they ask a
-  gpumon.session.Session, the one place that wires sources and the detector;
+- the floors: model, errors and loop at the bottom; detect and traces on them; sample and
+  lab above; the engine above those; the faces on top; no module imports a floor above
+  its own (the package's own ``__init__``, the library face, may name anything lazily);
+- faces never import the samplers (gpumon.sample) nor the detector's floor (gpumon.detect),
+  and never build a Detector, a job table, a job resolver or a process-tree sampler: they
+  ask a gpumon.engine.Session, which wires sources, jobs, the detector and the memory;
 - pyproject's package list names every package under gpumon/ (it is listed, not found,
   because the dstat plugin package is mapped onto dstat_plugins/);
 - the detector is pure: no I/O modules, no clock;
@@ -27,7 +29,7 @@ CORE_PREFIXES = (
     "gpumon.sample",
     "gpumon.traces",
     "gpumon.detect",
-    "gpumon.session",
+    "gpumon.engine",
     "gpumon.loop",
     "gpumon.lab",
 )
@@ -118,37 +120,77 @@ FACES = sorted(m for m in MODULES if m.startswith("gpumon.faces"))
 
 
 @pytest.mark.parametrize("module", FACES)
-def test_faces_never_import_the_samplers(module: str) -> None:
-    samplers = {d for d in MODULES[module] if d.startswith(("gpumon.sample", "gpumon.monitor"))}
-    assert not samplers, f"{module} imports {samplers}: ask gpumon.session.Session instead"
+def test_faces_never_import_the_samplers_or_the_detector(module: str) -> None:
+    below = {
+        d
+        for d in MODULES[module]
+        if d.startswith(("gpumon.sample", "gpumon.monitor", "gpumon.detect", "gpumon.session"))
+    }
+    assert not below, f"{module} imports {below}: ask gpumon.engine instead"
 
 
-def _calls_detector(path: Path) -> list[int]:
-    """Lines where a module calls ``Detector(...)`` (or ``detect.Detector(...)``)."""
-    lines = []
+# Floors, bottom up: a module imports only its own floor and those below it.
+FLOORS = (
+    ("gpumon.model", "gpumon.errors", "gpumon.loop"),
+    ("gpumon.detect", "gpumon.traces"),
+    ("gpumon.sample", "gpumon.lab"),
+    ("gpumon.engine",),
+    ("gpumon.faces", "gpumon.cli", "gpumon.__main__"),
+)
+
+
+def floor_of(module: str) -> int | None:
+    for k, prefixes in enumerate(FLOORS):
+        if module.startswith(prefixes):
+            return k
+    return None
+
+
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if floor_of(m) is not None))
+def test_no_module_imports_a_floor_above_its_own(module: str) -> None:
+    own = floor_of(module)
+    assert own is not None
+    above = {d for d in MODULES[module] if (floor_of(d) or 0) > own}
+    assert not above, f"{module} (floor {own}) imports {above} from a floor above"
+
+
+def test_every_module_has_a_floor() -> None:
+    homeless = {m for m in MODULES if floor_of(m) is None and m != "gpumon"}
+    assert not homeless, f"modules on no floor: {sorted(homeless)} (see FLOORS)"
+
+
+# What wires a run: the detector, the job table, the job resolver, a process-tree sampler.
+BUILDERS = {"Detector", "JobTracker", "JobResolver", "ProcessTreeSampler", "NvmlSampler"}
+
+
+def _builds(path: Path) -> list[tuple[int, str]]:
+    """(line, class) where a module calls one of ``BUILDERS`` (``X(...)`` or ``m.X(...)``)."""
+    found = []
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Call):
             f = node.func
             name = (
                 f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else ""
             )
-            if name == "Detector":
-                lines.append(node.lineno)
-    return lines
+            if name in BUILDERS:
+                found.append((node.lineno, name))
+    return found
 
 
 @pytest.mark.parametrize("path", sorted((PACKAGE / "faces").rglob("*.py")), ids=str)
-def test_faces_never_build_a_detector(path: Path) -> None:
-    assert not _calls_detector(path), f"{path}: a face builds a Detector; the session does"
+def test_faces_never_build_a_detector_nor_job_attribution(path: Path) -> None:
+    assert not _builds(path), f"{path}: a face builds {_builds(path)}; the engine does"
 
 
-def test_only_the_session_builds_the_detector() -> None:
+def test_only_the_engine_builds_the_detector_and_the_job_table() -> None:
     builders = {
         module_name(p)
         for p in PACKAGE.rglob("*.py")
-        if _calls_detector(p) and not module_name(p).startswith("gpumon.detect")
+        if any(name in ("Detector", "JobTracker") for _, name in _builds(p))
+        and not module_name(p).startswith("gpumon.detect")
     }
-    assert builders == {"gpumon.session"}
+    assert builders <= {"gpumon.engine.session", "gpumon.engine.jobs"}
+    assert builders, "the engine builds them: the rule looks for the wrong names"
 
 
 def module_edges(path: Path) -> set[str]:

@@ -12,12 +12,13 @@ from typing import Any
 import pytest
 
 from gpumon.detect import DetectorUpdate
+from gpumon.engine import Session
+from gpumon.engine.sources import LiveSource
 from gpumon.errors import NoDriverError
 from gpumon.faces.dstat import columns as dc
 from gpumon.faces.dstat.columns import GpuCell, GpuColumns, PluginLoadError, aggregate
 from gpumon.model import Episode, GpuIdentity, GpuSample, Reason, State, UtilPoint, Verdict
 from gpumon.sample.monitor import Monitor
-from gpumon.session import Session
 
 REPO = Path(__file__).resolve().parent.parent
 GiB = 1 << 30
@@ -46,15 +47,19 @@ class StubDetector:
 
     def update(self, snapshot: Any) -> Any:
         self.seen += 1
-        return DetectorUpdate()
-
-    def open_episodes(self) -> dict[int | None, Episode]:
         if self.fail:
             raise RuntimeError("broken detector")
-        return {
-            i: Episode(i, f"GPU-{i}", s, None, 0.0, None, reason=reason)
-            for i, (s, reason) in self.states.items()
-        }
+        if self.seen > 1:
+            return DetectorUpdate()
+        return DetectorUpdate(
+            opened=tuple(
+                Episode(i, f"GPU-{i}", s, None, 0.0, None, reason=reason)
+                for i, (s, reason) in self.states.items()
+            )
+        )
+
+    def gpu_totals(self) -> dict[int, Any]:
+        return {}
 
     def verdict(self) -> Verdict:
         raise AssertionError("the columns need no full verdict per tick")
@@ -78,7 +83,7 @@ def columns(
     warnings: list[str] = []
     det = detector or StubDetector()
     c = GpuColumns(
-        lambda: Session(monitor=Monitor(StubSampler(n, ticks)), detector=det),  # type: ignore[arg-type]
+        lambda: Session(LiveSource(Monitor(StubSampler(n, ticks))), detector=det),  # type: ignore[arg-type]
         warn=warnings.append,
     )
     c.start(1.0)
@@ -188,7 +193,7 @@ def test_start_turns_no_driver_and_no_gpu_into_one_reason() -> None:
 
     with pytest.raises(PluginLoadError, match=r"^cannot read GPUs: no NVIDIA driver found$"):
         GpuColumns(no_driver).start()
-    empty = GpuColumns(lambda: Session(monitor=Monitor(StubSampler(0, [])), judge=False))  # type: ignore[arg-type]
+    empty = GpuColumns(lambda: Session(LiveSource(Monitor(StubSampler(0, []))), judge=False))  # type: ignore[arg-type]
     with pytest.raises(PluginLoadError, match="reports no GPU"):
         empty.start()
 
@@ -234,7 +239,8 @@ def host(**op: Any) -> dict[str, Any]:
 def plugin(n: int, ticks: list[list[GpuSample]], g: dict[str, Any], det: StubDetector) -> Any:
     cls = dc.plugin_class(Base, g, "dstat")
     cols = GpuColumns(
-        lambda: Session(monitor=Monitor(StubSampler(n, ticks)), detector=det), warn=lambda m: None
+        lambda: Session(LiveSource(Monitor(StubSampler(n, ticks))), detector=det),
+        warn=lambda m: None,
     )  # type: ignore[arg-type]
     p = cls(cols)
     p.check()
@@ -262,7 +268,7 @@ def test_one_band_for_all_gpus_by_default_and_one_per_gpu_with_full() -> None:
     assert "<R>STARV" in p.show()
     assert p.showcsv() == "60,25,starved"
 
-    full = plugin(2, ticks(), host(full=True), det)
+    full = plugin(2, ticks(), host(full=True), StubDetector(det.states))
     full.extract()
     assert full.title() == "-----gpu0----- -----gpu1-----"
     assert full.subtitle() == "util mem state:util mem state"
@@ -303,7 +309,7 @@ def test_dool_host_is_not_given_types() -> None:
     g = host()
     cls = dc.plugin_class(Base, g, "dool")
     cols = GpuColumns(
-        lambda: Session(monitor=Monitor(StubSampler(1, [])), judge=False), warn=lambda m: None
+        lambda: Session(LiveSource(Monitor(StubSampler(1, []))), judge=False), warn=lambda m: None
     )  # type: ignore[arg-type]
     cls(cols).check()
     assert "types" not in g
@@ -341,24 +347,18 @@ def test_plugin_file_builds_its_class_from_the_host_globals(name: str, kind: str
 def test_words_followed_through_updates_match_the_full_verdict(scenario: str) -> None:
     """The columns follow the detector's opened/closed episodes instead of building a
     verdict every tick: tick by tick, the words are those the verdict would give."""
+    from gpumon.engine import DetectorConfig
     from gpumon.lab.synth import generate
-    from gpumon.session import Tick
 
     trace = generate(scenario, seed=1, duration_s=200.0)
-    snapshots = iter(trace.snapshots)
-
-    class TraceSession(Session):
-        def tick(self) -> Tick:
-            snap = next(snapshots)
-            return Tick(snap, self.feed(snap))
-
-    session = TraceSession(header=trace.header)
+    session = Session.offline(trace.header, DetectorConfig(), live=True)
     det = session.detector
     assert det is not None
     c = GpuColumns(lambda: session, warn=pytest.fail)
     c.start(1.0)
     seen: set[str] = set()
-    for _ in trace.snapshots:
+    for snap in trace.snapshots:
+        session.source.push(snap)  # type: ignore[attr-defined]
         cells = c.tick()
         want = {v.gpu: dc._word(v.state, v.reason) for v in det.verdict().gpus}
         for cell in cells:

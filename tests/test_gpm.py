@@ -17,10 +17,10 @@ from fakenvml import FakeGPU, MigInstance, Pattern, Process, Scenario, call_coun
 
 import gpumon.sample.nvml as nvml_module
 from gpumon.detect import Detector
+from gpumon.engine import Session
 from gpumon.lab.synth import generate
 from gpumon.model import GpuSample, MigActivity, Reason, Snapshot, State, TraceHeader
 from gpumon.sample.nvml import NvmlSampler
-from gpumon.session import Session
 from gpumon.traces.jsonl import FORMAT_VERSION, TraceReader, TraceWriter, read_trace
 
 

@@ -510,7 +510,7 @@ def test_host_cpu_is_absent_unless_every_core_was_read(monkeypatch: pytest.Monke
 
 def test_the_sessions_process_tree_reads_the_real_proc_by_default() -> None:
     """What the daemon asks for per job, asked without a procfs path: the live /proc."""
-    from gpumon.session import Session
+    from gpumon.engine.sources import process_tree
 
-    tree = Session.process_tree(os.getpid()).sample()
+    tree = process_tree(os.getpid()).sample()
     assert os.getpid() in {p.pid for p in tree.processes}

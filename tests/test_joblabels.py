@@ -299,48 +299,41 @@ def test_without_the_socket_mounted_nothing_is_asked(tmp_path: Path) -> None:
 
 
 # --------------------------------------------------------------------------- the daemon
-class _OneTick:
-    """The state's session, except that its every sample is the tick given."""
-
-    def __init__(self, tick: object, session: object) -> None:
-        self._tick = tick
-        self._session = session
-
-    def sample(self) -> object:
-        return self._tick
-
-    def __getattr__(self, name: str) -> object:
-        return getattr(self._session, name)
-
-
 def test_the_daemon_exports_the_kubelets_names(kubelet: Kubelet, tmp_path: Path) -> None:
     """gpumon serve's own path: a GPU's process list in, the job-info series out."""
     from prometheus_client import generate_latest
 
+    from gpumon.engine import Session
     from gpumon.faces.serve.collector import make_registry
     from gpumon.faces.serve.config import ServeConfig
-    from gpumon.faces.serve.daemon import ServeState
+    from gpumon.faces.serve.daemon import ServeState, job_options
     from gpumon.faces.serve.log import EventLog
-    from gpumon.model import GpuIdentity, GpuProcess, GpuSample, HostSample, Snapshot
-    from gpumon.sample.monitor import Monitor
-    from gpumon.session import Session, Tick
+    from gpumon.model import (
+        GpuIdentity,
+        GpuProcess,
+        GpuSample,
+        HostSample,
+        Snapshot,
+        TraceHeader,
+    )
 
     fake_proc(tmp_path / "proc", 4242, IN_POD)
     idents = (GpuIdentity(0, GPU_A), GpuIdentity(1, GPU_B))
-    state = ServeState(
-        Session(monitor=Monitor(None), judge=False),
-        ServeConfig(process_trees=False),
-        EventLog(""),
+    cfg = ServeConfig(process_trees=False)
+    session = Session.offline(
+        TraceHeader(1, "gpumon", gpus=idents),
+        live=True,
+        jobs=job_options(cfg),
         resolver=resolver(kubelet.socket, tmp_path / "proc"),
-        gpus=idents,
     )
+    state = ServeState(session, cfg, EventLog(""))
     gpus = tuple(
         GpuSample(t_s=1.0, gpu=g.index, uuid=g.uuid, util_pct=90.0,
                   processes=(GpuProcess(4242),) if g.index == 0 else ())
         for g in idents
     )  # fmt: skip
     snap = Snapshot(t_s=1.0, gpus=gpus, host=HostSample(t_s=1.0, cpu_pct=10.0))
-    state.session = _OneTick(Tick(snap, sample_duration_s=0.001), state.session)  # type: ignore[assignment]
+    session.source.push(snap)  # type: ignore[attr-defined]
     state.step()
     assert state.tick_errors_total == 0
     text = generate_latest(make_registry(state)).decode()  # type: ignore[arg-type]

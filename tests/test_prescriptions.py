@@ -6,9 +6,11 @@ import math
 
 import pytest
 
-from gpumon.detect import Detector, speedup_sentence
+from gpumon.detect import Detector
 from gpumon.detect.advice import _memory_advice, gil_prescription, worker_prescription
-from gpumon.faces.analyze.report import analyze_snapshots, to_json
+from gpumon.engine import analyze
+from gpumon.engine.words import speedup_sentence
+from gpumon.faces.analyze.report import to_json
 from gpumon.lab.synth import generate
 from gpumon.model import GpuSample, Snapshot, TraceHeader
 
@@ -34,13 +36,13 @@ def _square(duty: float, seconds: float = 300.0, gpus: int = 1, period: float = 
 
 @pytest.mark.parametrize(("duty", "want"), [(0.4, 2.5), (0.25, 4.0), (1.0, 1.0)])
 def test_speedup_if_fed_is_one_over_the_working_duty_cycle(duty: float, want: float) -> None:
-    j = to_json(analyze_snapshots(TraceHeader(1, "csv"), _square(duty)))
+    j = to_json(analyze(TraceHeader(1, "csv"), _square(duty)))
     assert j["speedup_if_fed"] == pytest.approx(want, rel=0.12)
     assert j["work_duty_cycle"] == pytest.approx(min(1.0, duty), abs=0.06)
 
 
 def test_the_speedup_is_said_with_its_basis() -> None:
-    res = analyze_snapshots(TraceHeader(1, "csv"), _square(0.4))
+    res = analyze(TraceHeader(1, "csv"), _square(0.4))
     line = speedup_sentence(res.summary)
     assert line is not None
     assert line.startswith("fixing the input pipeline could make this run up to 2.")
@@ -48,7 +50,7 @@ def test_the_speedup_is_said_with_its_basis() -> None:
 
 
 def test_a_healthy_run_has_no_speedup_to_sell() -> None:
-    res = analyze_snapshots(TraceHeader(1, "csv"), _square(1.0))
+    res = analyze(TraceHeader(1, "csv"), _square(1.0))
     assert speedup_sentence(res.summary) is None
 
 
@@ -89,7 +91,7 @@ def test_memory_levers_in_numbers() -> None:
 
 def test_starved_cpu_trace_with_host_data_names_a_worker_count() -> None:
     tr = generate("starved_cpu", seed=2, gpus=1, duration_s=240.0)
-    res = analyze_snapshots(tr.header, tr.snapshots)
+    res = analyze(tr.header, tr.snapshots)
     assert res.state.value == "starved" and res.cause.value == "cpu"  # type: ignore[union-attr]
     assert any("num_workers from" in a and " to " in a for a in res.advice), res.advice
 

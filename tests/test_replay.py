@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from gpumon.engine import Session
 from gpumon.loop import paced
 from gpumon.model import (
     GpuIdentity,
@@ -23,7 +24,6 @@ from gpumon.model import (
     UtilPoint,
 )
 from gpumon.sample.replay import Replay
-from gpumon.session import Session
 from gpumon.traces.jsonl import FORMAT_VERSION, TraceReader, TraceWriter
 
 T0 = 5000.0  # the recording's own monotonic clock: far from this process's
@@ -142,7 +142,8 @@ def test_a_replay_session_ticks_like_a_live_one_and_judges_every_recorded_tick()
     assert snap.t_s == snap.host.t_s == snap.tree.t_s == snap.gpus[1].t_s
     assert len(snap.gpus[1].util_samples) == 24
     # The detector saw the four recorded ticks one by one, not one merged tick.
-    assert session.gpu_totals()[1].samples == 24 and session.tree_gpu_uuids == {"GPU-0", "GPU-1"}
+    assert session.detector is not None and session.detector.gpu_totals()[1].samples == 24
+    assert session.tree_gpu_uuids == {"GPU-0", "GPU-1"}
 
 
 def test_speed_10_plays_a_10_second_trace_in_about_a_second() -> None:

@@ -7,13 +7,9 @@ import math
 
 import pytest
 
-from gpumon.faces.analyze.report import (
-    LogHistogram,
-    Timeline,
-    analyze_snapshots,
-    render_text,
-    to_json,
-)
+from gpumon.engine import analyze
+from gpumon.engine.memory import Durations, Timeline
+from gpumon.faces.analyze.report import render_text, to_json
 from gpumon.lab.synth import generate
 from gpumon.model import GpuSample, Snapshot, State, TraceHeader, UtilPoint
 
@@ -21,7 +17,7 @@ from gpumon.model import GpuSample, Snapshot, State, TraceHeader, UtilPoint
 @pytest.fixture(scope="module")
 def starved() -> tuple:
     tr = generate("healthy_then_starved", 1, gpus=2, period_s=0.2, duration_s=240)
-    return tr, analyze_snapshots(tr.header, iter(tr.snapshots))
+    return tr, analyze(tr.header, iter(tr.snapshots))
 
 
 def test_json_has_the_shape_of_issue_3(starved: tuple) -> None:
@@ -50,7 +46,7 @@ def test_json_has_the_shape_of_issue_3(starved: tuple) -> None:
 
 def test_cause_is_null_unless_starved() -> None:
     tr = generate("healthy", 2, gpus=1, duration_s=120)
-    j = to_json(analyze_snapshots(tr.header, tr.snapshots))
+    j = to_json(analyze(tr.header, tr.snapshots))
     assert j["verdict"] == "healthy" and j["cause"] is None
 
 
@@ -94,7 +90,7 @@ def test_analysis_timeline_buckets_hold_the_utilisation_of_their_own_time() -> N
         u = 100.0 if k <= 300 else 0.0 if k <= 600 else 40.0
         gs = (gpu(k, 0, u),) + ((gpu(k, 1, 0.0),) if k > 500 else ())
         snaps.append(Snapshot(float(k), gs))
-    res = analyze_snapshots(TraceHeader(1, "test"), iter(snaps))
+    res = analyze(TraceHeader(1, "test"), iter(snaps))
     g0, g1 = res.gpus[0], res.gpus[1]
     assert g0.samples == 4000 and g1.samples == 2000
     assert g0.duty_cycle == pytest.approx((300 * 1.0 + 400 * 0.4) / 1000, abs=1e-3)
@@ -112,16 +108,16 @@ def test_analysis_timeline_buckets_hold_the_utilisation_of_their_own_time() -> N
 
 
 def test_log_histogram_quantiles() -> None:
-    h = LogHistogram()
+    h = Durations()
     for x in [0.1] * 50 + [1.0] * 40 + [10.0] * 10:
         h.add(x)
     assert h.quantile(0.5) == pytest.approx(0.1, rel=0.15)
     assert h.quantile(0.9) == pytest.approx(1.0, rel=0.15)
-    assert LogHistogram().quantile(0.5) is None
+    assert Durations().quantile(0.5) is None
 
 
 def test_empty_stream_gives_an_unknown_verdict() -> None:
-    res = analyze_snapshots(TraceHeader(1, "csv"), [])
+    res = analyze(TraceHeader(1, "csv"), [])
     j = to_json(res)
     assert j["verdict"] == "unknown" and j["gpus"] == [] and j["cause"] is None
     assert "Verdict: UNKNOWN" in render_text(res)
@@ -129,7 +125,7 @@ def test_empty_stream_gives_an_unknown_verdict() -> None:
 
 def test_sync_stall_report_names_the_straggler() -> None:
     tr = generate("straggler", 0, gpus=4, period_s=0.25, duration_s=200)
-    res = analyze_snapshots(tr.header, tr.snapshots)
+    res = analyze(tr.header, tr.snapshots)
     j = to_json(res)
     assert j["verdict"] == "sync_stall"
     strag = next(lab.gpu for lab in tr.labels if lab.note == "straggler")
@@ -169,7 +165,7 @@ def test_verdict_sums_up_the_run_not_its_last_moment() -> None:
             return 0.0
         return 100.0 if t % 1.0 < 0.35 else 0.0
 
-    res = analyze_snapshots(TraceHeader(1, "csv"), _snaps(util, 300))
+    res = analyze(TraceHeader(1, "csv"), _snaps(util, 300))
     j = to_json(res)
     assert j["verdict"] == "starved" and j["verdict_now"] == "idle"
     assert j["cause"] == "unknown"  # no host data
@@ -186,7 +182,7 @@ def test_a_short_problem_in_a_long_healthy_run_stays_healthy_overall() -> None:
             return 100.0 if t % 1.0 < 0.4 else 0.0
         return 98.0
 
-    j = to_json(analyze_snapshots(TraceHeader(1, "csv"), _snaps(util, 1200)))
+    j = to_json(analyze(TraceHeader(1, "csv"), _snaps(util, 1200)))
     assert j["verdict"] == "healthy" and j["cause"] is None and j["advice"] == []
     states = [e["state"] for e in j["gpus"][0]["episodes"]]
     assert "starved" in states  # still listed as an episode

@@ -13,7 +13,8 @@ from gpumon.detect.from_metrics import (
     straggler_node,
     tally_of,
 )
-from gpumon.detect.summary import run_verdict, speedup_sentence
+from gpumon.detect.summary import run_verdict
+from gpumon.engine.words import speedup_sentence
 from gpumon.model import Cause, Reason, State
 
 T = 100.0  # seconds of the job on every GPU

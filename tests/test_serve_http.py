@@ -172,23 +172,18 @@ def test_ready_says_503_until_sampled_and_when_sampling_is_stale(tmp_path) -> No
     from io import BytesIO
     from wsgiref.util import setup_testing_defaults
 
+    from gpumon.engine import Session
     from gpumon.faces.serve.collector import make_registry
     from gpumon.faces.serve.config import ServeConfig
     from gpumon.faces.serve.daemon import ServeState
     from gpumon.faces.serve.http import WebApp
     from gpumon.faces.serve.landing import StatePages
     from gpumon.faces.serve.log import EventLog
-    from gpumon.model import GpuIdentity, GpuSample, Snapshot
-    from gpumon.sample.monitor import Monitor
-    from gpumon.session import Session, Tick
+    from gpumon.model import GpuIdentity, GpuSample, Snapshot, TraceHeader
 
     ident = GpuIdentity(index=0, uuid="GPU-x")
-    state = ServeState(
-        Session(monitor=Monitor(None), judge=False),
-        ServeConfig(interval_s=1.0),
-        EventLog(None),
-        gpus=[ident],
-    )
+    session = Session.offline(TraceHeader(1, "gpumon", gpus=(ident,)), live=True)
+    state = ServeState(session, ServeConfig(interval_s=1.0), EventLog(None))
     now = {"t": time.time()}
     app = WebApp(state.cfg, make_registry(state), StatePages(state, wall=lambda: now["t"]))
 
@@ -202,7 +197,7 @@ def test_ready_says_503_until_sampled_and_when_sampling_is_stale(tmp_path) -> No
     status, body = get("/-/ready")
     assert status.startswith("503") and b"no sample taken yet" in body
     t = time.monotonic()
-    state.ingest(Tick(Snapshot(t_s=t, gpus=(GpuSample(t_s=t, gpu=0, uuid="GPU-x"),))))
+    state.ingest(session.read(Snapshot(t_s=t, gpus=(GpuSample(t_s=t, gpu=0, uuid="GPU-x"),))))
     now["t"] = state.last_sample_wall_s + 1.0
     assert get("/-/ready")[0].startswith("200")
     now["t"] = state.last_sample_wall_s + 60.0  # the loop stopped ticking a minute ago

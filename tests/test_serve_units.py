@@ -15,14 +15,22 @@ from pathlib import Path
 import pytest
 from prometheus_client import generate_latest
 
+from gpumon.engine import Polled, Reading, Session
+from gpumon.engine.memory import Durations
 from gpumon.faces.serve.collector import METRIC_NAMES, make_registry
 from gpumon.faces.serve.config import ServeConfig
-from gpumon.faces.serve.daemon import Histogram, ServeState
+from gpumon.faces.serve.daemon import ServeState, job_options
 from gpumon.faces.serve.log import EventLog
-from gpumon.model import GpuIdentity, GpuProcess, GpuSample, HostSample, Snapshot, State
+from gpumon.model import (
+    GpuIdentity,
+    GpuProcess,
+    GpuSample,
+    HostSample,
+    Snapshot,
+    State,
+    TraceHeader,
+)
 from gpumon.sample.joblabels import JobLabels, JobResolver, parse_cgroup, parse_environ
-from gpumon.sample.monitor import Monitor
-from gpumon.session import Session, Tick
 
 PERIOD = 1.0 / 6.0
 POD_UID = "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0"
@@ -144,14 +152,14 @@ def test_log_off_writes_nothing() -> None:
 
 # --------------------------------------------------------------------------- histograms
 def test_histogram_is_cumulative_and_fixed_size() -> None:
-    h = Histogram((0.1, 1.0))
+    h = Durations((0.1, 1.0))
     for x in (0.05, 0.1, 0.5, 3.0, float("nan"), -1.0):
-        h.observe(x)
+        h.add(x)
     assert h.cumulative() == [("0.1", 2), ("1.0", 3), ("+Inf", 4)]
-    assert h.count == 4 and h.sum == pytest.approx(3.65)
+    assert h.count == 4 and h.total == pytest.approx(3.65)
     for _ in range(10000):
-        h.observe(0.2)
-    assert len(h.counts) == 3
+        h.add(0.2)
+    assert len(h.export_counts) == 3 and len(h.counts) == Durations.BINS
 
 
 # --------------------------------------------------------------------------- daemon state
@@ -217,27 +225,34 @@ class Feeder:
             while self.next_point + PERIOD <= self.t + 1e-9:
                 self.next_point += PERIOD
             host = HostSample(t_s=self.t, cpu_pct=35.0, iowait_pct=2.0)
-            tick = Tick(Snapshot(t_s=self.t, gpus=tuple(gpus), host=host), sample_duration_s=0.004)
+            snap = Snapshot(t_s=self.t, gpus=tuple(gpus), host=host)
             if self.via_step:
-                self.state.session = _OneTick(tick, self.state.session)  # type: ignore[assignment]
+                self.state.session.source.push(snap)  # type: ignore[attr-defined]
                 self.state.step()
                 assert self.state.tick_errors_total == 0
             else:
-                self.state.ingest(tick)
+                ingest(self.state, snap)
 
 
-class _OneTick:
-    """The state's session, except that its every sample is the tick given."""
+def ingest(state: ServeState, snap: Snapshot) -> None:
+    """A tick as the loop folds it: the reads (jobs' /proc) first, then the fold."""
+    reading = state.session.read(snap)
+    state.ingest(Reading(Polled(reading.polled.due, snap, 0.004), reading.jobs))
 
-    def __init__(self, tick: Tick, session: object) -> None:
-        self._tick = tick
-        self._session = getattr(session, "_session", session)
 
-    def sample(self) -> Tick:
-        return self._tick
+def serve_session(procfs: Path, cfg: ServeConfig, *, trees_procfs: str | None = None) -> Session:
+    """The daemon's session over IDENTS, fed by the test (no NVML), labels from ``procfs``."""
+    opts = job_options(cfg)
+    if trees_procfs is not None:
+        from dataclasses import replace
 
-    def __getattr__(self, name: str) -> object:
-        return getattr(self._session, name)
+        opts = replace(opts, procfs=trees_procfs)
+    return Session.offline(
+        TraceHeader(1, "gpumon", gpus=IDENTS),
+        live=True,
+        jobs=opts,
+        resolver=JobResolver(procfs=str(procfs)),
+    )
 
 
 def make_state(tmp_path: Path, **cfg: object) -> tuple[ServeState, Path]:
@@ -248,13 +263,8 @@ def make_state(tmp_path: Path, **cfg: object) -> tuple[ServeState, Path]:
             f"0::/slurm/uid_0/job_{job}/step_0\n".replace(f"job_{job}", f"job_{ord(job)}"),
         )
     log = tmp_path / "g.jsonl"
-    state = ServeState(
-        Session(monitor=Monitor(None), judge=False),
-        ServeConfig(**cfg),  # type: ignore[arg-type]
-        EventLog(str(log)),
-        resolver=JobResolver(procfs=str(tmp_path / "proc")),
-        gpus=IDENTS,
-    )
+    config = ServeConfig(**cfg)  # type: ignore[arg-type]
+    state = ServeState(serve_session(tmp_path / "proc", config), config, EventLog(str(log)))
     return state, log
 
 
@@ -322,7 +332,7 @@ def test_two_jobs_get_their_own_states_and_every_metric_is_emitted(tmp_path: Pat
     assert emitted <= declared, emitted - declared
     # No NVML errors without NVML; no reason for a plainly starved or healthy GPU.
     assert not missing - {"gpumon_nvml_errors", "gpumon_gpu_reason"}, missing
-    assert all(ep.reason is None for ep in state.episodes.values() if ep is not None)
+    assert all(ep.reason is None for ep in state.memory.open.values() if ep is not None)
     # Two jobs on subsets of the GPUs: each has its own detector.
     assert all(j.detector is not None for j in state.jobs.values())
     records = [json.loads(x) for x in log.read_text().splitlines()]
@@ -347,7 +357,7 @@ def test_jobs_are_forgotten_and_capped(tmp_path: Path) -> None:
     assert len(state.jobs) == 1 and state.jobs_dropped_total == 1
     f.pids = {}
     f.run(5, {0: "steady", 1: "steady"})
-    assert not state.jobs and len(state.resolver) == 0
+    assert not state.jobs and len(state.session.jobs.resolver) == 0  # type: ignore[union-attr]
     assert value(metrics(state), "gpumon_jobs_untracked_total") == state.jobs_dropped_total
 
 
@@ -384,9 +394,13 @@ def test_a_failing_part_never_fails_the_scrape(tmp_path: Path, monkeypatch) -> N
     def boom() -> None:
         raise RuntimeError("detector bug")
 
-    monkeypatch.setattr(state.detector, "lost_gpu_seconds", boom)
+    monkeypatch.setattr(state.session.detector, "lost_gpu_seconds", boom)
     m = metrics(state)
     assert value(m, "gpumon_scrape_errors_total") == 1
+    assert value(m, "gpumon_scrape_group_success", group="detection") == 0
+    for group in ("build", "gpus", "jobs", "host", "health"):
+        assert value(m, "gpumon_scrape_group_success", group=group) == 1
+        assert value(m, "gpumon_scrape_group_duration_seconds", group=group) >= 0
     assert value(m, "gpumon_gpu_utilization_ratio", gpu="0") == 1.0  # the rest is served
     assert not [k for k in m if k.startswith("gpumon_gpu_state{")]
 
@@ -394,11 +408,10 @@ def test_a_failing_part_never_fails_the_scrape(tmp_path: Path, monkeypatch) -> N
 def test_a_failing_tick_is_counted_and_skipped(tmp_path: Path, capsys) -> None:
     state, _ = make_state(tmp_path)
 
-    class Broken(_OneTick):
-        def sample(self) -> Tick:
-            raise OSError("driver hiccup")
+    def broken() -> Polled:
+        raise OSError("driver hiccup")
 
-    state.session = Broken(None, state.session)  # type: ignore[arg-type, assignment]
+    state.session.source.poll = broken  # type: ignore[method-assign]
     state.step()
     state.step()
     assert state.tick_errors_total == 2
@@ -429,14 +442,9 @@ def test_a_jobs_process_tree_feeds_the_detector(tmp_path: Path) -> None:
         workers = [int(x) for x in proc.stdout.readline().split()[1:]]  # type: ignore[union-attr]
         fake_proc(tmp_path / "proc", proc.pid, "0::/slurm/uid_0/job_4321/step_0\n")
         # Labels from a fake procfs, the tree from the real one.
-        state = ServeState(
-            Session(monitor=Monitor(None), judge=False),
-            ServeConfig(),
-            EventLog(None),
-            resolver=JobResolver(procfs=str(tmp_path / "proc")),
-            gpus=IDENTS,
-            procfs="/proc",
-        )
+        cfg = ServeConfig()
+        session = serve_session(tmp_path / "proc", cfg, trees_procfs="/proc")
+        state = ServeState(session, cfg, EventLog(None))
         f = Feeder(state, {0: (proc.pid,), 1: (proc.pid,)})
         import time
 
@@ -450,16 +458,11 @@ def test_a_jobs_process_tree_feeds_the_detector(tmp_path: Path) -> None:
         burner = next(p for p in job.tree_sample.processes if p.pid == workers[0])
         assert burner.cpu_pct is not None and burner.cpu_pct > 20
         # Without trees (config), nothing is sampled.
-        off = ServeState(
-            Session(monitor=Monitor(None), judge=False),
-            ServeConfig(process_trees=False),
-            EventLog(None),
-            resolver=JobResolver(procfs=str(tmp_path / "proc")),
-            gpus=IDENTS,
-            procfs="/proc",
-        )
+        cfg = ServeConfig(process_trees=False)
+        session = serve_session(tmp_path / "proc", cfg, trees_procfs="/proc")
+        off = ServeState(session, cfg, EventLog(None))
         Feeder(off, {0: (proc.pid,)}).run(1, {0: "steady", 1: "steady"})
-        assert off.jobs and not off._trees
+        assert off.jobs and not off.session.jobs.trees_open  # type: ignore[union-attr]
         assert all(j.tree_sample is None for j in off.jobs.values())
     finally:
         proc.terminate()  # its SIGTERM handler kills the workers too
@@ -510,8 +513,9 @@ def test_memory_stays_flat_over_thousands_of_ticks(tmp_path: Path) -> None:
     assert state.ticks_total > 4000
     assert next(serial) == 1000 + 21 * 2 * 3  # 21 runs, each two new jobs of two pids
     # Only the current processes, jobs and trees are kept.
-    assert len(state.resolver) == 4
-    assert len(state.jobs) == 2 and len(state._trees) <= 4
+    tracker = state.session.jobs
+    assert tracker is not None and len(tracker.resolver) == 4
+    assert len(state.jobs) == 2 and tracker.trees_open <= 4
     assert all(j.tree_sample is not None for j in state.jobs.values())
     assert sizes[2] - sizes[1] < 64 * 1024, sizes
 
@@ -575,7 +579,7 @@ def test_an_unreadable_process_list_has_no_process_count(tmp_path: Path) -> None
             ),
         ),
     )
-    state.ingest(Tick(snap))
+    ingest(state, snap)
     m = metrics(state)
     assert not [k for k in m if k.startswith("gpumon_gpu_processes") and 'gpu="0"' in k]
     assert value(m, "gpumon_gpu_processes", gpu="1") == 1
@@ -586,14 +590,9 @@ def test_fake_pids_are_not_sampled_from_the_real_proc(tmp_path: Path) -> None:
     """Process trees are read from the daemon's procfs (the resolver's): a fake pid 1 in a
     test's procfs is not the machine's init."""
     fake_proc(tmp_path / "proc", 1, "0::/slurm/uid_0/job_7/step_0\n")
-    state = ServeState(
-        Session(monitor=Monitor(None), judge=False),
-        ServeConfig(),
-        EventLog(None),
-        resolver=JobResolver(procfs=str(tmp_path / "proc")),
-        gpus=IDENTS,
-    )
-    assert state.procfs == str(tmp_path / "proc")
+    cfg = ServeConfig()
+    state = ServeState(serve_session(tmp_path / "proc", cfg), cfg, EventLog(None))
+    assert state.session.jobs.procfs == str(tmp_path / "proc")  # type: ignore[union-attr]
     Feeder(state, {0: (1,), 1: (1,)}).run(2, {0: "steady", 1: "steady"})
     (job,) = state.jobs.values()
     assert job.labels.hpc_job == "7" and job.tree_sample is None
@@ -614,7 +613,8 @@ def test_proc_reads_and_log_writes_happen_outside_the_lock(
         (tmp_path / "proc" / str(pid) / "task" / str(pid)).mkdir(parents=True)
         (tmp_path / "proc" / str(pid) / "task" / str(pid) / "children").write_text("")
     seen: dict[str, list[bool]] = {"labels": [], "tree": [], "log": []}
-    resolve, write = state.resolver._read, state.log.write
+    resolver = state.session.jobs.resolver  # type: ignore[union-attr]
+    resolve, write = resolver._read, state.log.write
     tree_sample = host.ProcessTreeSampler.sample
 
     def spy(kind, fn):  # type: ignore[no-untyped-def]
@@ -624,7 +624,7 @@ def test_proc_reads_and_log_writes_happen_outside_the_lock(
 
         return wrapped
 
-    monkeypatch.setattr(state.resolver, "_read", spy("labels", resolve))
+    monkeypatch.setattr(resolver, "_read", spy("labels", resolve))
     monkeypatch.setattr(state.log, "write", spy("log", write))
     monkeypatch.setattr(host.ProcessTreeSampler, "sample", spy("tree", tree_sample))
     Feeder(state, {0: (101,), 1: (102,)}, via_step=True).run(15, {0: "burst", 1: "steady"})

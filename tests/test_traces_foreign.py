@@ -554,7 +554,8 @@ def test_sub_second_without_index_keeps_each_gpu_apart() -> None:
 
 
 def test_a_nan_cell_is_no_reading_and_does_not_turn_a_healthy_log_idle() -> None:
-    from gpumon.faces.analyze.report import analyze_snapshots, to_json
+    from gpumon.engine import analyze
+    from gpumon.faces.analyze.report import to_json
 
     rows = ["timestamp, index, utilization.gpu [%]\n"]
     for k in range(300):
@@ -563,7 +564,7 @@ def test_a_nan_cell_is_no_reading_and_does_not_turn_a_healthy_log_idle() -> None
     _, header, snaps = read_lines(rows, "nvidia-smi-csv")
     snaps = list(snaps)
     assert [g.util_pct for s in snaps for g in s.gpus][150] is None
-    assert to_json(analyze_snapshots(header, snaps))["verdict"] == "healthy"
+    assert to_json(analyze(header, snaps))["verdict"] == "healthy"
 
 
 def test_an_infinite_cell_is_an_error_naming_the_line() -> None:

@@ -18,18 +18,13 @@ from rich.console import Console
 from rich.screen import Screen
 from rich.text import Text
 
-from gpumon.detect import RunSummary
+from gpumon.detect import DetectorUpdate, RunSummary
+from gpumon.engine import RunMemory
+from gpumon.engine.words import evidence_items
 from gpumon.faces.watch.keys import KeyReader, ViewControls, parse_keys
 from gpumon.faces.watch.layout import LiveView
 from gpumon.faces.watch.summary import EXIT_FAIL_ON, GpuLine, Summary, parse_states
-from gpumon.faces.watch.view import (
-    HOLE,
-    WatchState,
-    evidence_items,
-    plain_line,
-    tick_duty,
-    timeline,
-)
+from gpumon.faces.watch.view import HOLE, WatchState, plain_line, tick_duty, timeline
 from gpumon.model import (
     Cause,
     GpuIdentity,
@@ -46,6 +41,19 @@ from gpumon.model import (
 )
 
 UUID = "GPU-1234"
+
+
+def feed(
+    st: WatchState, snap: Snapshot, verdict: Verdict | None, invisible_gpu_pids: object = ()
+) -> None:
+    """A tick as the watch loop folds it: into the run's memory (the session's, here one
+    of the test's own), then what the view shows of it."""
+    if st.memory is None:
+        st.memory = RunMemory(st.identities, dict, live=True)
+    st.memory.after(snap, DetectorUpdate())
+    st.feed(snap, verdict, invisible_gpu_pids)  # type: ignore[arg-type]
+
+
 ADVICE = ("raise num_workers (now 2 on 8 cores)", "pin_memory=True")
 
 
@@ -107,7 +115,7 @@ def state_with(verdict: Verdict | None, snap: Snapshot | None = None) -> WatchSt
         identities=(GpuIdentity(0, UUID, "Fake H100", None, 80 * 2**30, 700.0),),
         started_mono_s=0.0,
     )
-    st.feed(snap or snapshot(), verdict)
+    feed(st, snap or snapshot(), verdict)
     return st
 
 
@@ -158,7 +166,7 @@ def many_gpus(n: int, t: float = 10.0) -> WatchState:
         for i in range(n)
     )
     st = WatchState(pid=100, command=("python", "train.py", "--lr", "3e-4"), started_mono_s=0.0)
-    st.feed(Snapshot(t_s=t, gpus=gpus, host=snap.host, tree=snap.tree), replace(v, gpus=per_gpu))
+    feed(st, Snapshot(t_s=t, gpus=gpus, host=snap.host, tree=snap.tree), replace(v, gpus=per_gpu))
     return st
 
 
@@ -169,7 +177,7 @@ def test_view_shows_timeline_memory_power_tree_state_evidence_and_advice() -> No
     text = screen(state_with(starved_verdict()))
     assert "state: starved  cause: cpu" in text.splitlines()[0]  # the top line
     assert "for 6.0s" in text  # since the episode began (t 10 - since 4)
-    assert "duty cycle 31%" in text and "gap p50 0.67s" in text and "workers CPU 98%" in text
+    assert "duty cycle 31%" in text and "gap p50 670ms" in text and "CPU per worker 98%" in text
     assert "some new key 1.5" in text  # evidence the view has no label for still shows
     assert "samples 60" not in text and "window" not in text  # bookkeeping is not evidence
     assert "advice • raise num_workers (now 2 on 8 cores)" in text
@@ -185,7 +193,7 @@ def test_view_shows_timeline_memory_power_tree_state_evidence_and_advice() -> No
 
 def test_view_before_the_run_uses_a_gpu_says_waiting() -> None:
     st = WatchState(pid=100, command=None, identities=(GpuIdentity(0, UUID),), started_mono_s=0)
-    st.feed(Snapshot(t_s=1.0, gpus=(), tree=snapshot().tree), None)
+    feed(st, Snapshot(t_s=1.0, gpus=(), tree=snapshot().tree), None)
     text = screen(st)
     assert "waiting for the run to use a GPU" in text
     assert "state: unknown" in text and "advice – none yet" in text
@@ -193,7 +201,7 @@ def test_view_before_the_run_uses_a_gpu_says_waiting() -> None:
 
 def test_view_in_a_container_says_so_instead_of_nothing() -> None:
     st = WatchState(pid=100, command=None, identities=(GpuIdentity(0, UUID),), started_mono_s=0)
-    st.feed(Snapshot(t_s=1.0, gpus=()), None, invisible_gpu_pids={4242})
+    feed(st, Snapshot(t_s=1.0, gpus=()), None, invisible_gpu_pids={4242})
     text = screen(st, width=250)
     assert "container without the host PID namespace?" in text and "4242" in text
 
@@ -254,7 +262,7 @@ def _assert_chips_whole(st: WatchState, lines: list[str]) -> None:
 
 def test_a_narrow_terminal_gets_the_plain_lines_with_a_note() -> None:
     st = many_gpus(2)
-    st.feed(st.snapshot, st.verdict)  # type: ignore[arg-type]
+    feed(st, st.snapshot, st.verdict)  # type: ignore[arg-type]
     lines = screen_lines(st, 60, 20)
     text = "\n".join(lines)
     assert "60 columns wide" in text and "needs 80" in text
@@ -326,7 +334,7 @@ def test_pause_key_freezes_the_view_while_the_state_goes_on() -> None:
     c = controls_for(st)
     c.press("p")
     later = snapshot(t=20.0, points=tuple(UtilPoint(17 + i / 6, 100.0) for i in range(18)))
-    st.feed(later, replace(starved_verdict(20.0), state=State.HEALTHY, cause=None))
+    feed(st, later, replace(starved_verdict(20.0), state=State.HEALTHY, cause=None))
     paused = screen(st, 100, 30, c)
     assert (
         "PAUSED" in paused and "state: starved" in paused and "paused: sampling goes on" in paused
@@ -402,13 +410,13 @@ def test_plain_line_has_time_duty_state_and_cause_without_escapes() -> None:
     assert " gpu0=33% " in line and "state=starved cause=cpu" in line
     assert line.endswith("procs=3")
     waiting = WatchState(pid=1, command=None)
-    waiting.feed(Snapshot(t_s=0.0), None)
+    feed(waiting, Snapshot(t_s=0.0), None)
     assert "waiting for the run to use a GPU state=unknown cause=-" in plain_line(waiting)
 
 
 def test_evidence_items_are_ordered_and_skip_bookkeeping() -> None:
     items = evidence_items({"samples": 9, "gap_p50_s": 0.7, "duty_cycle": 0.5, "x_y": "z"})
-    assert items == [("duty cycle", "50%"), ("gap p50", "0.70s"), ("x y", "z")]
+    assert items == [("duty cycle", "50%"), ("gap p50", "700ms"), ("x y", "z")]
 
 
 def test_hole_marker_is_not_a_block() -> None:
@@ -498,7 +506,14 @@ def test_summary_json_has_every_documented_key(tmp_path: Path) -> None:
         "unknown": 0.0,
     }
     assert data["gpus"] == [
-        {"gpu": 0, "uuid": UUID, "name": "Fake H100", "duty_cycle": 0.31, "lost_s": 0.0}
+        {
+            "gpu": 0,
+            "uuid": UUID,
+            "name": "Fake H100",
+            "duty_cycle": 0.31,
+            "off_bus_s": 0.0,
+            "lost_gpu_seconds": 0.0,
+        }
     ]
     assert data["lost_gpu_seconds"] == 34.5 and data["advice"] == list(ADVICE)
     assert data["startup_s"] == 5.0
@@ -527,7 +542,7 @@ def test_summary_says_when_a_gpu_fell_off_the_bus_and_names_the_straggler() -> N
         straggler=1,
         notes=("the straggler's peers read busy while it idles",),
     )
-    text = _summary(run, gpus=[GpuLine(0, UUID, None, 0.9, lost_s=12.0)]).text()
+    text = _summary(run, gpus=[GpuLine(0, UUID, None, 0.9, off_bus_s=12.0)]).text()
     assert "fell off the bus: unknown for 12.0s" in text
     assert "verdict          sync_stall, straggler GPU 1" in text
     assert "note             the straggler's peers read busy" in text

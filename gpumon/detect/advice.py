@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from gpumon.model import Cause, Evidence, Reason, State
+from gpumon.model import Cause, Evidence, EvidenceKey, Reason, State
 
 _GIB = 1024**3
 
 
-def _num(ev: Evidence, key: str) -> float | None:
+def _num(ev: Evidence, key: EvidenceKey) -> float | None:
     v = ev.get(key)
     return float(v) if isinstance(v, int | float) else None
 

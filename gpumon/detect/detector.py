@@ -55,6 +55,7 @@ class GpuTotals:
     samples: int  # utilisation readings folded in (driver points, or tick readings)
     covered_s: float  # seconds those readings cover
     busy_s: float  # utilisation-weighted busy seconds within them
+    lost_s: float = 0.0  # GPU-seconds idle or busy-waiting while a process held it
 
 
 def note_of(reason: Reason | None, detail: str | None) -> str | None:
@@ -125,10 +126,9 @@ class Detector:
                 gap_n += 1
                 waiting = g.gpu in self._busywait
                 if tr.held():
-                    if cov > busy:
-                        lost += cov - busy
-                    if waiting:
-                        lost += busy
+                    wasted = (cov - busy if cov > busy else 0.0) + (busy if waiting else 0.0)
+                    tr.lost_s += wasted
+                    lost += wasted
                 if tr.state in _WORK:
                     tr.work_cov += cov
                     if not waiting:
@@ -224,6 +224,7 @@ class Detector:
                 tr.cum_busy,
                 tr.work_cov,
                 tr.work_busy,
+                tr.lost_s,
             )
             for idx, tr in self._tracks.items()
         ]
@@ -256,7 +257,7 @@ class Detector:
         driver sample a second time.
         """
         return {
-            idx: GpuTotals(tr.uuid, tr.samples, tr.cum_cov, tr.cum_busy)
+            idx: GpuTotals(tr.uuid, tr.samples, tr.cum_cov, tr.cum_busy, tr.lost_s)
             for idx, tr in self._tracks.items()
         }
 
@@ -462,7 +463,7 @@ class Detector:
         end = max(end, ep.start_s)
         ev = self._evidence.get(key, ep.evidence)
         if key is not None and key in self._tracks:
-            ev = dict(ev)
+            ev = Evidence(**ev)
             ev["duration_s"] = round(end - ep.start_s, 3)
             duty = self._tracks[key].duty_between(ep.start_s, end)
             if duty is not None:

@@ -8,12 +8,20 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from itertools import pairwise
+from typing import Literal
 
 from gpumon.detect.config import DetectorConfig
 from gpumon.detect.gpu import GpuTrack, Window
+from gpumon.detect.host import HostWindow
 from gpumon.detect.pauses import PauseTracker
 from gpumon.detect.rings import quantile
 from gpumon.model import Evidence
+
+_GPM_KEYS: tuple[Literal["sm_active_ratio", "sm_occupancy_ratio", "tensor_active_ratio"], ...] = (
+    "sm_active_ratio",
+    "sm_occupancy_ratio",
+    "tensor_active_ratio",
+)
 
 
 def gpu_evidence(
@@ -21,7 +29,7 @@ def gpu_evidence(
     w: Window,
     cfg: DetectorConfig,
     run_peak_watts: float | None,
-    host: dict[str, float],
+    host: HostWindow,
     cpu_count: int | None,
 ) -> Evidence:
     """One GPU's numbers over its current window (plus the host's over the same span)."""
@@ -32,11 +40,11 @@ def gpu_evidence(
     coarse = tr.period_s is None or tr.period_s >= cfg.coarse_period_s
     if not coarse:
         b, g = tr.bursts.values(), tr.gaps.values()
-        for name, vals in (("burst", b), ("gap", g)):
-            p50, p90 = quantile(vals, 0.5), quantile(vals, 0.9)
-            if p50 is not None and p90 is not None:
-                ev[f"{name}_p50_s"] = round(p50, 3)
-                ev[f"{name}_p90_s"] = round(p90, 3)
+        b50, b90, g50, g90 = (quantile(v, q) for v in (b, g) for q in (0.5, 0.9))
+        if b50 is not None and b90 is not None:
+            ev["burst_p50_s"], ev["burst_p90_s"] = round(b50, 3), round(b90, 3)
+        if g50 is not None and g90 is not None:
+            ev["gap_p50_s"], ev["gap_p90_s"] = round(g50, 3), round(g90, 3)
         per = tr.cycle_period_s()
         if per is not None:
             ev["period_s"] = round(per, 3)
@@ -57,7 +65,7 @@ def gpu_evidence(
     if tr.power_limit_watts is not None:
         ev["power_limit_watts"] = tr.power_limit_watts
     # Hopper's GPM counters over the latest tick, where the GPU has them.
-    for key in ("sm_active_ratio", "sm_occupancy_ratio", "tensor_active_ratio"):
+    for key in _GPM_KEYS:
         v = getattr(tr, key)
         if v is not None:
             ev[key] = round(v, 3)
@@ -78,9 +86,12 @@ def gpu_evidence(
     return ev
 
 
-def host_evidence(host: dict[str, float]) -> Evidence:
+def host_evidence(host: HostWindow) -> Evidence:
     """Host readings rounded for people (bytes per second whole, percentages to 0.1)."""
-    return {k: round(v, 1) if k != "read_bytes_per_s" else round(v) for k, v in host.items()}
+    ev: Evidence = {}
+    for k, v in host.items():
+        ev[k] = round(v) if k == "read_bytes_per_s" else round(v, 1)
+    return ev
 
 
 def multi_evidence(

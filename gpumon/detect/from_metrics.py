@@ -15,11 +15,11 @@ Pure: readings in, summaries out; no I/O, no clock.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from gpumon.detect.advice import advice_for
 from gpumon.detect.summary import WORK, AdviceWeights, GpuFacts, RunSummary, Tally, summarize
-from gpumon.model import Cause, Reason, State
+from gpumon.model import Cause, Evidence, Reason, State
 
 # A straggler node: the job's other nodes spend at least this share of their working time
 # stalled on peers ...
@@ -61,7 +61,7 @@ class GpuReadings:
     state_share: Mapping[State, float] | None = None
     duty: float | None = None
     samples: int = 0
-    evidence: Mapping[str, object] = field(default_factory=dict)
+    evidence: Evidence = field(default_factory=lambda: Evidence())
 
     @property
     def covered_s(self) -> float:
@@ -156,9 +156,10 @@ def judge_gpu(r: GpuReadings, index: int) -> GpuJudged:
         busy_s=busy_s,
         work_covered_s=work_cov if busy is not None else 0.0,
         work_busy_s=work_busy,
+        lost_gpu_seconds=lost,
     )
     state, cause = tally.verdict()
-    ev = dict(r.evidence)
+    ev = Evidence(**r.evidence)
     if busy is not None and cov > 0:
         ev.setdefault("duty_cycle", round(busy_s / cov, 4))
     reason = _main_reason(tally, state)
@@ -327,7 +328,7 @@ def _advice_weights(gpus: Iterable[GpuJudged]) -> AdviceWeights:
     """Each GPU's advice for each problem it had, weighted by the time it had it."""
     w = AdviceWeights()
     for g in gpus:
-        t, ev = g.facts.tally, dict(g.readings.evidence)
+        t, ev = g.facts.tally, Evidence(**g.readings.evidence)
         duty = g.facts.busy_s / g.facts.covered_s if g.facts.covered_s > 0 else None
         if duty is not None:
             ev.setdefault("duty_cycle", round(duty, 4))
@@ -418,7 +419,7 @@ def judge_job(readings: Sequence[GpuReadings]) -> JobJudged:
     summ = _summarize(tallies, facts, advice, lost)
     if strag is None and summ.verdict is State.SYNC_STALL:
         strag = straggler_gpu(judged)
-    problem = ()
+    problem: tuple[str, ...] = ()
     if summ.verdict in (State.STARVED, State.SYNC_STALL, State.IDLE):
         problem = tuple(n.instance for n in nodes if n.summary.verdict is summ.verdict)
         if strag is not None and strag.gpu is None:
@@ -428,6 +429,4 @@ def judge_job(readings: Sequence[GpuReadings]) -> JobJudged:
 
 def _reindexed(f: GpuFacts, gpu: int) -> GpuFacts:
     """Within one node the GPU's own index names it."""
-    return GpuFacts(
-        gpu, f.uuid, f.tally, f.samples, f.covered_s, f.busy_s, f.work_covered_s, f.work_busy_s
-    )
+    return replace(f, gpu=gpu)

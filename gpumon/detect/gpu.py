@@ -72,6 +72,7 @@ class GpuTrack:
         # Covered and computing seconds while working (for the speed-up if fed).
         self.work_cov = 0.0
         self.work_busy = 0.0
+        self.lost_s = 0.0  # GPU-seconds idle or busy-waiting while held (the run's sum)
         self.was_act = False
         self.act_on = 0.0  # start of the current stretch of activity
         self.cum_gaps = 0

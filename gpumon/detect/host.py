@@ -6,12 +6,24 @@ window's mean is "CPU during the gaps" (what starves the GPU), not CPU during co
 
 from __future__ import annotations
 
+from typing import Literal
+
 from gpumon.detect.config import DetectorConfig
 from gpumon.detect.rings import History
 from gpumon.model import Cause, HostSample, ProcTreeSample
 
 # Quantities tracked, in evidence-key names.
-KEYS = (
+HostKey = Literal[
+    "main_cpu_pct",
+    "workers_cpu_pct",
+    "workers",
+    "host_cpu_pct",
+    "iowait_pct",
+    "read_bytes_per_s",
+    "max_core_pct",
+]
+HostWindow = dict[HostKey, float]  # gap-weighted means over a window; never read: absent
+KEYS: tuple[HostKey, ...] = (
     "main_cpu_pct",
     "workers_cpu_pct",
     "workers",
@@ -80,12 +92,12 @@ class HostTrack:
         if self.seen:
             self.hist.push((t, *self.cum_w, *self.cum_wx))
 
-    def window(self, t: float, span_s: float) -> dict[str, float]:
+    def window(self, t: float, span_s: float) -> HostWindow:
         """Gap-weighted means over the window; a quantity never read is absent (not 0)."""
         if not self.seen:
             return {}
         old = self.hist.at_or_before(t - span_s)
-        out: dict[str, float] = {}
+        out: HostWindow = {}
         for k in range(NK):
             w = self.cum_w[k] - (old[1 + k] if old is not None else 0.0)
             if w > 1e-9:
@@ -94,7 +106,7 @@ class HostTrack:
         return out
 
 
-def host_cause(h: dict[str, float], cfg: DetectorConfig) -> Cause:
+def host_cause(h: HostWindow, cfg: DetectorConfig) -> Cause:
     """Why a starved GPU waits, from host readings averaged over its gaps.
 
     Storage when iowait or reads are high and the CPUs are not saturated; the CPU when the

@@ -139,7 +139,10 @@ class GpuRun:
     duty_cycle: float | None  # busy share of all its samples, 0-1
     samples: int
     seconds: dict[State, float]
-    lost_s: float = 0.0  # time it was off the bus (unknown, GPU lost)
+    off_bus_s: float = 0.0  # time it was off the bus (unknown, GPU lost)
+    # GPU-seconds it waited (idle or busy-waiting) while a process held it; the GPUs'
+    # add up to the run's ``lost_gpu_seconds``.
+    lost_gpu_seconds: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,6 +157,7 @@ class GpuFacts:
     busy_s: float
     work_covered_s: float  # within working states (healthy, starved, sync stall)
     work_busy_s: float  # ... really computing (busy-waiting does not count)
+    lost_gpu_seconds: float = 0.0  # idle or busy-waiting while held
 
 
 @dataclass(frozen=True, slots=True)
@@ -290,9 +294,19 @@ def summarize(
         if g.covered_s > 0:
             duty = min(1.0, max(0.0, g.busy_s / g.covered_s))
             duties.append(duty)
-        lost_s = g.tally.reason_s(State.UNKNOWN, Reason.GPU_LOST)
+        off_bus_s = g.tally.reason_s(State.UNKNOWN, Reason.GPU_LOST)
         runs.append(
-            GpuRun(g.gpu, g.uuid, gstate, gcause, duty, g.samples, dict(g.tally.seconds), lost_s)
+            GpuRun(
+                g.gpu,
+                g.uuid,
+                gstate,
+                gcause,
+                duty,
+                g.samples,
+                dict(g.tally.seconds),
+                off_bus_s,
+                g.lost_gpu_seconds,
+            )
         )
         strag_s = g.tally.reason_s(State.SYNC_STALL, Reason.STRAGGLER)
         if strag_s > most:
@@ -320,23 +334,6 @@ def summarize(
         gpus=tuple(runs),
         speedup_if_fed=speedup,
         work_duty_cycle=work_duty,
-    )
-
-
-def speedup_sentence(summary: RunSummary) -> str | None:
-    """The speed-up if fed, in words, with its basis: what fixing the verdict is worth."""
-    x, duty = summary.speedup_if_fed, summary.work_duty_cycle
-    if x is None or duty is None or x < 1.1:
-        return None
-    if summary.verdict is State.STARVED:
-        what = "fixing the input pipeline"
-    elif summary.verdict is State.SYNC_STALL:
-        what = "removing the waits on peers"
-    else:
-        return None
-    return (
-        f"{what} could make this run up to {x:.1f}x faster (its GPUs computed "
-        f"{duty * 100:.0f} % of their working time)"
     )
 
 

@@ -559,11 +559,14 @@ class ProcessTreeSampler:
         try:
             self._root_start = parse_stat(_read_text(f"{procfs}/{root_pid}/stat")).start_ticks
         except FileNotFoundError:
-            raise ProcessGoneError(f"no process with pid {root_pid} exists.") from None
+            raise ProcessGoneError(
+                f"no process with pid {root_pid} exists.", pid=root_pid
+            ) from None
         except PermissionError:
             raise ProcessGoneError(
                 f"process {root_pid} exists but cannot be read (permission denied): "
-                "run gpumon as the same user or as root."
+                "run gpumon as the same user or as root.",
+                pid=root_pid,
             ) from None
         self._seen: dict[int, _Seen] = {}
         self._tids: dict[int, tuple[int, list[str]]] = {}  # threads of multi-threaded ones

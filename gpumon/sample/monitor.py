@@ -1,17 +1,15 @@
 """The live samplers of one tick together: NVML, the host and a process tree.
 
-Only ``gpumon.session`` builds one; faces ask the session.
+Only the engine's live source (``gpumon.engine.sources``) builds one; faces ask a session.
 """
 
 from __future__ import annotations
 
 import os
-import socket
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from gpumon.model import GpuSample, Snapshot, TraceHeader
-from gpumon.traces.jsonl import FORMAT_VERSION
+from gpumon.model import GpuSample, Snapshot
 
 if TYPE_CHECKING:
     from gpumon.sample.host import HostSampler, ProcessTreeSampler
@@ -48,26 +46,6 @@ class Monitor:
         # GPU pids that exist in NVML's lists but not in our /proc: a sign of running in a
         # container without the host PID namespace (NVML reports host pids).
         self.invisible_gpu_pids: set[int] = set()
-
-    def header(self, source: str = "gpumon", **extra: Any) -> TraceHeader:
-        from gpumon.sample.host import cpu_count
-
-        nvml = self.nvml
-        return TraceHeader(
-            version=FORMAT_VERSION,
-            source=source,
-            hostname=socket.gethostname(),
-            started_wall_s=self.started_wall_s,
-            started_mono_s=self.started_mono_s,
-            interval_s=self.interval_s,
-            driver_version=None if nvml is None else nvml.driver_version,
-            nvml_version=None if nvml is None else nvml.nvml_version,
-            cpu_count=cpu_count(),
-            watched_pid=None if self.tree is None else self.tree.root_pid,
-            command=self.command,
-            gpus=() if nvml is None else nvml.gpus,
-            extra=dict(extra),
-        )
 
     def sample(self) -> Snapshot:
         """One tick of every sampler, on one clock."""

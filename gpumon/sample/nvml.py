@@ -77,7 +77,7 @@ def nvml_init() -> None:
             pynvml.nvmlInit()
         except pynvml.NVMLError as exc:
             reason = _NO_DRIVER.get(exc.value, f"NVML failed to start ({exc})")
-            raise NoDriverError(f"cannot read GPUs: {reason}.") from None
+            raise NoDriverError(f"cannot read GPUs: {reason}.", nvml_code=exc.value) from None
         _init_done = True
 
 
@@ -401,7 +401,9 @@ class NvmlSampler:
         try:
             count = pynvml.nvmlDeviceGetCount()
         except pynvml.NVMLError as exc:
-            raise NoDriverError(f"cannot count GPUs: NVML says {exc}.") from None
+            raise NoDriverError(
+                f"cannot count GPUs: NVML says {exc}.", nvml_code=exc.value
+            ) from None
         return [self._open(index) for index in range(count)]
 
     def _open(self, index: int) -> _GpuState:

@@ -1,6 +1,6 @@
 """Replay a recorded trace through the live pipeline (``gpumon demo``, tests).
 
-``gpumon.session.Session.replay`` plays a trace against the wall clock with this: each
+``gpumon.engine.Session.replay`` plays a trace against the wall clock with this: each
 tick takes every recorded tick that fell due, one by one (the session judges each as it
 was recorded) and merged (what a face shows).  Nothing here imports ``pynvml`` or needs a
 GPU.

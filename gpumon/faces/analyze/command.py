@@ -99,11 +99,12 @@ def _finite(obj: object) -> object:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gpumon.faces.analyze.report import analyze_snapshots, render_text, to_json
+    from gpumon.engine import analyze
+    from gpumon.faces.analyze.report import render_text, to_json
 
     with open_trace(args.file, args.format, getattr(args, "interval", None)) as trace:
         guarded = _UntilError(iter(trace), trace.path)
-        result = analyze_snapshots(trace.header, iter(guarded))
+        result = analyze(trace.header, iter(guarded))
         if result.bad_tick is not None:
             t, what = result.bad_tick
             guarded.error = TraceFormatError(

@@ -23,12 +23,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpumon.detect import DetectorConfig
+from gpumon.engine import DetectorConfig, Reading, Session
 from gpumon.errors import GpumonError
 from gpumon.faces.common import positive_float
 from gpumon.loop import paced
 from gpumon.model import Snapshot, TraceHeader
-from gpumon.session import Session, Tick
 from gpumon.traces.jsonl import TraceReader
 
 DATA = Path(__file__).resolve().parents[2] / "data"
@@ -204,9 +203,8 @@ class DemoServer:
             self.session,
             cfg,
             EventLog(cfg.log_path),
-            resolver=Session.job_resolver(()),
-            mono=self.session.replay_now,
-            wall=lambda: wall0 + (self.session.replay_now() - live_start_s),
+            mono=self.session.now,
+            wall=lambda: wall0 + (self.session.now() - live_start_s),
         )
         self.server = MetricsServer(cfg, make_registry(self.state))
         self.url = f"http://127.0.0.1:{self.server.port}/metrics"
@@ -224,7 +222,7 @@ class DemoServer:
     def _loop(self) -> None:
         for _ in paced(SERVE_INTERVAL_S, self.stop):
             self.state.step()
-            if self.session.replay_finished:  # over: its episodes end with its last tick
+            if self.session.finished:  # over: its episodes end with its last tick
                 return
 
     def close(self, reason: str) -> None:
@@ -246,12 +244,12 @@ class NarratedSession(Session):
     phases: list[tuple[float, str]]
     out: Any
 
-    def tick(self) -> Tick:
-        tick = super().tick()
-        while self.phases and self.phases[0][0] <= tick.snapshot.t_s:
+    def read(self, snapshot: Snapshot | None = None) -> Reading:
+        reading = super().read(snapshot)
+        while self.phases and self.phases[0][0] <= reading.polled.view.t_s:
             _, text = self.phases.pop(0)
             print(f"gpumon demo: -- {text} --", file=self.out, flush=True)
-        return tick
+        return reading
 
 
 def phase_notes(trace: LoadedTrace, live_start_s: float) -> list[tuple[float, str]]:
@@ -344,12 +342,12 @@ def run(args: argparse.Namespace) -> int:
         )
         # The watch face asks for a session as it would for a live one: it gets the replay.
         status = watch(options, session_factory=lambda **kw: session)
-        if not session.replay_finished:
+        if not session.finished:
             reason = "demo stopped"
     finally:
         if server is not None:
             server.close(reason)
-    played = min(trace.span_s, session.replay_played_s)
+    played = min(trace.span_s, session.played_s)
     print(
         f"\ngpumon demo: replayed {fmt_span(played)} of the {kind} in "
         f"{fmt_span(time.monotonic() - live_start)} (wall time above is the replay's).",

@@ -5,7 +5,7 @@ plugin files (``dstat_plugins/dstat_gpu.py``, ``dool_gpu.py``) only put gpumon o
 ``sys.path`` and call :func:`plugin_class` with the host's base class and globals, so all
 the logic lives here, importable and testable without dstat.
 
-Per tick, the plugin asks a :class:`~gpumon.session.Session` (NVML, no host, and the
+Per tick, the plugin asks a :class:`~gpumon.engine.Session` (NVML, no host, and the
 detector) for a snapshot.  Utilisation is the mean of the driver's buffered samples since
 the previous definitive tick, so nothing between dstat's ticks is lost; the state is that of the
 detector's open episode for each GPU (what its verdict would say, followed through its
@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 from gpumon.model import GpuSample, Reason, State
 
 if TYPE_CHECKING:
-    from gpumon.session import Session
+    from gpumon.engine import Session
 
 # The state words of the dstat column (5 characters at most: the column is 5 wide).
 WORDS: dict[State, str] = {
@@ -147,30 +147,29 @@ class GpuColumns:
 
     def _tick(self, final: bool) -> tuple[GpuCell, ...]:
         assert self.session is not None, "start() first"
-        tick = self.session.tick()  # samples, then feeds the detector
-        words = self._words()
-        cells = []
-        for g in tick.snapshot.gpus:
-            cells.append(self._cell(g, words.get(g.gpu, "?")))
+        reading = self.session.read()  # the GPUs' numbers
+        words: dict[int, str] = {}
+        try:
+            self.session.fold(reading)  # the detector judges them
+            words = self._words()
+        except Exception as exc:  # keep the numbers coming even if the detector breaks
+            self.warn_once("verdict", f"dstat_gpu: the detector failed: {exc!r}")
+        view = reading.polled.view
+        cells = [self._cell(g, words.get(g.gpu, "?")) for g in view.gpus]
         if final:
             self._points.clear()
-            self._window_start = tick.snapshot.t_s
+            self._window_start = view.t_s
         return tuple(cells)
 
     def _words(self) -> dict[int, str]:
         """Each GPU's word from the episode the detector has open for it (state and
         reason only: no full verdict, with evidence and advice, per tick)."""
-        if self.session is None:
-            return {}
-        try:
-            return {
-                gpu: _word(ep.state, ep.reason)
-                for gpu, ep in self.session.open_episodes().items()
-                if gpu is not None  # the run's own episode: not a column
-            }
-        except Exception as exc:  # keep the numbers coming even if the detector breaks
-            self.warn_once("verdict", f"dstat_gpu: the detector failed: {exc!r}")
-            return {}
+        assert self.session is not None
+        return {
+            gpu: _word(ep.state, ep.reason)
+            for gpu, ep in self.session.open_episodes().items()
+            if gpu is not None  # the run's own episode: not a column
+        }
 
     def _cell(self, g: GpuSample, word: str) -> GpuCell:
         if g.lost:
@@ -203,7 +202,7 @@ def default_session() -> Session:
     ``backlog`` keeps the driver's buffered history on the first tick, so the detector
     has a full window to judge from the start.
     """
-    from gpumon.session import Session
+    from gpumon.engine import Session
 
     return Session.live(host=False, backlog=True)
 
@@ -302,9 +301,10 @@ def plugin_class(base: type, g: MutableMapping[str, Any], kind: str = "dstat") -
         def __init__(self, columns: GpuColumns | None = None) -> None:
             self.gpumon = columns or GpuColumns()
             self.full = False
-            self.name = "gpu"
+            self.name: str | list[str] = "gpu"
             self.nick = tuple(n for n, _ in COLUMNS)
-            self.vars = self.nick
+            self.vars: list[str] = list(self.nick)
+            self.val: dict[str, tuple[float | None, float | None, str]] = {}
             self.type = "s"
             self.width = BAND_WIDTH
             self.scale = 0
@@ -336,7 +336,7 @@ def plugin_class(base: type, g: MutableMapping[str, Any], kind: str = "dstat") -
                 self.name = "total-gpu"
             # One key per band, as dstat's multi-instance plugins have.
             self.vars = [self.name] if isinstance(self.name, str) else list(self.name)
-            self.val = {v: ("", "", "?") for v in self.vars}
+            self.val = {v: (None, None, "?") for v in self.vars}
 
         def _bands(self) -> list[GpuCell]:
             cells = list(self.gpumon.cells)

@@ -228,7 +228,7 @@ if sys.version_info >= (3, 11):
         warnings.simplefilter("ignore")
         g = {"__name__": "gpumon_probe", kind: object}
         exec(compile(open(path).read(), path, "exec"), g, {})
-        import gpumon, gpumon.detect, gpumon.session, gpumon.sample.nvml
+        import gpumon, gpumon.detect, gpumon.engine, gpumon.sample.nvml
         out["gpumon"] = None
         out["gpumon_file"] = gpumon.__file__
     except BaseException as e:

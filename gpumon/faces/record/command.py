@@ -12,10 +12,10 @@ from __future__ import annotations
 import argparse
 import sys
 
+from gpumon.engine import Session
 from gpumon.faces.common import positive_float, write_tick
 from gpumon.faces.record.output import trace_writer
 from gpumon.loop import StopFlag, paced
-from gpumon.session import Session
 
 
 def register(sub: argparse._SubParsersAction) -> None:

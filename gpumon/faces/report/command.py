@@ -125,7 +125,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gpumon.detect.from_metrics import judge_job
+    from gpumon.engine import judge_job
     from gpumon.faces.analyze.command import _finite
     from gpumon.faces.report.client import PrometheusClient
     from gpumon.faces.report.httpconfig import HttpConfig, load

@@ -27,10 +27,11 @@ import datetime
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Literal
 
-from gpumon.detect.from_metrics import GpuReadings
+from gpumon.engine import GpuReadings
 from gpumon.faces.report.client import JobNotFoundError, PrometheusClient, Series
-from gpumon.model import Cause, State
+from gpumon.model import Cause, Evidence, State
 
 MAX_POINTS = 1000  # per series of a range query (Prometheus allows 11,000)
 MIN_STEP_S = 1.0
@@ -327,7 +328,7 @@ class JobQueries:
         readings = []
         for k in sorted(gpus):
             _job, inst, gpu, uuid = k
-            ev: dict[str, object] = {}
+            ev: Evidence = {}
             _put(ev, "gap_p50_s", gap50.get(k))
             _put(ev, "gap_p90_s", gap90.get(k))
             _put(ev, "burst_p50_s", burst50.get(k))
@@ -392,7 +393,9 @@ def _enum_keys(d: dict[str, float], enum: Callable[[str], object]) -> dict:
     return out
 
 
-def _put(ev: dict[str, object], key: str, value: float | None) -> None:
+def _put(
+    ev: Evidence, key: Literal["gap_p50_s", "gap_p90_s", "burst_p50_s"], value: float | None
+) -> None:
     if value is not None and math.isfinite(value):
         ev[key] = round(value, 4)
 

@@ -10,9 +10,16 @@ from __future__ import annotations
 import datetime
 from collections.abc import Mapping
 
-from gpumon.detect import RunSummary, speedup_sentence
-from gpumon.detect.from_metrics import GpuJudged, JobJudged, NodeJudged, Straggler
-from gpumon.faces.analyze.report import _clock, _evidence_line, _label, _pct, _seconds_json
+from gpumon.engine import GpuJudged, JobJudged, NodeJudged, RunSummary, Straggler
+from gpumon.engine.words import (
+    clock,
+    evidence_line,
+    seconds_by_state,
+    share,
+    speedup_sentence,
+    state_label,
+    verdict_words,
+)
 from gpumon.faces.report.queries import Fetched
 from gpumon.model import State
 
@@ -22,20 +29,13 @@ def _wall(t: float, date: bool = True) -> str:
     return datetime.datetime.fromtimestamp(t).astimezone().strftime(fmt)
 
 
-def _verdict_word(s: RunSummary) -> str:
-    word = s.verdict.value.upper().replace("_", " ")
-    if s.cause is not None and s.verdict is State.STARVED:
-        word += f" (cause: {s.cause.value})"
-    return word
-
-
 def _spent(seconds: Mapping[State, float]) -> str:
     total = sum(seconds.values())
     parts = []
     for st, x in seconds.items():
         if x >= 0.5:
-            share = f" ({x / total * 100:.0f} %)" if total > 0 else ""
-            parts.append(f"{st.value} {_clock(x, 0)}{share}")
+            part = f" ({x / total * 100:.0f} %)" if total > 0 else ""
+            parts.append(f"{st.value} {clock(x, 0)}{part}")
     return ", ".join(parts) or "no time classified"
 
 
@@ -63,9 +63,9 @@ def render_text(f: Fetched, j: JobJudged, url: str) -> str:
     n_gpus = sum(len(n.gpus) for n in j.nodes)
     out = [
         f"gpumon report · {f.selector.describe()} · {len(j.nodes)} node(s) · {n_gpus} GPU(s) · "
-        f"{_wall(f.start)} – {_wall(f.end, False)} ({_clock(f.end, f.start)}) · {url}"
+        f"{_wall(f.start)} – {_wall(f.end, False)} ({clock(f.end, f.start)}) · {url}"
     ]
-    line = f"Verdict: {_verdict_word(s)}"
+    line = f"Verdict: {verdict_words(s.verdict, s.cause)}"
     if s.effective_gpus is not None and n_gpus > 1:
         line += f" · {n_gpus} GPUs deliver {s.effective_gpus:.1f} GPUs of work"
     if j.straggler is not None and s.verdict is State.SYNC_STALL:
@@ -112,8 +112,8 @@ def straggler_note(s: Straggler) -> str:
 
 def _node_lines(n: NodeJudged, strag: Straggler | None) -> list[str]:
     s = n.summary
-    head = f"node {n.instance}  {_label(s.verdict, s.cause)}  {len(n.gpus)} GPU(s)"
-    head += f"  duty {_pct(s.duty_cycle)}"
+    head = f"node {n.instance}  {state_label(s.verdict, s.cause)}  {len(n.gpus)} GPU(s)"
+    head += f"  duty {share(s.duty_cycle)}"
     if s.effective_gpus is not None:
         head += f"  effective GPUs {s.effective_gpus:.1f}"
     head += f"  lost GPU-s {n.lost_gpu_seconds:.1f}"
@@ -124,15 +124,15 @@ def _node_lines(n: NodeJudged, strag: Straggler | None) -> list[str]:
     for g in n.gpus:
         r = g.readings
         run = runs.get(r.gpu)
-        label = _label(run.verdict, run.cause) if run else "unknown"
+        label = state_label(run.verdict, run.cause) if run else "unknown"
         duty = run.duty_cycle if run else None
-        line = f"  GPU {r.gpu}  {r.uuid}  {label}  duty {_pct(duty)}"
+        line = f"  GPU {r.gpu}  {r.uuid}  {label}  duty {share(duty)}"
         line += f"  lost GPU-s {g.lost_gpu_seconds:.1f}"
         if strag is not None and strag.gpu == r.gpu and strag.instance == r.instance:
             line += "  ← the straggler"
         out.append(line)
         out.append(f"         {_spent(dict(g.facts.tally.seconds))}")
-        ev = _evidence_line(_gpu_evidence(g))
+        ev = evidence_line(_gpu_evidence(g))
         if ev:
             out.append(f"         {ev}")
     return out
@@ -169,7 +169,7 @@ def _summary_json(s: RunSummary) -> dict:
         "verdict": s.verdict.value,
         "cause": s.cause.value if s.cause is not None else None,
         "reason": s.reason.value if s.reason is not None else None,
-        "seconds": _seconds_json(s.seconds),
+        "seconds": seconds_by_state(s.seconds),
         "duty_cycle": None if s.duty_cycle is None else round(s.duty_cycle, 4),
         "effective_gpus": s.effective_gpus,
         "lost_gpu_seconds": round(s.lost_gpu_seconds, 1),
@@ -188,7 +188,7 @@ def _gpu_json(g: GpuJudged, s: RunSummary) -> dict:
         "verdict": run.verdict.value if run else State.UNKNOWN.value,
         "cause": run.cause.value if run and run.cause else None,
         "duty_cycle": None if run is None or run.duty_cycle is None else round(run.duty_cycle, 4),
-        "seconds": _seconds_json(dict(g.facts.tally.seconds)),
+        "seconds": seconds_by_state(dict(g.facts.tally.seconds)),
         "lost_gpu_seconds": g.lost_gpu_seconds,
         "samples": g.readings.samples,
         "evidence": _gpu_evidence(g),

@@ -16,7 +16,7 @@ label: pids churn series.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -83,6 +83,8 @@ METRIC_NAMES = (
     "gpumon_http_connection_errors_total",
     "gpumon_scrape_errors_total",
     "gpumon_scrape_duration_seconds",
+    "gpumon_scrape_group_success",
+    "gpumon_scrape_group_duration_seconds",
     # The daemon's own cost (client_python's ProcessCollector, in the same registry).
     "process_cpu_seconds_total",
     "process_resident_memory_bytes",
@@ -116,22 +118,33 @@ class GpumonCollector(Collector):
         out: list[Metric] = []
         st = self.state
         failed = 0
+        success = GaugeMetricFamily(
+            "gpumon_scrape_group_success",
+            "1 when this scrape built the group's metrics, 0 when it had to leave them out "
+            "(as node_exporter's node_scrape_collector_success).",
+            labels=["group"],
+        )
+        cost = GaugeMetricFamily(
+            "gpumon_scrape_group_duration_seconds",
+            "Time this scrape took to build the group's metrics.",
+            labels=["group"],
+        )
         with st.lock:
-            for part in (
-                self._build,
-                self._gpus,
-                self._detection,
-                self._jobs,
-                self._host,
-                self._health,
-            ):
+            for group, part in self.groups():
+                began = time.perf_counter()
                 try:
                     out.extend(part())
-                except Exception:  # never fail the scrape; count it
+                    ok = 1.0
+                except Exception:  # never fail the scrape; count it, say which group
                     failed += 1
+                    ok = 0.0
+                success.add_metric([group], ok)
+                cost.add_metric([group], time.perf_counter() - began)
             st.scrape_errors_total += failed
             errors = st.scrape_errors_total
         yield from out
+        yield success
+        yield cost
         yield CounterMetricFamily(
             "gpumon_scrape_errors",
             "Scrapes in which a group of gpumon's metrics could not be built (left out).",
@@ -147,6 +160,17 @@ class GpumonCollector(Collector):
         self._last_scrape_s = time.perf_counter() - started
 
     # --- groups ----------------------------------------------------------------------------
+
+    def groups(self) -> tuple[tuple[str, Callable[[], list[Metric]]], ...]:
+        """Each group of metrics, built on its own: one failing leaves the others served."""
+        return (
+            ("build", self._build),
+            ("gpus", self._gpus),
+            ("detection", self._detection),
+            ("jobs", self._jobs),
+            ("host", self._host),
+            ("health", self._health),
+        )
 
     def _build(self) -> list[Metric]:
         info = InfoMetricFamily(
@@ -215,9 +239,9 @@ class GpumonCollector(Collector):
                     "pci_bus_id": ident.pci_bus_id or "",
                 },
             )
-            s = rt.sample
+            s = rt.latest
             lost.add_metric(lv, 1.0 if s is not None and s.lost else 0.0)
-            for lb in rt.jobs:
+            for lb in st.jobs_of(idx):
                 jobinfo.add_metric([*lv, lb.hpc_job, lb.pod, lb.namespace, lb.container], {})
             if s is None or s.lost:
                 continue
@@ -234,7 +258,7 @@ class GpumonCollector(Collector):
                 lv,
                 s.power_limit_watts if s.power_limit_watts is not None else ident.power_limit_watts,
             )
-            _add(procs, lv, rt.processes)
+            _add(procs, lv, None if s.processes is None else len({p.pid for p in s.processes}))
             _add(sm_active, lv, s.sm_active_ratio)
             _add(sm_occupancy, lv, s.sm_occupancy_ratio)
             _add(tensor, lv, s.tensor_active_ratio)
@@ -245,7 +269,8 @@ class GpumonCollector(Collector):
 
     def _detection(self) -> list[Metric]:
         st = self.state
-        seconds = st.reported_seconds  # tick by tick: never decreases (counters)
+        seconds = st.memory.reported  # tick by tick: never decreases (counters)
+        open_episodes = st.memory.open
         state = GaugeMetricFamily(
             "gpumon_gpu_state",
             "The detector's current state of the GPU: 1 for the current state, 0 otherwise.",
@@ -287,7 +312,7 @@ class GpumonCollector(Collector):
         for idx in sorted(st.gpus):
             rt = st.gpus[idx]
             lv = [str(idx), rt.identity.uuid]
-            ep = st.episodes.get(idx)
+            ep = open_episodes.get(idx)
             cur = str(ep.state) if ep is not None else str(State.UNKNOWN)
             for s in STATES:
                 state.add_metric([*lv, s], 1.0 if s == cur else 0.0)
@@ -301,14 +326,14 @@ class GpumonCollector(Collector):
             per = seconds.get(idx, {})
             for s in State:
                 secs.add_metric([*lv, str(s)], per.get(s, 0.0))
-            gaps.add_metric(lv, rt.gaps.cumulative(), rt.gaps.sum)
-            bursts.add_metric(lv, rt.bursts.cumulative(), rt.bursts.sum)
+            gaps.add_metric(lv, rt.gaps.cumulative(), rt.gaps.total)
+            bursts.add_metric(lv, rt.bursts.cumulative(), rt.bursts.total)
         node = GaugeMetricFamily(
             "gpumon_node_state",
             "The node's overall state over all its GPUs: 1 for the current state.",
             labels=["state"],
         )
-        node_ep = st.episodes.get(None)
+        node_ep = open_episodes.get(None)
         node_state = str(node_ep.state) if node_ep is not None else str(State.UNKNOWN)
         for s in STATES:
             node.add_metric([s], 1.0 if s == node_state else 0.0)
@@ -323,7 +348,7 @@ class GpumonCollector(Collector):
         lost = CounterMetricFamily(
             "gpumon_lost_gpu_seconds",
             "GPU-seconds spent idle or busy-waiting while a process held the GPU.",
-            value=st.detector.lost_gpu_seconds(),
+            value=st.session.lost_gpu_seconds(),
         )
         return [state, cause, reason, strag, secs, gaps, bursts, node, node_secs, lost]
 

@@ -19,10 +19,10 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
+from gpumon.engine import Session
 from gpumon.faces.common import positive_float
 from gpumon.faces.serve import config as serve_config
 from gpumon.loop import StopFlag, paced
-from gpumon.session import Session
 
 if TYPE_CHECKING:
     from gpumon.faces.serve.config import ServeConfig
@@ -103,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
     from prometheus_client import disable_created_metrics
 
     from gpumon.faces.serve.collector import make_registry
-    from gpumon.faces.serve.daemon import ServeState
+    from gpumon.faces.serve.daemon import ServeState, job_options
     from gpumon.faces.serve.http import ConnectionStats, MetricsServer, exposure_warning
     from gpumon.faces.serve.landing import StatePages
     from gpumon.faces.serve.log import EventLog
@@ -112,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
     _log_to_stderr(args.log_level)
     cfg = load_config(args)
     disable_created_metrics()
-    session = Session.live(interval_s=cfg.interval_s)  # NoDriverError -> exit 3
+    session = Session.live(interval_s=cfg.interval_s, jobs=job_options(cfg))  # no driver: 3
     log = EventLog(None)
     state = ServeState(session, cfg, log)
     stats = ConnectionStats()

@@ -59,8 +59,8 @@ class StatePages:
             rows = []
             for idx in sorted(st.gpus):
                 rt = st.gpus[idx]
-                ep = st.episodes.get(idx)
-                lost = bool(rt.sample is not None and rt.sample.lost)
+                ep = st.memory.open.get(idx)
+                lost = rt.lost
                 rows.append(
                     GpuRow(
                         index=idx,
@@ -71,7 +71,7 @@ class StatePages:
                         lost=lost,
                     )
                 )
-            node = st.episodes.get(None)
+            node = st.memory.open.get(None)
             last = st.last_sample_wall_s
             return View(
                 version=st.version,

@@ -25,6 +25,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from gpumon.engine import Session
 from gpumon.errors import GpumonError, ProcessGoneError, UsageError
 from gpumon.faces.common import positive_float, write_tick
 from gpumon.faces.watch.child import Child
@@ -34,7 +35,6 @@ from gpumon.faces.watch.summary import EXIT_FAIL_ON, GpuLine, Summary, parse_sta
 from gpumon.faces.watch.view import WatchState, plain_line
 from gpumon.loop import StopFlag, paced
 from gpumon.model import State, Verdict
-from gpumon.session import Session
 
 if TYPE_CHECKING:
     from gpumon.traces.jsonl import TraceWriter
@@ -206,6 +206,7 @@ class _Run:
             command=session.command,
             identities=session.gpus,
             started_mono_s=self.started_mono_s,
+            memory=session.memory,
         )
         if self.child is not None and self.child.pump is not None:
             self.state.output = _TailView(self.child.pump)  # type: ignore[assignment]
@@ -216,12 +217,13 @@ class _Run:
         session = self.session
         assert session is not None
         for _ in paced(self.args.interval, stop):
-            tick = session.tick()
-            snap = tick.snapshot
-            if writer is not None:
+            reading = session.read()  # NVML, the host, the tree: before the lock
+            with self.state.lock:
+                snap = session.fold(reading).snapshot
+                self.verdict = session.verdict()
+                self.state.feed(snap, self.verdict, session.invisible_gpu_pids)
+            if writer is not None and self.args.record is not None:
                 write_tick(writer, snap, self.args.record)
-            self.verdict = session.verdict()
-            self.state.feed(snap, self.verdict, session.invisible_gpu_pids)
             if not self.view_open:
                 if not self.tui and not self.quiet:
                     self._print_line(plain_line(self.state))
@@ -288,7 +290,7 @@ class _Run:
             notes.append("the run ended in start-up, before any sustained GPU work was seen")
         names = {g.uuid: g.name for g in session.gpus}
         gpus = [
-            GpuLine(g.gpu, g.uuid, names.get(g.uuid), g.duty_cycle, g.lost_s)
+            GpuLine(g.gpu, g.uuid, names.get(g.uuid), g.duty_cycle, g.off_bus_s, g.lost_gpu_seconds)
             for g in run.gpus
             if g.uuid in used
         ]
@@ -373,7 +375,7 @@ def watch(args: WatchOptions, *, session_factory: Callable[..., Session] = Sessi
             "(e.g. gpumon watch -- python train.py)."
         )
     if args.pid is not None and args.pid <= 0:
-        raise ProcessGoneError(f"no process with pid {args.pid} exists.")
+        raise ProcessGoneError(f"no process with pid {args.pid} exists.", pid=args.pid)
     r = _Run(args, command, session_factory)
     r.start()
     assert r.session is not None

@@ -16,23 +16,21 @@ import contextlib
 import math
 import re
 import textwrap
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from rich.console import Console, ConsoleOptions, RenderResult
 from rich.text import Text
 
+from gpumon.engine import GpuMemory
+from gpumon.engine.words import duration, evidence_items, fmt_bytes, short_command
 from gpumon.faces.watch.keys import ADVICE, HELP, ViewControls
-from gpumon.faces.watch.summary import fmt_duration, short_command
 from gpumon.faces.watch.view import (
     BLOCKS,
     HOLE,
     STATE_STYLE,
-    GpuTrace,
     WatchState,
     bar,
-    evidence_items,
-    fmt_bytes,
     tick_duty,
     timeline,
 )
@@ -247,7 +245,7 @@ def _whole(groups: Sequence[list[Text]], n: int) -> list[Text]:
     return out
 
 
-def _ordered(traces: Iterable[GpuTrace]) -> list[GpuTrace]:
+def _ordered(traces: Iterable[GpuMemory]) -> list[GpuMemory]:
     return sorted(traces, key=lambda t: t.identity.index)
 
 
@@ -264,7 +262,7 @@ def _top_line(st: WatchState, width: int, paused: bool) -> Text:
     if v is not None and v.cause is not None:
         core.append("  cause: ", style="bold")
         core.append(v.cause.value, style="bold")
-    clock = Text(f"  elapsed {fmt_duration(st.elapsed_s)}")
+    clock = Text(f"  elapsed {duration(st.elapsed_s)}")
     if paused:
         clock.append("  ")
         clock.append("PAUSED", style="bold reverse")
@@ -333,7 +331,7 @@ class _GpuRows:
     """One row per GPU on the page: label, state, timeline, then what numbers fit."""
 
     def __init__(
-        self, st: WatchState, shown: list[GpuTrace], total: int, start: int, width: int
+        self, st: WatchState, shown: list[GpuMemory], total: int, start: int, width: int
     ) -> None:
         self.st, self.shown, self.width = st, shown, width
         v = st.verdict
@@ -344,7 +342,7 @@ class _GpuRows:
         self.rows = [(t, *self._cells(t)) for t in shown]
         self._timelines: dict[tuple[str, int], tuple[Text, float]] = {}
 
-    def _cells(self, t: GpuTrace) -> tuple[Text, Text, dict[str, str]]:
+    def _cells(self, t: GpuMemory) -> tuple[Text, Text, dict[str, str]]:
         g, gv = t.latest, self.by_uuid.get(t.identity.uuid)
         label = Text(f"GPU {t.identity.index}", style="bold")
         if g is not None and g.lost:
@@ -380,7 +378,7 @@ class _GpuRows:
     def _since(self, gv: GpuVerdict | None) -> str | None:
         if gv is None or gv.since_s is None or self.now is None or self.now < gv.since_s:
             return None
-        return fmt_duration(self.now - gv.since_s)
+        return duration(self.now - gv.since_s)
 
     def lines(self, *, detail: bool) -> list[Text]:
         if self.st.waiting:
@@ -440,7 +438,7 @@ class _GpuRows:
         note = f"{kind} · last {span:.0f}s" if span else kind
         return f"{note} · {self.page_note}" if self.page_note else note
 
-    def _details(self, t: GpuTrace, since: bool) -> list[Text]:
+    def _details(self, t: GpuMemory, since: bool) -> list[Text]:
         """Memory and power as bars, the GPU's name, clocks and processes."""
         ident, g = t.identity, t.latest
         used = None if g is None else g.mem_used_bytes
@@ -553,7 +551,7 @@ def _no_advice(v: Verdict | None, width: int) -> Text:
     return _crop(t, width)
 
 
-def _evidence_lines(st: WatchState, shown: Sequence[GpuTrace], width: int) -> list[Text]:
+def _evidence_lines(st: WatchState, shown: Sequence[GpuMemory], width: int) -> list[Text]:
     """The run's host evidence once, then each shown GPU's own numbers."""
     v = st.verdict
     if v is None:
@@ -565,7 +563,7 @@ def _evidence_lines(st: WatchState, shown: Sequence[GpuTrace], width: int) -> li
     for g in v.gpus:
         if g.uuid not in on_page:
             continue
-        own = {k: x for k, x in g.evidence.items() if k not in v.evidence}
+        own: Mapping[str, object] = {k: x for k, x in g.evidence.items() if k not in v.evidence}
         if own:
             lines += _pack(_chips(own), width, _gpu_label(g))
     return [_rule("evidence", width), *lines] if lines else []
@@ -575,7 +573,7 @@ def _gpu_label(g: GpuVerdict) -> Text:
     return Text(f"GPU {g.gpu}", style="bold")
 
 
-def _chips(evidence: dict[str, object]) -> list[Text]:
+def _chips(evidence: Mapping[str, object]) -> list[Text]:
     return [_chip(label, value) for label, value in evidence_items(evidence)]
 
 

@@ -15,7 +15,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpumon.detect import RunSummary, speedup_sentence
+from gpumon.engine import RunSummary
+from gpumon.engine.words import duration, short_command, speedup_sentence
 from gpumon.model import Cause, State
 
 # Exit status when --fail-on trips (and the watched command itself succeeded).  Distinct
@@ -50,7 +51,10 @@ class GpuLine:
     uuid: str
     name: str | None
     duty_cycle: float | None
-    lost_s: float = 0.0  # time it was off the bus
+    off_bus_s: float = 0.0  # time it was off the bus (its state unknown)
+    # GPU-seconds it waited (idle or busy-waiting) while the run held it: the GPUs' add
+    # up to the run's lost GPU-seconds.
+    lost_gpu_seconds: float = 0.0
 
 
 @dataclass
@@ -129,7 +133,8 @@ class Summary:
                     "uuid": g.uuid,
                     "name": g.name,
                     "duty_cycle": None if g.duty_cycle is None else round(g.duty_cycle, 4),
-                    "lost_s": round(g.lost_s, 3),
+                    "off_bus_s": round(g.off_bus_s, 3),
+                    "lost_gpu_seconds": round(g.lost_gpu_seconds, 3),
                 }
                 for g in self.gpus
             ],
@@ -176,7 +181,7 @@ class Summary:
         lines = [
             f"gpumon watch summary: {who}",
             f"  ended            {ended}",
-            f"  wall time        {fmt_duration(self.wall_s)}",
+            f"  wall time        {duration(self.wall_s)}",
         ]
         total = self.tracked_s
         parts = []
@@ -186,8 +191,8 @@ class Summary:
                 continue  # the JSON has every state; people read the ones that happened
             extra = f"{100 * secs / total:.0f}%"
             if s is State.IDLE and self.startup_s > 0:
-                extra += f", {fmt_duration(self.startup_s)} of it start-up"
-            parts.append(f"{s.value} {fmt_duration(secs)} ({extra})")
+                extra += f", {duration(self.startup_s)} of it start-up"
+            parts.append(f"{s.value} {duration(secs)} ({extra})")
         lines.append("  time in state    " + ("  ".join(parts) or "none classified"))
         if not self.used_gpu:
             lines.append(
@@ -196,9 +201,10 @@ class Summary:
         for g in self.gpus:
             duty = "n/a" if g.duty_cycle is None else f"{100 * g.duty_cycle:.0f}%"
             name = f"{g.name}, " if g.name else ""
-            lines.append(f"  GPU {g.gpu:<13d}{name}mean utilisation {duty} ({g.uuid})")
-            if g.lost_s > 0:
-                lines.append(f"  {'':17}fell off the bus: unknown for {fmt_duration(g.lost_s)}")
+            lost = f", {g.lost_gpu_seconds:.1f} GPU-s lost" if g.lost_gpu_seconds >= 0.05 else ""
+            lines.append(f"  GPU {g.gpu:<13d}{name}mean utilisation {duty}{lost} ({g.uuid})")
+            if g.off_bus_s > 0:
+                lines.append(f"  {'':17}fell off the bus: unknown for {duration(g.off_bus_s)}")
         if self.used_gpu:
             lines.append(f"  GPU-seconds lost waiting  {self.lost_gpu_seconds:.1f}")
         verdict = self.verdict.value
@@ -231,19 +237,3 @@ class Summary:
                 n, width=100, initial_indent="  note             ", subsequent_indent=" " * 19
             )
         return "\n".join(lines)
-
-
-def fmt_duration(seconds: float) -> str:
-    """``75.2`` -> ``1m 15s``; short runs keep a decimal."""
-    if seconds < 60:
-        return f"{seconds:.1f}s"
-    s = round(seconds)
-    h, rem = divmod(s, 3600)
-    m, sec = divmod(rem, 60)
-    return f"{h}h {m:02d}m {sec:02d}s" if h else f"{m}m {sec:02d}s"
-
-
-def short_command(command: tuple[str, ...], limit: int = 60) -> str:
-    """``/usr/bin/python3 /a/b/train.py --lr 3e-4`` -> ``python3 train.py --lr 3e-4``."""
-    text = " ".join(os.path.basename(a) if i < 2 and "/" in a else a for i, a in enumerate(command))
-    return text if len(text) <= limit else text[: limit - 1] + "…"

@@ -1,10 +1,11 @@
-"""What `gpumon watch` shows: the face's memory of the run, its pieces, and the plain line.
+"""What `gpumon watch` shows: the view's state, its pieces, and the plain line.
 
-``WatchState`` is the face's memory of the run (recent driver samples per GPU, the latest
-snapshot and verdict); it is fed by the tick loop and read by the renderers.  The full
-screen (``LiveView``, laid out by ``layout.compose``) is rebuilt on every refresh, so the
-elapsed clock moves between ticks; the plain line carries no escape codes at all (Slurm
-output files, CI logs).
+``WatchState`` is what the live view needs beyond the run's memory (which the session
+keeps: recent driver samples per GPU, their latest readings): the latest snapshot and
+verdict, the status line, the command's output tail, the plain lines of recent ticks.
+The tick loop folds a tick in under its ``lock``; the full screen (``LiveView``, laid out
+by ``layout.compose``) reads under it, so it never sees half a tick.  The plain line
+carries no escape codes at all (Slurm output files, CI logs).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from dataclasses import dataclass, field
 
 from rich.text import Text
 
+from gpumon.engine import GpuMemory, RunMemory
 from gpumon.model import GpuIdentity, GpuSample, Point, Snapshot, State, Verdict
 
 BLOCKS = "▁▂▃▄▅▆▇█"
@@ -31,69 +33,9 @@ STATE_STYLE: dict[State, str] = {
     State.IDLE: "bold yellow",
     State.UNKNOWN: "bold white",
 }
-# Evidence keys shown first, with their labels and formats; the rest follow as they come.
-_EVIDENCE: tuple[tuple[str, str, str], ...] = (
-    ("duty_cycle", "duty cycle", "pct1"),
-    ("burst_p50_s", "burst p50", "s"),
-    ("gap_p50_s", "gap p50", "s"),
-    ("gap_p90_s", "gap p90", "s"),
-    ("period_s", "period", "s"),
-    ("workers_cpu_pct", "workers CPU", "pct"),
-    ("workers", "workers", "int"),
-    ("main_cpu_pct", "main CPU", "pct"),
-    ("host_cpu_pct", "host CPU", "pct"),
-    ("iowait_pct", "iowait", "pct"),
-    ("read_bytes_per_s", "read", "Bps"),
-    ("power_watts", "power", "W"),
-    ("power_share_of_peak", "power/peak", "pct1"),
-    ("sm_active_ratio", "SM active", "pct1"),
-    ("tensor_active_ratio", "tensor active", "pct1"),
-    ("sm_occupancy_ratio", "SM occupancy", "pct1"),
-    ("skew_s", "skew", "s"),
-    ("effective_gpus", "effective GPUs", "f2"),
-    ("mem_headroom_ratio", "mem headroom", "pct1"),
-    ("max_core_pct", "busiest core", "pct"),
-    ("lost_gpu_seconds", "lost GPU-s", "f1"),
-)
-_SKIP_EVIDENCE = {
-    "samples",
-    "sample_period_s",
-    "mem_used_bytes",
-    "mem_total_bytes",
-    "power_limit_watts",
-    "power_peak_watts",
-    "burst_p90_s",
-    "cpu_count",
-    "window_s",
-    "gpus",
-    "processes",
-    "larger_batch_fits",
-    "duration_s",
-}
 
 
-# --- the face's memory of the run ---------------------------------------------------------
-
-
-@dataclass
-class GpuTrace:
-    """The last minute or so of one GPU: driver samples (or per-tick readings)."""
-
-    identity: GpuIdentity
-    points: deque[Point] = field(default_factory=lambda: deque(maxlen=720))
-    from_ticks: bool = False  # True when the driver buffer gave nothing and ticks are shown
-    latest: GpuSample | None = None
-
-    def add(self, g: GpuSample) -> None:
-        self.latest = g
-        if g.util_samples:
-            if self.from_ticks:  # the driver buffer came back: drop the coarse readings
-                self.points.clear()
-                self.from_ticks = False
-            self.points.extend(g.util_samples)
-        elif g.util_pct is not None and (self.from_ticks or not self.points):
-            self.from_ticks = True
-            self.points.append((g.t_s, g.util_pct))
+# --- what the view shows ------------------------------------------------------------------
 
 
 @dataclass
@@ -105,7 +47,7 @@ class WatchState:
     identities: tuple[GpuIdentity, ...] = ()
     started_mono_s: float = field(default_factory=time.monotonic)
     lock: threading.Lock = field(default_factory=threading.Lock)
-    gpus: dict[str, GpuTrace] = field(default_factory=dict)
+    memory: RunMemory | None = None  # the session's memory of the run (None: not yet)
     snapshot: Snapshot | None = None
     verdict: Verdict | None = None
     invisible_gpu_pids: tuple[int, ...] = ()
@@ -115,27 +57,26 @@ class WatchState:
     # The plain lines of recent ticks: what a terminal too narrow for the view shows.
     history: deque[str] = field(default_factory=lambda: deque(maxlen=HISTORY_LINES))
     paused_at_s: float | None = None  # a frozen copy (the view paused): its elapsed time
+    _frozen_gpus: dict[str, GpuMemory] | None = None
 
     def feed(
         self, snapshot: Snapshot, verdict: Verdict | None, invisible_gpu_pids: Iterable[int] = ()
     ) -> None:
-        with self.lock:
-            self.snapshot = snapshot
-            self.verdict = verdict
-            self.invisible_gpu_pids = tuple(sorted(invisible_gpu_pids))
-            pids: set[int] = set()
-            for g in snapshot.gpus:
-                trace = self.gpus.get(g.uuid)
-                if trace is None:
-                    ident = next(
-                        (i for i in self.identities if i.uuid == g.uuid),
-                        GpuIdentity(index=g.gpu, uuid=g.uuid),
-                    )
-                    trace = self.gpus[g.uuid] = GpuTrace(ident)
-                trace.add(g)
-                pids.update(p.pid for p in g.processes or ())
-            self.gpu_pids = frozenset(pids)
-            self.history.append(plain_line(self))
+        """A folded tick (the caller holds ``lock``): what the view shows of it."""
+        self.snapshot = snapshot
+        self.verdict = verdict
+        self.invisible_gpu_pids = tuple(sorted(invisible_gpu_pids))
+        self.gpu_pids = frozenset(p.pid for g in snapshot.gpus for p in g.processes or ())
+        self.history.append(plain_line(self))
+
+    @property
+    def gpus(self) -> dict[str, GpuMemory]:
+        """The GPUs of the run seen so far, by UUID (the memory's, or a paused copy)."""
+        if self._frozen_gpus is not None:
+            return self._frozen_gpus
+        if self.memory is None:
+            return {}
+        return {m.identity.uuid: m for m in self.memory.gpus.values() if m.latest is not None}
 
     @property
     def waiting(self) -> bool:
@@ -152,67 +93,14 @@ class WatchState:
         with self.lock:
             frozen = copy.copy(self)
             frozen.lock = threading.Lock()
-            frozen.gpus = {
-                u: GpuTrace(
-                    t.identity, deque(t.points, maxlen=t.points.maxlen), t.from_ticks, t.latest
-                )
-                for u, t in self.gpus.items()
+            frozen._frozen_gpus = {
+                u: GpuMemory(m.identity, m.latest, deque(m.points), m.from_ticks)
+                for u, m in self.gpus.items()
             }
             frozen.history = deque(self.history, maxlen=self.history.maxlen)
-            frozen.output = None if self.output is None else deque(self.output)  # type: ignore[assignment]
+            frozen.output = None if self.output is None else deque(self.output)
             frozen.paused_at_s = self.elapsed_s
         return frozen
-
-
-# --- small formatting helpers ----------------------------------------------------------
-
-
-def fmt_bytes(n: float | None, suffix: str = "") -> str:
-    if n is None:
-        return "–"
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}{suffix}" if unit == "B" else f"{n:.1f} {unit}{suffix}"
-        n /= 1024
-    return f"{n:.1f} TiB{suffix}"  # pragma: no cover
-
-
-def fmt_evidence(value: object, kind: str) -> str:
-    if not isinstance(value, int | float):
-        return str(value)
-    if kind == "pct1":
-        return f"{100 * value:.0f}%"
-    if kind == "pct":
-        return f"{value:.0f}%"
-    if kind == "s":
-        return f"{value:.2f}s"
-    if kind == "W":
-        return f"{value:.0f} W"
-    if kind == "Bps":
-        return fmt_bytes(value, "/s")
-    if kind == "int":
-        return f"{value:.0f}"
-    if kind == "f2":
-        return f"{value:.2f}"
-    if kind == "f1":
-        return f"{value:.1f}"
-    return f"{value:.3g}"
-
-
-def evidence_items(evidence: dict[str, object]) -> list[tuple[str, str]]:
-    """(label, value) pairs in a stable, most-telling-first order."""
-    out = [
-        (label, fmt_evidence(evidence[key], kind))
-        for key, label, kind in _EVIDENCE
-        if evidence.get(key) is not None
-    ]
-    known = {k for k, _, _ in _EVIDENCE} | _SKIP_EVIDENCE
-    out += [
-        (k.replace("_", " "), fmt_evidence(v, ""))
-        for k, v in evidence.items()
-        if k not in known and v is not None
-    ]
-    return out
 
 
 def timeline(points: Sequence[Point], width: int) -> tuple[Text, float]:

@@ -1,0 +1,355 @@
+"""Which job holds which GPU, each job's process tree, and a detector per job.
+
+On a shared node the daemon reports per job, not only per GPU: a Slurm job or a pod on
+two of eight GPUs has a state of its own, judged on its GPUs with its own process tree
+(its DataLoader workers name the cause).  A job on every GPU of the node is judged by the
+node's detector, given that job's tree: a second detector over the same data would only
+double the cost.
+
+A tick's job work comes in two halves, so a face can keep its lock short: ``read()`` does
+the /proc reads (labels of new pids, each tracked job's tree) and changes nothing a reader
+sees; ``fold()`` and ``judge()`` change the table.  Only the thread that ticks calls them.
+
+Everything is bounded: the table holds at most ``max_jobs`` and forgets a job
+``linger_s`` after its last GPU process left; the resolver forgets pids that left the
+GPUs; jobs left untracked are remembered (to count each once) up to
+``MAX_UNTRACKED_REMEMBERED``.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from gpumon.detect import Detector, DetectorConfig, DetectorUpdate
+from gpumon.errors import GpumonError
+from gpumon.model import Episode, GpuIdentity, JobLabels, ProcTreeSample, Snapshot
+
+if TYPE_CHECKING:
+    from gpumon.sample.host import ProcessTreeSampler
+    from gpumon.sample.joblabels import JobResolver
+
+JobKey = tuple[str, str, str]
+
+# Jobs left untracked (max_jobs reached) are remembered so that each is counted once.
+MAX_UNTRACKED_REMEMBERED = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class JobOptions:
+    """How a session follows jobs (the daemon's ``job_sources``, ``max_jobs``, ...)."""
+
+    sources: tuple[str, ...] = ("slurm", "kubernetes")
+    max_jobs: int = 64
+    linger_s: float = 60.0
+    process_trees: bool = True
+    procfs: str | None = None  # where process trees are read (the resolver's by default)
+
+
+@dataclass(slots=True)
+class Job:
+    """A job seen on this node: its labels, GPUs and (when it has a subset) a detector.
+
+    ``detector is None`` means the job holds every GPU of the node: its state is the
+    node's.
+    """
+
+    labels: JobLabels
+    gpus: frozenset[int]
+    last_seen_s: float
+    detector: Detector | None = None
+    episode: Episode | None = None  # the job's open run-level episode (own detector)
+    tree_sample: ProcTreeSample | None = None
+
+
+@dataclass(slots=True)
+class GpuJobs:
+    """Who holds one GPU: its processes and their jobs, as last read."""
+
+    pids: frozenset[int] = frozenset()
+    jobs: tuple[JobLabels, ...] = ()
+    processes: int | None = None  # None: the process list could not be read this tick
+
+
+@dataclass(slots=True)
+class JobsRead:
+    """A tick's /proc work, done before the fold: labels, the table's plan, trees."""
+
+    # Per GPU with a process list this tick: its pids and, where they changed, its jobs.
+    fresh: dict[int, tuple[frozenset[int], tuple[JobLabels, ...] | None]]
+    # The jobs on the GPUs now, in GPU order: labels and GPUs.
+    by_job: dict[JobKey, tuple[JobLabels, frozenset[int]]]
+    admitted: frozenset[JobKey]  # jobs in by_job not tracked yet that get a place
+    trees: dict[JobKey, ProcTreeSample | None] = field(default_factory=dict)
+
+
+JobUpdate = tuple[JobLabels, DetectorUpdate]
+
+
+class JobTracker:
+    """The node's jobs, kept tick by tick."""
+
+    def __init__(
+        self,
+        resolver: JobResolver,
+        options: JobOptions,
+        config: DetectorConfig,
+        identities: Callable[[frozenset[int]], Sequence[GpuIdentity]],
+        tree_factory: Callable[[int, str], ProcessTreeSampler],
+    ) -> None:
+        self.resolver = resolver
+        self.options = options
+        self.config = config
+        self._identities = identities
+        self._tree_factory = tree_factory
+        self.procfs = options.procfs if options.procfs is not None else resolver.procfs
+        self.jobs: dict[JobKey, Job] = {}
+        self.gpus: dict[int, GpuJobs] = {}
+        self.dropped_total = 0  # jobs not tracked because max_jobs was reached
+        self._untracked: OrderedDict[JobKey, None] = OrderedDict()
+        self._all_pids: frozenset[int] = frozenset()
+        self._expired: list[JobKey] = []
+        # Each tracked job's tree sampler and its root pid (None: the root is unreadable).
+        self._trees: dict[JobKey, tuple[int, ProcessTreeSampler | None]] = {}
+
+    # --- reading (no visible change) ---------------------------------------------------
+
+    def read(self, snap: Snapshot) -> JobsRead:
+        """Labels of pids not seen before (the resolver caches the rest), then each
+        tracked job's process tree."""
+        fresh: dict[int, tuple[frozenset[int], tuple[JobLabels, ...] | None]] = {}
+        jobs_now: list[tuple[int, tuple[JobLabels, ...]]] = []  # each GPU's jobs after it
+        all_pids: set[int] = set()
+        for g in snap.gpus:
+            held = self.gpus.get(g.gpu)
+            if g.lost:
+                continue
+            if g.processes is None:
+                if held is not None:  # unreadable this tick: keep the last known
+                    all_pids.update(held.pids)
+                    jobs_now.append((g.gpu, held.jobs))
+                continue
+            pids = frozenset(p.pid for p in g.processes)
+            all_pids.update(pids)
+            if held is None or pids != held.pids:
+                # The GPU's UUID lets the kubelet's pod-resources socket name the pod.
+                labels = {self.resolver.labels(pid, g.uuid) for pid in sorted(pids)}
+                jobs = tuple(
+                    sorted(
+                        (lb for lb in labels if lb.known),
+                        key=lambda lb: (lb.hpc_job, lb.namespace, lb.pod, lb.container),
+                    )
+                )
+                fresh[g.gpu] = (pids, jobs)
+            else:
+                fresh[g.gpu] = (pids, None)
+                jobs = held.jobs
+            jobs_now.append((g.gpu, jobs))
+        frozen = frozenset(all_pids)
+        if frozen != self._all_pids:
+            self._all_pids = frozen
+            self.resolver.retain(frozen)
+        read = JobsRead(fresh, {}, frozenset())
+        if self.options.max_jobs > 0:
+            self._plan(read, jobs_now, frozen)
+        for key in [k for k in self._trees if k not in self.jobs and k not in read.admitted]:
+            self._drop_tree(key)  # its job expired (or was never given a place)
+        return read
+
+    def _plan(
+        self,
+        read: JobsRead,
+        jobs_now: list[tuple[int, tuple[JobLabels, ...]]],
+        pids: frozenset[int],
+    ) -> None:
+        gpus_of: dict[JobKey, tuple[JobLabels, set[int]]] = {}
+        for gpu, jobs in jobs_now:
+            for lb in jobs:
+                entry = gpus_of.setdefault(
+                    lb.job_key(), (JobLabels(lb.hpc_job, lb.pod, lb.namespace), set())
+                )
+                entry[1].add(gpu)
+        read.by_job = {k: (lb, frozenset(gpus)) for k, (lb, gpus) in gpus_of.items()}
+        room = self.options.max_jobs - len(self.jobs)
+        admitted: set[JobKey] = set()
+        for key in read.by_job:
+            if key not in self.jobs and room > 0:
+                admitted.add(key)
+                room -= 1
+        read.admitted = frozenset(admitted)
+        if self.options.process_trees:
+            job_pids: dict[JobKey, set[int]] = {}
+            for pid in pids:
+                lb = self.resolver.labels(pid)  # cached: no /proc read
+                if lb.known:
+                    job_pids.setdefault(lb.job_key(), set()).add(pid)
+            for key in read.by_job:
+                if key in self.jobs or key in admitted:
+                    read.trees[key] = self._sample_tree(key, job_pids.get(key))
+
+    def _sample_tree(self, key: JobKey, pids: set[int] | None) -> ProcTreeSample | None:
+        """The job's lowest GPU pid (rank 0, usually) and its descendants (its workers)."""
+        if not pids:
+            return None
+        root = min(pids)
+        kept = self._trees.get(key)
+        if kept is None or kept[0] != root:
+            self._drop_tree(key)
+            try:
+                opened = self._tree_factory(root, self.procfs)
+            except GpumonError:  # gone or not readable: no tree for this root
+                self._trees[key] = (root, None)
+                return None
+            except (OSError, ValueError, IndexError):  # no fd left, say: try next tick
+                return None
+            kept = self._trees[key] = (root, opened)
+        sampler = kept[1]
+        if sampler is None:
+            return None
+        sample = sampler.sample()
+        return sample if sample.root_alive else None
+
+    def _drop_tree(self, key: JobKey) -> None:
+        kept = self._trees.pop(key, None)
+        if kept is not None and kept[1] is not None:
+            kept[1].close()  # its kept /proc files go back to the shared budget
+
+    # --- folding (the table changes) ----------------------------------------------------
+
+    def fold(self, snap: Snapshot, read: JobsRead) -> list[JobUpdate]:
+        """Each GPU's processes and jobs, then the job table: create, refresh, expire.
+
+        Returns the last updates of job detectors replaced because a job's GPUs changed
+        (their open episodes close)."""
+        self._attribute(snap, read)
+        out: list[JobUpdate] = []
+        if self.options.max_jobs == 0:
+            return out
+        t = snap.t_s
+        all_gpus = frozenset(g.gpu for g in snap.gpus if not g.lost)
+        for key, (labels, gpus) in read.by_job.items():
+            job = self.jobs.get(key)
+            if job is None:
+                if key not in read.admitted:
+                    self._count_untracked(key)
+                    continue
+                job = self.jobs[key] = Job(labels, gpus, t)
+                if gpus != all_gpus:
+                    job.detector = self._detector(gpus)
+            else:
+                job.last_seen_s = t
+                if gpus != job.gpus:
+                    # The job's detector tracks the GPUs it was built for: one it left would
+                    # read as unknown, one it joined would have no identity.  Start afresh.
+                    job.gpus = gpus
+                    if job.detector is not None:
+                        out.append((job.labels, run_level(job.detector.finish())))
+                        job.detector, job.episode = None, None
+                    if gpus != all_gpus:
+                        job.detector = self._detector(gpus)
+            job.tree_sample = read.trees.get(key)
+        for job in self.jobs.values():
+            if job.last_seen_s != t:
+                job.tree_sample = None  # lingering: its processes left the GPUs
+        linger = self.options.linger_s
+        self._expired = [k for k, j in self.jobs.items() if t - j.last_seen_s > linger]
+        return out
+
+    def _attribute(self, snap: Snapshot, read: JobsRead) -> None:
+        for g in snap.gpus:
+            held = self.gpus.get(g.gpu)
+            if held is None:
+                held = self.gpus[g.gpu] = GpuJobs()
+            if g.lost:
+                held.jobs, held.processes, held.pids = (), None, frozenset()
+                continue
+            if g.processes is None:  # unreadable this tick: no count, the last known jobs
+                held.processes = None
+                continue
+            pids, jobs = read.fresh[g.gpu]
+            held.processes = len(pids)
+            if pids != held.pids and jobs is not None:
+                held.pids, held.jobs = pids, jobs
+
+    def whole_node_tree(self) -> ProcTreeSample | None:
+        """The process tree of the one job that holds every GPU (its DataLoader workers
+        are the node's), for the node's detector; None when no single job does."""
+        whole = [j for j in self.jobs.values() if j.detector is None and j.tree_sample]
+        return whole[0].tree_sample if len(whole) == 1 else None
+
+    def judge(self, snap: Snapshot) -> list[JobUpdate]:
+        """Each job with a detector of its own judges its GPUs with its own tree; expired
+        jobs close."""
+        out: list[JobUpdate] = []
+        t = snap.t_s
+        for job in self.jobs.values():
+            if job.detector is None or job.last_seen_s != t:
+                continue
+            sub = Snapshot(
+                t_s=t,
+                gpus=tuple(g for g in snap.gpus if g.gpu in job.gpus),
+                host=snap.host,
+                tree=job.tree_sample,
+            )
+            upd = run_level(job.detector.update(sub))
+            if upd.opened:
+                job.episode = upd.opened[-1]
+            out.append((job.labels, upd))
+        for key in self._expired:
+            job = self.jobs.pop(key)
+            if job.detector is not None:
+                out.append((job.labels, run_level(job.detector.finish())))
+        self._expired = []
+        return out
+
+    def episode_of(self, job: Job, node: Episode | None) -> Episode | None:
+        """The job's open episode: its own detector's, or the node's for a whole-node job."""
+        return job.episode if job.detector is not None else node
+
+    def finish(self) -> list[JobUpdate]:
+        """Close every job's open episodes (the end of the daemon)."""
+        out = [
+            (job.labels, run_level(job.detector.finish()))
+            for job in self.jobs.values()
+            if job.detector is not None
+        ]
+        self.close()
+        return out
+
+    def close(self) -> None:
+        for key in list(self._trees):
+            self._drop_tree(key)
+
+    def _count_untracked(self, key: JobKey) -> None:
+        """Count a job left untracked once, however many ticks it stays (bounded memory)."""
+        if key in self._untracked:
+            self._untracked.move_to_end(key)
+            return
+        self._untracked[key] = None
+        self.dropped_total += 1
+        while len(self._untracked) > MAX_UNTRACKED_REMEMBERED:
+            self._untracked.popitem(last=False)
+
+    def _detector(self, gpus: frozenset[int]) -> Detector:
+        return Detector(self.config, self._identities(gpus))
+
+    @property
+    def trees_open(self) -> int:
+        return len(self._trees)
+
+
+def run_level(update: DetectorUpdate) -> DetectorUpdate:
+    """A job detector's per-GPU episodes repeat the node detector's: keep the job's own."""
+    return DetectorUpdate(
+        tuple(e for e in update.opened if e.gpu is None),
+        tuple(e for e in update.closed if e.gpu is None),
+    )
+
+
+def job_name(labels: JobLabels) -> str:
+    """One string for a job: the Slurm id, else namespace/pod."""
+    if labels.hpc_job:
+        return labels.hpc_job
+    return f"{labels.namespace}/{labels.pod}" if labels.namespace else labels.pod

@@ -1,0 +1,360 @@
+"""A session: one source of snapshots, judged by one detector, remembered once.
+
+A face asks a ``Session`` for ticks and for what the run amounts to; it never builds a
+sampler, a detector or a job table itself (tests/test_architecture.py checks the imports):
+
+    session = Session.live(pid=1234, interval_s=1.0, tree_gpus_only=True)
+    tick = session.tick()                     # read, judge, remember
+    session.verdict(), session.summary()      # the detector's view now, and of the run
+    session.memory                            # timelines, histograms, episodes, seconds
+
+A tick comes in two halves for a face that holds a lock while others read the memory
+(the daemon's scrapes, the live view's refresh): ``read()`` does the slow reads (NVML, the
+host, /proc for jobs) and changes nothing a reader sees; ``fold()`` judges and remembers.
+``tick()`` is both.  Offline, ``feed()`` takes one snapshot of a trace at a time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, Self
+
+from gpumon.detect import Detector, DetectorConfig, DetectorUpdate, RunSummary
+from gpumon.engine.jobs import JobOptions, JobsRead, JobTracker, JobUpdate
+from gpumon.engine.memory import GpuEvent, RunMemory
+from gpumon.engine.sources import (
+    FedSource,
+    LiveSource,
+    Polled,
+    Source,
+    SourceInfo,
+    check_driver,
+    live_monitor,
+    process_tree,
+    replay_of,
+)
+from gpumon.model import Episode, GpuIdentity, Snapshot, TraceHeader, Verdict
+
+if TYPE_CHECKING:
+    from gpumon.sample.joblabels import JobResolver
+
+# Offline (and replayed), calm stretches are re-evaluated only every third second:
+# episodes are backdated to their onset, so detection latency costs nothing there and a
+# day-long trace analyses several times faster.
+OFFLINE_CONFIG = DetectorConfig(calm_factor=5.0)
+
+_NO_UPDATE = DetectorUpdate()
+
+
+@dataclass(frozen=True, slots=True)
+class Tick:
+    """What one tick produced: the snapshot shown, the detector's update, and what
+    changed (GPUs appearing, lost or back; the jobs' own updates)."""
+
+    snapshot: Snapshot
+    update: DetectorUpdate | None = None
+    sample_duration_s: float = 0.0
+    events: tuple[GpuEvent, ...] = ()
+    job_updates: tuple[JobUpdate, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Reading:
+    """A tick's reads, done and not yet folded in."""
+
+    polled: Polled
+    jobs: JobsRead | None = None
+
+
+def merge_updates(updates: Sequence[DetectorUpdate]) -> DetectorUpdate:
+    """Several detector updates (one per replayed tick) as one."""
+    if len(updates) == 1:
+        return updates[0]
+    return DetectorUpdate(
+        tuple(e for u in updates for e in u.opened),
+        tuple(e for u in updates for e in u.closed),
+        tuple(b for u in updates for b in u.bursts),
+        tuple(g for u in updates for g in u.gaps),
+    )
+
+
+class Session:
+    """Snapshots from one source, judged by one detector (unless told not to judge),
+    remembered in one ``RunMemory``; optionally the jobs on the GPUs, each judged too."""
+
+    def __init__(
+        self,
+        source: Source,
+        *,
+        config: DetectorConfig | None = None,
+        judge: bool = True,
+        live: bool = True,
+        jobs: JobOptions | None = None,
+        resolver: JobResolver | None = None,
+        detector: Detector | None = None,
+    ) -> None:
+        self.source = source
+        self.config = config or DetectorConfig()
+        if detector is None and judge:
+            detector = Detector(self.config, source.gpus)
+        self.detector = detector  # (tests may hand in their own)
+        det = self.detector
+        self.memory = RunMemory(
+            source.gpus, (lambda: {}) if det is None else det.gpu_totals, live=live
+        )
+        self.jobs: JobTracker | None = None
+        if jobs is not None:
+            if resolver is None:
+                from gpumon.sample.joblabels import JobResolver
+
+                resolver = JobResolver(jobs.sources)
+            self.jobs = JobTracker(resolver, jobs, self.config, self._identities, process_tree)
+
+    # --- construction ---------------------------------------------------------------------
+
+    @classmethod
+    def live(
+        cls,
+        *,
+        pid: int | None = None,
+        command: tuple[str, ...] | None = None,
+        interval_s: float | None = None,
+        tree_gpus_only: bool = False,
+        host: bool = True,
+        judge: bool = True,
+        window_s: float | None = None,
+        backlog: bool = False,
+        config: DetectorConfig | None = None,
+        jobs: JobOptions | None = None,
+    ) -> Self:
+        """NVML + host (+ the tree of ``pid``), read once per tick; ``jobs``: follow the
+        jobs on the GPUs (the daemon).  ``backlog``: the first tick hands over the
+        driver's whole sample buffer (~20 s), so the detector can judge at once (dstat)."""
+        monitor = live_monitor(
+            pid=pid,
+            command=command,
+            interval_s=interval_s,
+            tree_gpus_only=tree_gpus_only,
+            host=host,
+            backlog=backlog,
+        )
+        cfg = config or DetectorConfig()
+        if window_s is not None:
+            cfg = replace(cfg, window_s=window_s)
+        return cls(LiveSource(monitor), config=cfg, judge=judge, jobs=jobs)
+
+    @classmethod
+    def replay(
+        cls,
+        header: TraceHeader,
+        snapshots: Iterable[Snapshot],
+        *,
+        speed: float = 1.0,
+        live_start_s: float | None = None,
+        interval_s: float | None = None,
+        command: tuple[str, ...] | None = None,
+        config: DetectorConfig | None = None,
+        judge: bool = True,
+    ) -> Self:
+        """A recorded trace, played ``speed`` times faster than it was recorded
+        (``command``: what to show as the watched command)."""
+        source = replay_of(
+            header,
+            snapshots,
+            speed=speed,
+            live_start_s=live_start_s,
+            interval_s=interval_s,
+            command=command,
+        )
+        return cls(source, config=config or OFFLINE_CONFIG, judge=judge)
+
+    @classmethod
+    def offline(
+        cls,
+        header: TraceHeader,
+        config: DetectorConfig | None = None,
+        *,
+        live: bool = False,
+        jobs: JobOptions | None = None,
+        resolver: JobResolver | None = None,
+    ) -> Self:
+        """No source: the caller ``feed()``s a trace's snapshots in order (or hands
+        ``read()`` a snapshot; ``live``: remember it as a live face would)."""
+        return cls(
+            FedSource(header),
+            config=config or (DetectorConfig() if live else OFFLINE_CONFIG),
+            live=live,
+            jobs=jobs,
+            resolver=resolver,
+        )
+
+    @staticmethod
+    def check_driver() -> None:
+        """Raise ``NoDriverError`` now if no NVIDIA driver can be loaded (before a face
+        starts anything it would have to stop again)."""
+        check_driver()
+
+    # --- ticks ----------------------------------------------------------------------------
+
+    def tick(self) -> Tick:
+        """Read (or replay what fell due), judge and remember."""
+        return self.fold(self.read())
+
+    def read(self, snapshot: Snapshot | None = None) -> Reading:
+        """The tick's reads: the source polled (or ``snapshot`` given), and the /proc
+        reads of the jobs on its GPUs.  Nothing a reader of the memory sees changes."""
+        polled = self.source.poll() if snapshot is None else Polled((snapshot,), snapshot)
+        jobs = None
+        if self.jobs is not None and polled.due:
+            jobs = self.jobs.read(polled.due[-1])
+        return Reading(polled, jobs)
+
+    def fold(self, reading: Reading) -> Tick:
+        """Judge what was read, tick by recorded tick, and remember it."""
+        polled = reading.polled
+        judged_updates: list[DetectorUpdate] = []
+        events: list[GpuEvent] = []
+        job_updates: list[JobUpdate] = []
+        for snap in polled.due:
+            judged = snap
+            if self.jobs is not None and reading.jobs is not None and snap is polled.due[-1]:
+                job_updates += self.jobs.fold(snap, reading.jobs)
+                tree = self.jobs.whole_node_tree()
+                if tree is not None:
+                    # One job holding every GPU: its process tree (DataLoader workers) is
+                    # the node's, so the node's detector can name the cause.
+                    judged = replace(snap, tree=tree)
+            one, brought = self._judge(judged)
+            judged_updates.append(one)
+            events += brought
+            if self.jobs is not None and reading.jobs is not None and snap is polled.due[-1]:
+                job_updates += self.jobs.judge(snap)
+        update = None
+        if judged_updates and self.detector is not None:
+            update = merge_updates(judged_updates)
+        return Tick(
+            polled.view, update, polled.sample_duration_s, tuple(events), tuple(job_updates)
+        )
+
+    def feed(self, snapshot: Snapshot) -> DetectorUpdate:
+        """Judge one snapshot and remember it (``gpumon analyze`` feeds a trace so)."""
+        if isinstance(self.source, FedSource):
+            self.source.saw(snapshot)
+        return self._judge(snapshot)[0]
+
+    def _judge(self, snap: Snapshot) -> tuple[DetectorUpdate, tuple[GpuEvent, ...]]:
+        memory = self.memory
+        memory.before(snap.t_s)
+        det = self.detector
+        update = _NO_UPDATE if det is None else det.update(snap)
+        return update, memory.after(snap, update)
+
+    def finish(self) -> DetectorUpdate:
+        """The stream ended: judge what never could be, close every open episode (the
+        jobs' too: their last updates are in ``finish_jobs()``)."""
+        update = _NO_UPDATE if self.detector is None else self.detector.finish()
+        self.memory.finish(update)
+        return update
+
+    def finish_jobs(self) -> list[JobUpdate]:
+        """Close every job's open episodes and its process trees."""
+        return [] if self.jobs is None else self.jobs.finish()
+
+    def close(self) -> None:
+        """Let go of what the source holds open (kept /proc files)."""
+        if self.jobs is not None:
+            self.jobs.close()
+        self.source.close()
+
+    # --- what the detector says -----------------------------------------------------------
+
+    @property
+    def judging(self) -> bool:
+        return self.detector is not None
+
+    def verdict(self) -> Verdict | None:
+        return None if self.detector is None else self.detector.verdict()
+
+    def summary(self) -> RunSummary | None:
+        return None if self.detector is None else self.detector.summary()
+
+    def open_episodes(self) -> dict[int | None, Episode]:
+        """The episode each GPU (and the run: key None) is in now."""
+        return dict(self.memory.open)
+
+    def lost_gpu_seconds(self) -> float:
+        return 0.0 if self.detector is None else self.detector.lost_gpu_seconds()
+
+    def gpu_count(self) -> int:
+        return 0 if self.detector is None else self.detector.gpu_count()
+
+    # --- what the source knows ------------------------------------------------------------
+
+    @property
+    def info(self) -> SourceInfo:
+        return self.source.info
+
+    @property
+    def gpus(self) -> tuple[GpuIdentity, ...]:
+        return self.source.gpus
+
+    @property
+    def driver_version(self) -> str | None:
+        return self.source.info.driver_version
+
+    @property
+    def nvml_version(self) -> str | None:
+        return self.source.info.nvml_version
+
+    @property
+    def root_pid(self) -> int | None:
+        return self.source.info.root_pid
+
+    @property
+    def command(self) -> tuple[str, ...] | None:
+        return self.source.info.command
+
+    @property
+    def interval_s(self) -> float | None:
+        return self.source.info.interval_s
+
+    @property
+    def nvml_errors(self) -> dict[str, int]:
+        return self.source.nvml_errors
+
+    @property
+    def known_error_kinds(self) -> tuple[str, ...]:
+        return self.source.known_error_kinds
+
+    @property
+    def tree_gpu_uuids(self) -> frozenset[str]:
+        """The GPUs the watched tree used (every GPU seen, where no tree is watched)."""
+        return self.source.tree_gpu_uuids
+
+    @property
+    def invisible_gpu_pids(self) -> frozenset[int]:
+        return self.source.invisible_gpu_pids
+
+    @property
+    def finished(self) -> bool:
+        """A replay has played its last tick."""
+        return self.source.finished
+
+    def now(self) -> float:
+        """The source's clock: a replay's current time on the samples' clock."""
+        return self.source.now()
+
+    @property
+    def played_s(self) -> float:
+        return self.source.played_s
+
+    def header(self, source: str = "gpumon", **extra: Any) -> TraceHeader:
+        """The trace header a recording of this session starts with."""
+        return self.source.header(source, **extra)
+
+    def _identities(self, gpus: frozenset[int]) -> list[GpuIdentity]:
+        known = {g.index: g for g in self.source.gpus}
+        for idx, mem in self.memory.gpus.items():
+            known[idx] = mem.identity
+        return [known[i] for i in sorted(gpus) if i in known]

@@ -1,0 +1,193 @@
+"""The words every face prints for the same things: states, causes, durations, evidence.
+
+``gpumon analyze``, ``watch``, ``report``, ``demo`` and the daemon's log all say what a
+run did; when one face wrote "starved/cpu, duty 41 %" and another "starved cpu=41%" a
+reader had to translate.  Everything here is a pure function of a value: no face state.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Final
+
+from gpumon.detect import RunSummary
+from gpumon.model import Cause, Evidence, State
+
+
+def state_label(state: State, cause: Cause | None) -> str:
+    """``starved/cpu`` for a starved state with a cause, else the state's name."""
+    if cause is not None and state is State.STARVED:
+        return f"{state.value}/{cause.value}"
+    return state.value
+
+
+def verdict_words(state: State, cause: Cause | None) -> str:
+    """``STARVED (cause: cpu)``: a run's verdict as a headline."""
+    word = state.value.upper().replace("_", " ")
+    if cause is not None and state is State.STARVED:
+        word += f" (cause: {cause.value})"
+    return word
+
+
+def clock(t: float, t0: float) -> str:
+    """A moment of a run as elapsed time since ``t0``: ``4:05``, ``1:02:03``."""
+    s = max(0, round(t - t0))
+    h, rem = divmod(s, 3600)
+    m, sec = divmod(rem, 60)
+    return f"{h}:{m:02d}:{sec:02d}" if h else f"{m}:{sec:02d}"
+
+
+def duration(seconds: float | None) -> str:
+    """A length of time: ``670ms``, ``4.5s``, ``1m 15s``, ``2h 03m 00s``."""
+    if seconds is None:
+        return "n/a"
+    if seconds < 1.0:
+        return f"{seconds * 1000:.0f}ms"
+    if seconds < 60.0:
+        return f"{seconds:.1f}s"
+    s = round(seconds)
+    h, rem = divmod(s, 3600)
+    m, sec = divmod(rem, 60)
+    return f"{h}h {m:02d}m {sec:02d}s" if h else f"{m}m {sec:02d}s"
+
+
+def share(x: float | None) -> str:
+    """A ratio 0-1 as a percentage: ``41%`` (``n/a`` without a reading)."""
+    return "n/a" if x is None else f"{x * 100:.0f}%"
+
+
+def fmt_bytes(n: float | None, suffix: str = "") -> str:
+    """Bytes in binary units: ``13.2 GiB``; ``–`` without a reading."""
+    if n is None:
+        return "–"
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024:
+            return f"{n:.0f} {unit}{suffix}" if unit == "B" else f"{n:.1f} {unit}{suffix}"
+        n /= 1024
+    return f"{n:.1f} TiB{suffix}"
+
+
+def short_command(command: tuple[str, ...], limit: int = 60) -> str:
+    """``/usr/bin/python3 /a/b/train.py --lr 3e-4`` -> ``python3 train.py --lr 3e-4``."""
+    text = " ".join(os.path.basename(a) if i < 2 and "/" in a else a for i, a in enumerate(command))
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def seconds_by_state(seconds: Mapping[State, float] | None) -> dict[str, float]:
+    """Seconds per state as JSON keys (every state, 0 where none), to the millisecond."""
+    return {s.value: round((seconds or {}).get(s, 0.0), 3) for s in State}
+
+
+def speedup_sentence(summary: RunSummary) -> str | None:
+    """The speed-up if fed, in words, with its basis: what fixing the verdict is worth."""
+    x, duty = summary.speedup_if_fed, summary.work_duty_cycle
+    if x is None or duty is None or x < 1.1:
+        return None
+    if summary.verdict is State.STARVED:
+        what = "fixing the input pipeline"
+    elif summary.verdict is State.SYNC_STALL:
+        what = "removing the waits on peers"
+    else:
+        return None
+    return (
+        f"{what} could make this run up to {x:.1f}x faster (its GPUs computed "
+        f"{duty * 100:.0f} % of their working time)"
+    )
+
+
+# --- evidence --------------------------------------------------------------------------------
+
+# How each kind of evidence value is written.
+_KINDS: Final = {
+    "ratio": share,  # 0-1
+    "pct": lambda v: f"{v:.0f}%",  # 0-100
+    "s": duration,
+    "W": lambda v: f"{v:.0f} W",
+    "Bps": lambda v: fmt_bytes(v, "/s"),
+    "int": lambda v: f"{v:.0f}",
+    "f2": lambda v: f"{v:.2f}",
+    "f1": lambda v: f"{v:.1f}",
+    "gpu": lambda v: f"GPU {v:.0f}",
+}
+
+# Evidence keys in the order people read them (most telling first), with their labels.
+EVIDENCE: Final[tuple[tuple[str, str, str], ...]] = (
+    ("duty_cycle", "duty cycle", "ratio"),
+    ("burst_p50_s", "burst p50", "s"),
+    ("gap_p50_s", "gap p50", "s"),
+    ("gap_p90_s", "gap p90", "s"),
+    ("period_s", "period", "s"),
+    ("workers_cpu_pct", "CPU per worker", "pct"),
+    ("workers", "workers", "int"),
+    ("main_cpu_pct", "main CPU", "pct"),
+    ("outside_cpu_pct", "CPU outside the job", "pct"),
+    ("outside_top", "busiest outside", ""),
+    ("host_cpu_pct", "host CPU", "pct"),
+    ("iowait_pct", "iowait", "pct"),
+    ("read_bytes_per_s", "read", "Bps"),
+    ("power_watts", "power", "W"),
+    ("power_share_of_peak", "power/peak", "ratio"),
+    ("sm_active_ratio", "SM active", "ratio"),
+    ("tensor_active_ratio", "tensor active", "ratio"),
+    ("sm_occupancy_ratio", "SM occupancy", "ratio"),
+    ("straggler_gpu", "straggler", "gpu"),
+    ("skew_s", "skew", "s"),
+    ("effective_gpus", "effective GPUs", "f2"),
+    ("mem_headroom_ratio", "mem headroom", "ratio"),
+    ("max_core_pct", "busiest core", "pct"),
+    ("lost_gpu_seconds", "lost GPU-s", "f1"),
+)
+# Evidence kept for machines (JSON, the log) but not worth a person's attention.
+QUIET_EVIDENCE: Final = frozenset(
+    {
+        "samples",
+        "sample_period_s",
+        "mem_used_bytes",
+        "mem_total_bytes",
+        "power_limit_watts",
+        "power_peak_watts",
+        "burst_p90_s",
+        "cpu_count",
+        "window_s",
+        "gpus",
+        "processes",
+        "larger_batch_fits",
+        "duration_s",
+    }
+)
+_KNOWN: Final = {k for k, _, _ in EVIDENCE} | QUIET_EVIDENCE
+
+
+def evidence_value(value: object, kind: str) -> str:
+    """One evidence value in its kind's words (text values as they are)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return str(value)
+    write = _KINDS.get(kind)
+    return write(value) if write is not None else f"{value:.3g}"
+
+
+def evidence_items(evidence: Evidence | Mapping[str, object]) -> list[tuple[str, str]]:
+    """(label, value) pairs, most telling first; keys not listed follow as they come."""
+    ev: Mapping[str, object] = evidence  # type: ignore[assignment]
+    out = [
+        (label, evidence_value(ev[key], kind))
+        for key, label, kind in EVIDENCE
+        if ev.get(key) is not None
+    ]
+    out += [
+        (k.replace("_", " "), evidence_value(v, ""))
+        for k, v in ev.items()
+        if k not in _KNOWN and v is not None
+    ]
+    return out
+
+
+def evidence_line(evidence: Evidence | Mapping[str, object]) -> str:
+    """The listed evidence on one line: ``duty cycle 41%, gap p50 840ms, ...``."""
+    ev: Mapping[str, object] = evidence  # type: ignore[assignment]
+    return ", ".join(
+        f"{label} {evidence_value(ev[key], kind)}"
+        for key, label, kind in EVIDENCE
+        if ev.get(key) is not None
+    )
