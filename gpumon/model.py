@@ -48,6 +48,7 @@ class Reason(StrEnum):
     """
 
     START_UP = "start-up"  # before the first sustained work
+    JUDGING = "judging"  # work has begun, too little of it to judge: a provisional reading
     NO_PROCESS = "no process"
     MEMORY_HELD = "memory allocated, no work"
     NO_WORK = "no work"

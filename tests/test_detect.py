@@ -399,7 +399,8 @@ def test_first_judgment_after_startup_is_not_healthy_on_one_burst() -> None:
     first = None
     for snap in tr.snapshots:
         for e in det.update(snap).opened:
-            if e.gpu == 0 and snap.t_s > onset and first is None:
+            judged = e.reason is not Reason.JUDGING  # "judging" is no judgment yet
+            if e.gpu == 0 and snap.t_s > onset and first is None and judged:
                 first = (snap.t_s, e.state)
     assert tr.period_s == 0.25
     assert first is not None and first[1] is State.STARVED, first
@@ -414,7 +415,7 @@ def test_short_dips_do_not_flip_a_healthy_run() -> None:
         return 98.0
 
     det, _closed, opened = run(stream(f, 400))
-    kinds = {e.state for _, e in opened if e.gpu == 0}
+    kinds = {e.state for _, e in opened if e.gpu == 0 and e.reason is not Reason.JUDGING}
     assert kinds == {State.IDLE, State.HEALTHY}  # only the start-up before it
     assert det.verdict().gpus[0].state is State.HEALTHY
 

@@ -378,7 +378,9 @@ def test_the_reason_is_exported_while_the_episode_has_one(tmp_path: Path) -> Non
     f = Feeder(state, {0: (101,)})
     f.run(2, {0: "steady", 1: "steady"})
     m = metrics(state)
-    assert value(m, "gpumon_gpu_reason", gpu="0", reason="start_up") == 1
+    # Busy from its first sample, 2 s in: being judged, never "idle (start-up)".
+    assert value(m, "gpumon_gpu_reason", gpu="0", reason="judging") == 1
+    assert value(m, "gpumon_gpu_state", gpu="0", state="idle") == 0
     f.run(20, {0: "steady", 1: "steady"})
     f.run(3, {0: "steady", 1: "steady"}, lost=frozenset({1}))
     m = metrics(state)

@@ -43,6 +43,9 @@ class DetectorConfig:
     startup_duty: float = 0.2
     startup_active: float = 0.5  # ... or this share of the window with any activity
     startup_bursts: int = 3  # ... or this many bursts in it (a starved rhythm)
+    # One unbroken burst this long is work at once: a GPU busy from its first sample is
+    # shown healthy within seconds (a starved GPU's bursts are shorter than its window).
+    busy_run_s: float = 2.0
     # A single isolated gap (a checkpoint, an evaluation hand-over) is a dip, not a state
     # change, while it lasts under ``dip_max_s`` and no other gap came in ``dip_isolation_s``.
     dip_max_s: float = 6.0

@@ -69,6 +69,21 @@ _ALL_STATES = tuple(State)
 _WORK = (State.HEALTHY, State.STARVED, State.SYNC_STALL)
 _NO_UPDATE = DetectorUpdate()
 _STARTUP = Candidate(State.IDLE, None, Reason.START_UP)
+# Reasons that mark a phase of a GPU's life, not a finding: an episode changes with them.
+_PHASES = (Reason.START_UP, Reason.JUDGING)
+
+
+def _phase(reason: Reason | None) -> Reason | None:
+    return reason if reason in _PHASES else None
+
+
+def _busy_from_the_first(tr: GpuTrack, cfg: DetectorConfig) -> bool:
+    """One unbroken burst since the GPU's first activity, ``busy_run_s`` long so far."""
+    first, last = tr.first_active_t, tr.last_t
+    if not tr.run_busy or first is None or last is None:
+        return False
+    began_with_it = tr.run_start <= first + 2 * (tr.period_s or 0.0)
+    return began_with_it and last - tr.run_start >= cfg.busy_run_s
 
 
 class Detector:
@@ -100,6 +115,7 @@ class Detector:
         self._multi_cache: tuple[float, Evidence] | None = None
         self._cause_cache: tuple[tuple[float, int], Cause] | None = None
         self._calm = 0  # consecutive evals with nothing pending
+        self._concluded = False
 
     # --- public API ----------------------------------------------------------------------
 
@@ -156,13 +172,24 @@ class Detector:
             return _NO_UPDATE  # the common tick: nothing to report (frozen, so shared)
         return DetectorUpdate(tuple(self._opened), tuple(self._closed), tuple(bursts), tuple(gaps))
 
-    def finish(self) -> DetectorUpdate:
-        """End of stream: judge what never could be (a short log), then close every open
-        episode at the last time seen."""
+    def conclude(self) -> DetectorUpdate:
+        """The stream has ended: judge what never could be (a short log, a GPU still being
+        judged) on all it showed, so the view at its end says what it was.  Episodes stay
+        open; ``finish`` closes them.  Once only."""
         self._opened, self._closed = [], []
         t = self._t
-        if t is not None:
+        if t is not None and not self._concluded:
+            self._concluded = True
             self._judge_short(t)
+        return DetectorUpdate(tuple(self._opened), tuple(self._closed))
+
+    def finish(self) -> DetectorUpdate:
+        """End of stream: conclude (if not yet), then close every open episode at the last
+        time seen."""
+        concluded = self.conclude()
+        self._opened, self._closed = list(concluded.opened), list(concluded.closed)
+        t = self._t
+        if t is not None:
             for key in list(self._episodes):
                 self._close(key, t)
         return DetectorUpdate(tuple(self._opened), tuple(self._closed))
@@ -178,6 +205,8 @@ class Detector:
             cause = ep.cause if ep else None
             reason = ep.reason if ep else None
             note = ep.note if ep else "no evaluation yet"
+            if ep is not None and reason is not None and tr.reason is reason and tr.detail:
+                note = note_of(reason, tr.detail)  # its numbers now, not at its start
             ev = self._gpu_evidence(tr, t) if t is not None else {}
             gv.append(
                 GpuVerdict(
@@ -386,7 +415,7 @@ class Detector:
             ep is not None
             and c.state is ep.state
             and c.cause == ep.cause
-            and (c.reason is Reason.START_UP) == (ep.reason is Reason.START_UP)
+            and _phase(c.reason) is _phase(ep.reason)
             and not (c.state is State.IDLE and c.reason is not None and c.reason != ep.reason)
         ):
             self._pending.pop(key, None)
@@ -404,7 +433,7 @@ class Detector:
         # cost a whole extra interval, so the confirmation time allows the same slack.
         if (
             ep is not None
-            and t - pend.since_s < self._confirm_s(ep, pend) - 0.1 * self.cfg.eval_interval_s
+            and t - pend.since_s < self._confirm_s(ep, pend, tr) - 0.1 * self.cfg.eval_interval_s
         ):
             return None
         start = pend.since_s - pend.backdate_s
@@ -441,13 +470,19 @@ class Detector:
         tr.reason, tr.detail = c.reason, c.detail
         tr.resume_armed = c.state is State.IDLE and tr.seen_work
 
-    def _confirm_s(self, ep: Episode, c: Candidate) -> float:
+    def _confirm_s(self, ep: Episode, c: Candidate, tr: GpuTrack) -> float:
         cfg = self.cfg
         if c.reason is Reason.GPU_LOST:
             return 0.0  # its readings mean nothing from now on
-        if ep.reason is Reason.START_UP and ep.state is State.IDLE:
-            # Work has begun: healthy at once; starved only once it outlasts the ramp-up.
-            return cfg.eval_interval_s if c.state is State.HEALTHY else cfg.confirm_s
+        if c.reason is Reason.JUDGING:
+            return 0.0  # a busy GPU is shown as such at once, never as idle
+        if ep.reason in _PHASES:
+            # Work has begun: healthy at once when the GPU has been busy without a break
+            # since its first activity, for the seconds a first judgment needs (busy from
+            # its first sample); else at the next eval; starved once it outlasts the ramp.
+            if c.state is not State.HEALTHY:
+                return cfg.confirm_s
+            return 0.0 if _busy_from_the_first(tr, cfg) else cfg.eval_interval_s
         if c.clear:
             return cfg.eval_interval_s
         if c.state is State.IDLE:
@@ -553,7 +588,7 @@ class Detector:
         switched = []
         for idx, tr in self._tracks.items():
             ep = self._episodes.get(idx)
-            if ep is None or ep.state is not State.IDLE or ep.reason is not Reason.START_UP:
+            if ep is None or ep.reason not in _PHASES:
                 continue
             base = tr.first_active_totals
             if base is None or tr.first_active_t is None:

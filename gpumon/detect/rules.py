@@ -106,20 +106,14 @@ def no_data(c: GpuContext) -> Candidate | None:
 def enter_work(c: GpuContext) -> None:
     """Move the GPU out of start-up at its first sustained work, or restart its window when
     work resumes after idleness (so the idle stretch does not read as starvation)."""
-    tr, cfg, t, w = c.tr, c.cfg, c.t, c.w
+    tr, cfg, t = c.tr, c.cfg, c.t
     d = c.duty
     assert d is not None
     if not tr.seen_work:
-        full = tr.first_t is not None and t - tr.first_t >= 0.9 * cfg.window_s
-        working = d >= cfg.startup_duty or w.active >= cfg.startup_active
-        if not ((working or w.bursts >= cfg.startup_bursts) and full and w.coverage >= 0.9):
+        onset = _first_work(c)
+        if onset is None:
             return
         tr.seen_work = True
-        # The work began where the window's activity did; continuous work since a later
-        # point means the blips before it were no work.
-        onset = t - w.active * w.span_s
-        if tr.was_act and t - tr.act_on >= max(2.0, 2 * (tr.period_s or 0.0)) and tr.act_on > onset:
-            onset = tr.act_on
         tr.work_start_s = onset + (tr.period_s or 0.0)  # skip the first, partial sample
         tr.work_began_s = tr.work_start_s
         tr.work_start_mem = tr.mem_used_bytes
@@ -132,19 +126,76 @@ def enter_work(c: GpuContext) -> None:
         tr.work_start_s = tr.run_start
 
 
+def _first_work(c: GpuContext) -> float | None:
+    """When the GPU's first sustained work began, if it has: the latest seconds at the
+    healthy level with no gap (a GPU busy from its first sample needs no full window), or
+    a full window mostly active (bursts and gaps need one to be judged)."""
+    tr, cfg, t, w = c.tr, c.cfg, c.t, c.w
+    if tr.first_t is None:
+        return None
+    span = t - tr.first_t
+    young = _young_s(c)
+    if span >= young:
+        wy = tr.window(t, young)
+        if (
+            wy.duty is not None
+            and wy.duty >= cfg.healthy_duty
+            and wy.gaps == 0
+            and wy.coverage >= 0.9
+        ):
+            # Since the busy stretch began (not the warm-up's blips before it).
+            onset = tr.run_start if tr.run_busy else t - young
+            return max(tr.first_t, min(onset, t - young))
+    d = c.duty or 0.0
+    working = d >= cfg.startup_duty or w.active >= cfg.startup_active
+    full = span >= 0.9 * cfg.window_s
+    if not ((working or w.bursts >= cfg.startup_bursts) and full and w.coverage >= 0.9):
+        return None
+    # The work began where the window's activity did; continuous work since a later
+    # point means the blips before it were no work.
+    onset = t - w.active * w.span_s
+    if tr.was_act and t - tr.act_on >= max(2.0, 2 * (tr.period_s or 0.0)) and tr.act_on > onset:
+        onset = tr.act_on
+    return onset
+
+
 def before_work(c: GpuContext) -> Candidate | None:
     """Until its first sustained work a GPU is starting up; after ``startup_max_s`` without
-    work it is just idle: holding memory with nothing running, or held by no one."""
-    tr = c.tr
+    work it is just idle: holding memory with nothing running, or held by no one.  A GPU
+    that is already active, with too little of it yet to judge, is being judged: never
+    called idle, shown with what it looks like so far."""
+    tr, cfg = c.tr, c.cfg
     if tr.seen_work:
         return None
     if c.held is False:
         return Candidate(State.IDLE, None, Reason.NO_PROCESS, None, c.t)
-    if tr.first_t is not None and c.t - tr.first_t >= c.cfg.startup_max_s:
+    if tr.first_t is not None and c.t - tr.first_t >= cfg.startup_max_s:
         # No work came: it was never starting up, just idle (backdated to the start).
         reason = Reason.MEMORY_HELD if c.held else Reason.NO_WORK
         return Candidate(State.IDLE, None, reason, None, c.t, c.t - tr.first_t)
-    return Candidate(State.IDLE, None, Reason.START_UP, None, c.t)
+    w, recent = c.w, tr.window(c.t, cfg.eval_interval_s)  # the window; the latest second
+    if recent.duty is not None and recent.duty >= cfg.busy_util_pct / 100.0:
+        w = recent  # busy now: work has just begun, however quiet the window before it
+    elif not (
+        w.duty is not None
+        and (w.duty >= cfg.startup_duty or w.active >= cfg.startup_active or bursty(w))
+    ):
+        return Candidate(State.IDLE, None, Reason.START_UP, None, c.t)
+    return Candidate(State.UNKNOWN, None, Reason.JUDGING, provisional(c, w), c.t)
+
+
+def provisional(c: GpuContext, w: Window) -> str:
+    """What a GPU being judged looks like so far, in words: ``looks healthy so far (duty
+    97 %)``."""
+    d = w.duty or 0.0
+    cfg = c.cfg
+    looks = "healthy" if d >= cfg.healthy_duty else "starved" if d >= cfg.idle_duty else "idle"
+    return f"looks {looks} so far (duty {100 * d:.0f} %)"
+
+
+def _unjudged(tr: GpuTrack) -> bool:
+    """Idle before this work, or being judged: the work has no verdict of its own yet."""
+    return tr.state is State.IDLE or tr.reason is Reason.JUDGING
 
 
 def _young_s(c: GpuContext) -> float:
@@ -156,7 +207,7 @@ def too_young(c: GpuContext) -> Candidate | None:
     """Work that has just begun is not judged yet, nor a job whose memory is still filling
     up after its first work (it is loading, warming up): the GPU stays as it was."""
     tr = c.tr
-    if tr.work_start_s is None or tr.state is not State.IDLE:
+    if tr.work_start_s is None or not _unjudged(tr):
         return None
     if c.t - tr.work_start_s < _young_s(c):
         return c.keep()
@@ -181,8 +232,7 @@ def first_judgment(c: GpuContext) -> Candidate | None:
         return None
     cur = tr.state
     if not (
-        cur is State.IDLE
-        or (cur is State.STARVED and c.t - c.w.span_s < tr.work_start_s + c.period_s)
+        _unjudged(tr) or (cur is State.STARVED and c.t - c.w.span_s < tr.work_start_s + c.period_s)
     ):
         return None
     young = _young_s(c)

@@ -92,6 +92,7 @@ def analyze(
             # before (try costs nothing until it catches, unlike checking every field).
             bad_tick = (snap.t_s, f"{type(exc).__name__}: {exc}")
             break
+    session.conclude()  # a short log is judged on all it shows: "now" says so too
     verdict = session.verdict()
     session.finish()
     summary = session.summary()

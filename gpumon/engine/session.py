@@ -250,6 +250,13 @@ class Session:
         update = _NO_UPDATE if det is None else det.update(snap)
         return update, memory.after(snap, update)
 
+    def conclude(self) -> DetectorUpdate:
+        """The stream has ended: judge what never could be (a short log), episodes still
+        open, so ``verdict()`` says what the end of the run was."""
+        update = _NO_UPDATE if self.detector is None else self.detector.conclude()
+        self.memory.take(update)
+        return update
+
     def finish(self) -> DetectorUpdate:
         """The stream ended: judge what never could be, close every open episode (the
         jobs' too: their last updates are in ``finish_jobs()``)."""

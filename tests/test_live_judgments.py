@@ -1,0 +1,158 @@
+"""The live judgments a user meets first, on data: warm-up, the run's end, and a summary
+that adds up (issue "Live verdicts you can trust").
+
+Ticks are synthetic and shaped as the live path makes them: a tick every 0.5 s carrying
+the driver samples (1/6 s) since the previous one, judged by the live configuration.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+
+import pytest
+
+from gpumon.engine import DetectorConfig, Session, analyze
+from gpumon.model import (
+    GpuIdentity,
+    GpuProcess,
+    GpuSample,
+    HostSample,
+    Reason,
+    Snapshot,
+    State,
+    TraceHeader,
+)
+
+PERIOD = 1 / 6
+T0 = 1000.0
+
+
+def ticks(
+    patterns: dict[int, Callable[[float], float]],
+    seconds: float,
+    *,
+    tick_s: float = 0.5,
+    period_s: float = PERIOD,
+    power: Callable[[int, float], float] = lambda gpu, t: 400.0,
+) -> list[Snapshot]:
+    """Snapshots of GPUs whose driver samples follow ``patterns`` (time since start)."""
+    out = []
+    t, tp = T0, T0
+    while t < T0 + seconds - 1e-9:
+        t += tick_s
+        times = []
+        while tp + period_s <= t + 1e-9:
+            tp += period_s
+            times.append(tp)
+        gpus = tuple(
+            GpuSample(
+                t,
+                i,
+                f"GPU-{i}",
+                util_samples=tuple((x, f(x - T0)) for x in times),
+                util_pct=f(t - T0),
+                mem_used_bytes=20 << 30,
+                mem_total_bytes=80 << 30,
+                power_watts=power(i, t - T0),
+                power_limit_watts=700.0,
+                processes=(GpuProcess(100 + i),),
+            )
+            for i, f in patterns.items()
+        )
+        out.append(Snapshot(t, gpus, HostSample(t, cpu_pct=20.0)))
+    return out
+
+
+def live(n: int = 1) -> Session:
+    gpus = tuple(GpuIdentity(i, f"GPU-{i}", power_limit_watts=700.0) for i in range(n))
+    return Session.offline(TraceHeader(1, "gpumon", gpus=gpus), DetectorConfig(), live=True)
+
+
+def shown(
+    snaps: list[Snapshot], n: int = 1
+) -> tuple[Session, list[tuple[float, State, Reason | None]]]:
+    """What a live face shows of GPU 0 tick by tick: (seconds in, state, reason)."""
+    s = live(n)
+    seen = []
+    for snap in snaps:
+        s.fold(s.read(snap))
+        v = s.verdict()
+        assert v is not None
+        g = v.gpus[0] if v.gpus else None
+        seen.append((snap.t_s - T0, g.state if g else State.UNKNOWN, g.reason if g else None))
+    return s, seen
+
+
+def busy(x: float) -> float:
+    return 95.0 + (x * 7919) % 4  # 95-99 %, never a gap
+
+
+def test_a_gpu_busy_from_its_first_sample_is_healthy_within_3_s_and_never_idle() -> None:
+    _, seen = shown(ticks({0: busy}, 12))
+    assert all(state is not State.IDLE for _, state, _ in seen), seen
+    first = next(t for t, state, _ in seen if state is State.HEALTHY)
+    assert first <= 3.0, seen
+    assert all(state is State.HEALTHY for t, state, _ in seen if t >= first)
+    before = {reason for t, state, reason in seen if t < first and state is State.UNKNOWN}
+    assert before <= {Reason.JUDGING, None}  # "judging", or no evaluation yet
+
+
+def test_work_after_a_quiet_start_is_judged_never_idle_while_busy() -> None:
+    _, seen = shown(ticks({0: lambda x: 0.0 if x < 5 else busy(x)}, 14))
+    assert [s for t, s, _ in seen if t < 4.5] and all(
+        s is State.IDLE or r is None for t, s, r in seen if t < 4.5
+    )
+    busy_idle = [(t, s, r) for t, s, r in seen if t >= 6.5 and s is State.IDLE]
+    assert not busy_idle, busy_idle  # busy since 5 s: by the next eval never "idle"
+    first = next(t for t, state, _ in seen if state is State.HEALTHY)
+    assert first - 5.0 <= 3.5, seen
+
+
+def test_a_gpu_being_judged_says_what_it_looks_like_so_far() -> None:
+    s, _ = shown(ticks({0: lambda x: 100.0 if x % 1.0 < 0.3 else 0.0}, 5))
+    v = s.verdict()
+    assert v is not None and v.gpus[0].reason is Reason.JUDGING
+    assert v.gpus[0].note is not None and "looks starved so far" in v.gpus[0].note
+
+
+def test_a_bursty_start_is_starved_once_judged_and_never_healthy_first() -> None:
+    _, seen = shown(ticks({0: lambda x: 100.0 if x % 1.0 < 0.3 else 0.0}, 20))
+    judged = [s for _, s, r in seen if r is not Reason.JUDGING and s is not State.UNKNOWN]
+    assert judged and judged[0] is not State.HEALTHY
+    assert seen[-1][1] is State.STARVED
+
+
+def test_start_up_ends_where_work_begins_in_a_short_log() -> None:
+    """Two GPUs at 0-70 % for 2 s, then 96-98 % for 6 s: healthy, not start-up throughout."""
+    rng = random.Random(7)
+    warm = lambda x: rng.random() * 70 if x < 2 else 96 + 2 * rng.random()  # noqa: E731
+    res = analyze(
+        TraceHeader(1, "nvidia-smi-csv"), ticks({0: warm, 1: warm}, 8, tick_s=0.2, period_s=0.2)
+    )
+    assert res.summary.verdict is State.HEALTHY
+    assert res.summary.seconds[State.HEALTHY] >= 5.0
+    assert res.verdict.state is State.HEALTHY  # "now" agrees with the verdict
+
+
+def test_now_agrees_with_a_short_recordings_only_episode() -> None:
+    """A 5 s recording of a bursting GPU: judged at its end, and 'now' says the same."""
+    res = analyze(TraceHeader(1, "gpumon"), ticks({0: lambda x: 100.0 if x % 1 < 0.35 else 0.0}, 5))
+    assert res.summary.verdict is State.STARVED
+    assert res.verdict.state is State.STARVED
+    assert res.verdict.gpus[0].state is State.STARVED
+
+
+def test_per_gpu_lost_gpu_seconds_add_up_to_the_runs() -> None:
+    starve = lambda x: 100.0 if x % 1.0 < 0.4 else 0.0  # noqa: E731
+    s = live(2)
+    for snap in ticks({0: busy, 1: starve}, 40):
+        s.fold(s.read(snap))
+    s.finish()
+    run = s.summary()
+    assert run is not None
+    per = {g.gpu: g.lost_gpu_seconds for g in run.gpus}
+    assert run.lost_gpu_seconds > 10
+    assert sum(per.values()) == pytest.approx(run.lost_gpu_seconds, rel=1e-6)
+    assert per[1] > 10 * max(per[0], 0.1)  # the starved GPU lost them
+    assert all(g.off_bus_s == 0 for g in run.gpus)
