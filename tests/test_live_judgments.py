@@ -12,8 +12,12 @@ from collections.abc import Callable
 
 import pytest
 
+from gpumon.detect.advice import Lever, advice_for, gil_prescription, lever_of
+from gpumon.detect.summary import AdviceWeights
 from gpumon.engine import DetectorConfig, Session, analyze
 from gpumon.model import (
+    Cause,
+    Episode,
     GpuIdentity,
     GpuProcess,
     GpuSample,
@@ -156,3 +160,49 @@ def test_per_gpu_lost_gpu_seconds_add_up_to_the_runs() -> None:
     assert sum(per.values()) == pytest.approx(run.lost_gpu_seconds, rel=1e-6)
     assert per[1] > 10 * max(per[0], 0.1)  # the starved GPU lost them
     assert all(g.off_bus_s == 0 for g in run.gpus)
+
+
+# --- the summary's advice --------------------------------------------------------------------
+
+
+def _episode(state: State, cause: Cause | None, advice: tuple[str, ...], secs: float) -> Episode:
+    return Episode(0, "GPU-0", state, cause, 0.0, secs, advice=advice)
+
+
+def test_advice_says_each_lever_once_and_covers_every_cause_of_the_run() -> None:
+    """The demo's run: starved on the CPU, then as long on the GIL; the CPU episodes' texts
+    differ only in their numbers."""
+    w = AdviceWeights()
+    cpu = "data-loading workers are CPU-saturated during the gaps: raise num_workers to "
+    pin = "pin_memory=True and non_blocking=True copies let transfers overlap compute"
+    w.add(_episode(State.STARVED, Cause.CPU, (cpu + "~20", pin), 60), 60)
+    w.add(_episode(State.STARVED, Cause.CPU, (cpu + "~19", pin), 20), 20)
+    gil = gil_prescription({"duty_cycle": 0.3, "cpu_count": 16, "host_cpu_pct": 10.0})
+    w.add(_episode(State.STARVED, Cause.GIL, (gil, pin), 75), 75)
+    w.add(_episode(State.STARVED, Cause.IO, ("storage does not keep up: cache it", pin), 2), 2)
+    advice = w.for_verdict(State.STARVED, Cause.CPU)
+    assert advice == (cpu + "~20", gil, pin)  # one per lever; io held too little to say
+    assert [lever_of(a) for a in advice] == [Lever.WORKERS, Lever.GIL, Lever.PINNING]
+
+
+def test_every_advice_text_pulls_a_known_lever() -> None:
+    evidence = (
+        {},
+        {"workers": 8.0, "workers_cpu_pct": 99.0, "duty_cycle": 0.4, "cpu_count": 16,
+         "host_cpu_pct": 60.0, "mem_headroom_ratio": 0.6, "mem_used_bytes": 8 << 30,
+         "mem_total_bytes": 24 << 30, "straggler_gpu": 2},
+        {"workers": 8.0, "workers_cpu_pct": 99.0, "duty_cycle": 0.4, "cpu_count": 8,
+         "host_cpu_pct": 100.0, "mem_headroom_ratio": 0.05, "mem_used_bytes": 23 << 30,
+         "mem_total_bytes": 24 << 30},
+    )  # fmt: skip
+    texts = {
+        text
+        for state in State
+        for cause in (None, *Cause)
+        for reason in (None, *Reason)
+        for ev in evidence
+        for host_seen in (False, True)
+        for text in advice_for(state, cause, ev, reason, host_seen)  # type: ignore[arg-type]
+    }
+    assert len(texts) > 15
+    assert not [t for t in texts if not isinstance(lever_of(t), Lever)]

@@ -1,10 +1,71 @@
-"""Short, actionable advice per finding, chosen from the evidence that backs it."""
+"""Short, actionable advice per finding, chosen from the evidence that backs it.
+
+Each piece of advice pulls one *lever* (the number of workers, pinned memory, the batch
+size, ...).  Texts carry numbers (``raise num_workers from 8 to about 20``), so a run's
+episodes give several wordings of one lever; a summary says each lever once
+(``lever_of``), in the wording that held most of the time.
+"""
 
 from __future__ import annotations
+
+import re
+from enum import StrEnum
 
 from gpumon.model import Cause, Evidence, EvidenceKey, Reason, State
 
 _GIB = 1024**3
+
+
+class Lever(StrEnum):
+    """What a piece of advice asks the user to change."""
+
+    WORKERS = "workers"  # more DataLoader workers (CPU-saturated ones)
+    OFFLOAD = "offload"  # decoding/augmentation onto the GPU, or offline
+    GIL = "gil"  # loading out of the main process
+    STORAGE = "storage"  # faster or closer storage, a sequential format
+    PREFETCH = "prefetch"  # overlap loading with compute
+    RHYTHM = "rhythm"  # a regular stall: persistent workers, async checkpoints
+    RECORD = "record"  # record host data to tell causes apart
+    PINNING = "pinning"  # pinned memory, non-blocking copies
+    BATCH = "batch"  # the batch size, memory
+    STRAGGLER = "straggler"  # the rank the others wait on
+    EVEN_SPLIT = "even_split"  # equal work per rank
+    CHECKPOINT = "checkpoint"  # checkpoints and host-side syncs
+    STUCK = "stuck"  # memory held, no kernels
+    RESOLUTION = "resolution"  # a finer recording
+    CONTENTION = "contention"  # processes outside the job take the CPUs
+
+
+# Levers that help whatever the cause: a summary says them after the causes' remedies.
+GENERAL_LEVERS = frozenset({Lever.PINNING, Lever.BATCH})
+
+# The first words of each lever's texts (as this module writes them).
+_LEVER_OF = (
+    (r"data-loading workers are CPU-saturated|no free cores \(num_workers", Lever.WORKERS),
+    (r"move decoding/augmentation|move Python-side preprocessing", Lever.OFFLOAD),
+    (r"one process is pinned at", Lever.GIL),
+    (r"storage does not keep up", Lever.STORAGE),
+    (r"overlap reads with compute|try more DataLoader workers", Lever.PREFETCH),
+    (r"a regular stall", Lever.RHYTHM),
+    (r"record host data too", Lever.RECORD),
+    (r"pin_memory=True and non_blocking", Lever.PINNING),
+    (r"batch could|memory is the limit", Lever.BATCH),
+    (r"(GPU \d+|one rank) is the straggler", Lever.STRAGGLER),
+    (r"use a batch size divisible", Lever.EVEN_SPLIT),
+    (r"checkpoint less often", Lever.CHECKPOINT),
+    (r"memory is allocated but no kernels run", Lever.STUCK),
+    (r"record with gpumon", Lever.RESOLUTION),
+    (r"processes outside the job", Lever.CONTENTION),
+)
+_LEVER_RE = [(re.compile(p), lever) for p, lever in _LEVER_OF]
+
+
+def lever_of(text: str) -> Lever | str:
+    """The lever a piece of advice pulls; a text of no known lever is its own."""
+    for pattern, lever in _LEVER_RE:
+        if pattern.match(text):
+            return lever
+    return text
 
 
 def _num(ev: Evidence, key: EvidenceKey) -> float | None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from gpumon.detect.advice import GENERAL_LEVERS, lever_of
 from gpumon.model import Cause, Episode, Reason, State
 
 # Share of the working time a problem must take to become a run's verdict: a few minutes
@@ -120,12 +121,33 @@ class AdviceWeights:
         return AdviceWeights({k: dict(v) for k, v in self.weights.items()})
 
     def for_verdict(self, state: State, cause: Cause | None) -> tuple[str, ...]:
-        merged: dict[str, float] = {}
-        for (s, c), row in self.weights.items():
-            if s is state and (cause is None or c == cause):
-                for a, w in row.items():
-                    merged[a] = merged.get(a, 0.0) + w
-        return tuple(sorted(merged, key=lambda a: -merged[a]))
+        """The verdict's advice: one line per lever, in its most-held wording, the causes'
+        remedies in order of the time behind them, then the general ones.  For a starved
+        run, every cause that held at least ``PROBLEM_SHARE`` of the starved time (a run
+        starved on the CPU, then on the GIL, gets both remedies)."""
+        rows = {c: row for (s, c), row in self.weights.items() if s is state and row}
+        if cause is not None and state is State.STARVED:
+            held = {c: max(row.values()) for c, row in rows.items()}
+            total = sum(held.values())
+            rows = {
+                c: row
+                for c, row in rows.items()
+                if c == cause or (total > 0 and held[c] >= PROBLEM_SHARE * total)
+            }
+        elif cause is not None:
+            rows = {c: row for c, row in rows.items() if c == cause}
+        weight: dict[object, float] = {}
+        best: dict[object, tuple[float, str]] = {}
+        for c, row in rows.items():
+            bonus = 1.0 if c == cause else 0.0  # ties go to the verdict's own cause
+            for text, w in row.items():
+                lever = lever_of(text)
+                weight[lever] = weight.get(lever, 0.0) + w + bonus
+                if lever not in best or w > best[lever][0]:
+                    best[lever] = (w, text)
+        # The remedies of the causes first, then what helps whatever the cause.
+        order = sorted(weight, key=lambda lv: (lv in GENERAL_LEVERS, -weight[lv]))
+        return tuple(best[lv][1] for lv in order)
 
 
 @dataclass(frozen=True, slots=True)
