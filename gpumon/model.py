@@ -34,9 +34,10 @@ class State(StrEnum):
 class Cause(StrEnum):
     """Why a starved GPU waits, where host data can tell."""
 
-    CPU = "cpu"
-    GIL = "gil"
-    IO = "io"
+    CPU = "cpu"  # the job's data-loading workers (or the job as a whole) saturate the CPUs
+    GIL = "gil"  # one process of the job pinned at one core does the loading
+    IO = "io"  # storage does not keep up
+    CONTENTION = "contention"  # processes outside the job take the CPUs the job needs
     UNKNOWN = "unknown"
 
 
@@ -299,7 +300,8 @@ class Evidence(TypedDict, total=False):
     iowait_pct: float
     read_bytes_per_s: float
     max_core_pct: float
-    outside_cpu_pct: float  # cores' worth (%) used by processes outside the job
+    tree_cpu_pct: float  # the job's whole process tree, % of one core (300: three cores)
+    outside_cpu_pct: float  # used by processes outside the job, % of one core
     outside_top: str  # the busiest of them: "name (pid N, 340 %)"
     # The run.
     gpus: int
@@ -343,6 +345,7 @@ EvidenceKey = Literal[
     "iowait_pct",
     "read_bytes_per_s",
     "max_core_pct",
+    "tree_cpu_pct",
     "outside_cpu_pct",
     "outside_top",
     "gpus",

@@ -62,7 +62,7 @@ def context(tr: GpuTrack, span: float = 8.0, state: State | None = None) -> R.Gp
     if state is not None:
         tr.state = state
     return R.GpuContext(
-        tr, tr.window(t, span), t, CFG, lambda t, s: Cause.UNKNOWN, lambda *a: False
+        tr, tr.window(t, span), t, CFG, lambda t, s, current: Cause.UNKNOWN, lambda *a: False
     )
 
 

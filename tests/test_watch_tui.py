@@ -174,7 +174,10 @@ def test_watch_one_gpu_at_80x24_and_200x60_then_q_leaves_the_process(fake_nvml, 
         tmux.start(gpumon_command(fake_nvml.env, *args), 80, 24)
         screen = assert_screen(tmux, 1, timeout=30)
         row = gpu_rows(screen)[0]
-        assert "starved/cpu" in row and row.count("█") >= 4 and row.count("▁") >= 8  # bursts
+        # Two burning workers: the CPU, or contention where other load holds this
+        # machine's cores (the cause is the job's own only when its workers get the CPU).
+        assert re.search(r"starved/(cpu|contention)", row), row
+        assert row.count("█") >= 4 and row.count("▁") >= 8  # bursts
 
         tmux.resize(200, 60)
 
@@ -189,9 +192,8 @@ def test_watch_one_gpu_at_80x24_and_200x60_then_q_leaves_the_process(fake_nvml, 
                     f" {tree.pid} main",
                     "host CPU",
                     "duty cycle 3",  # evidence in numbers (~30 %)
-                    "num_workers",
                 )
-            )
+            ) and ("num_workers" in screen or "outside the job" in screen)  # as the cause
 
         tmux.wait_for(complete, 15, "the details, the evidence and the tree at 200x60")
 
@@ -199,7 +201,7 @@ def test_watch_one_gpu_at_80x24_and_200x60_then_q_leaves_the_process(fake_nvml, 
         screen = tmux.wait_for(lambda s: "gpumon-exit=" in s, 10, "gpumon to exit")
         assert "gpumon-exit=0" in screen
         assert "gpumon watch summary" in screen and "the process is still running" in screen
-        assert "verdict          starved (cause: cpu)" in screen
+        assert re.search(r"verdict +starved \(cause: (cpu|contention)\)", screen)
         assert tree.proc.poll() is None  # q left the watched process alone
     finally:
         tree.proc.terminate()

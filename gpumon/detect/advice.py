@@ -129,6 +129,24 @@ def gil_prescription(ev: Evidence) -> str:
     )
 
 
+def contention_prescription(ev: Evidence) -> str:
+    """Processes outside the job hold the CPUs: say how much, and who, where known."""
+    outside, job = _num(ev, "outside_cpu_pct"), _num(ev, "tree_cpu_pct")
+    top = ev.get("outside_top")
+    cores = _num(ev, "cpu_count")
+    amount = ""
+    if outside is not None:
+        amount = f" ({outside / 100:.1f} cores' worth"
+        amount += f" of {cores:.0f}" if cores else ""
+        amount += f", the job itself {job / 100:.1f})" if job is not None else ")"
+    who = f"; the busiest: {top}" if isinstance(top, str) and top else ""
+    return (
+        f"processes outside the job take the CPUs its input pipeline needs{amount}{who}: "
+        "run the job where its cores are free, or hold the others back (cpusets or "
+        "cgroup CPU limits, nice); more workers would only contend further"
+    )
+
+
 def _memory_advice(ev: Evidence) -> list[str]:
     """The memory levers, in numbers: what a larger batch has room for, or what frees it."""
     head = ev.get("mem_headroom_ratio")
@@ -190,6 +208,8 @@ def advice_for(
                 "move Python-side preprocessing off the GIL (worker processes) or onto "
                 "the GPU (e.g. NVIDIA DALI)",
             ]
+        elif cause is Cause.CONTENTION:
+            out.append(contention_prescription(ev))
         elif cause is Cause.IO:
             out += [
                 "storage does not keep up: cache the dataset on local NVMe or in RAM, "

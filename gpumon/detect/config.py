@@ -101,6 +101,11 @@ class DetectorConfig:
     gil_rest_max_pct: float = 50.0  # ... while the workers stay below this each
     io_iowait_pct: float = 10.0  # iowait share of all-core time that points at storage
     io_read_bytes_per_s: float = 200e6  # tree read throughput that points at storage
+    # A cause holds until its sign falls below this share of the line that named it (the
+    # causes' hysteresis: worker CPU 80 % names the CPU, 64 % releases it), and a change
+    # of cause alone must hold ``confirm_cause_s`` before a new episode opens.
+    cause_release: float = 0.8
+    confirm_cause_s: float = 8.0
     # Memory: a GPU with process memory above this share of the total is "held" even when
     # the process list is unknown (nvidia-smi CSV logs carry memory.used, not processes).
     held_mem_share: float = 0.05

@@ -113,7 +113,7 @@ class Detector:
         self._opened: list[Episode] = []
         self._closed: list[Episode] = []
         self._multi_cache: tuple[float, Evidence] | None = None
-        self._cause_cache: tuple[tuple[float, int], Cause] | None = None
+        self._cause_cache: tuple[tuple[float, int, Cause | None], Cause] | None = None
         self._calm = 0  # consecutive evals with nothing pending
         self._concluded = False
 
@@ -394,11 +394,11 @@ class Detector:
         done = tr.cum_gaps - (int(old[3]) if old is not None else 0)
         return done <= 1
 
-    def _cause(self, t: float, span: float) -> Cause:
-        key = (t, round(span))
+    def _cause(self, t: float, span: float, current: Cause | None = None) -> Cause:
+        key = (t, round(span), current)
         if self._cause_cache is not None and self._cause_cache[0] == key:
             return self._cause_cache[1]
-        cause = host_cause(self._host.window(t, span), self.cfg)
+        cause = host_cause(self._host.window(t, span), self.cfg, current, self._host.cpu_count)
         self._cause_cache = (key, cause)
         return cause
 
@@ -483,6 +483,8 @@ class Detector:
             if c.state is not State.HEALTHY:
                 return cfg.confirm_s
             return 0.0 if _busy_from_the_first(tr, cfg) else cfg.eval_interval_s
+        if c.state is ep.state and c.cause != ep.cause and c.reason == ep.reason:
+            return cfg.confirm_cause_s  # the cause alone changes: it has hysteresis too
         if c.clear:
             return cfg.eval_interval_s
         if c.state is State.IDLE:
@@ -660,5 +662,5 @@ class Detector:
         if self._tracks:
             ev.update(self._multi_evidence(t))
         ev["lost_gpu_seconds"] = round(self._lost, 1)
-        ev.update(host_evidence(self._host.window(t, self.cfg.window_s * 2)))
+        ev.update(host_evidence(self._host.window(t, self.cfg.window_s * 2), self._host.cpu_count))
         return ev

@@ -12,7 +12,7 @@ from typing import Literal
 
 from gpumon.detect.config import DetectorConfig
 from gpumon.detect.gpu import GpuTrack, Window
-from gpumon.detect.host import HostWindow
+from gpumon.detect.host import HostWindow, outside_cpu_pct
 from gpumon.detect.pauses import PauseTracker
 from gpumon.detect.rings import quantile
 from gpumon.model import Evidence
@@ -80,17 +80,21 @@ def gpu_evidence(
             ev["larger_batch_fits"] = "yes" if head >= cfg.batch_headroom_ratio else "no"
     if tr.processes is not None:
         ev["processes"] = tr.processes
-    ev.update(host_evidence(host))
+    ev.update(host_evidence(host, cpu_count))
     if cpu_count is not None:
         ev["cpu_count"] = cpu_count
     return ev
 
 
-def host_evidence(host: HostWindow) -> Evidence:
-    """Host readings rounded for people (bytes per second whole, percentages to 0.1)."""
+def host_evidence(host: HostWindow, cpu_count: int | None = None) -> Evidence:
+    """Host readings rounded for people (bytes per second whole, percentages to 0.1), and
+    what processes outside the job take, where the job's tree and the host are read."""
     ev: Evidence = {}
     for k, v in host.items():
         ev[k] = round(v) if k == "read_bytes_per_s" else round(v, 1)
+    outside = outside_cpu_pct(host, cpu_count)
+    if outside is not None:
+        ev["outside_cpu_pct"] = round(outside, 1)
     return ev
 
 

@@ -2,6 +2,11 @@
 
 Each tick's readings are weighted by how much of that tick the GPUs spent waiting, so a
 window's mean is "CPU during the gaps" (what starves the GPU), not CPU during compute.
+
+Where the job's process tree is read, a cause comes from the job's own processes: a host
+saturated by processes outside the job is contention, never "raise num_workers" for a
+job whose workers idle.  Causes have hysteresis as states do: a cause holds until its
+sign falls well below the line that named it.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ HostKey = Literal[
     "iowait_pct",
     "read_bytes_per_s",
     "max_core_pct",
+    "tree_cpu_pct",
 ]
 HostWindow = dict[HostKey, float]  # gap-weighted means over a window; never read: absent
 KEYS: tuple[HostKey, ...] = (
@@ -31,28 +37,33 @@ KEYS: tuple[HostKey, ...] = (
     "iowait_pct",
     "read_bytes_per_s",
     "max_core_pct",
+    "tree_cpu_pct",
 )
 NK = len(KEYS)
 
 
 def _tree_readings(
     tree: ProcTreeSample,
-) -> tuple[float | None, float | None, float | None, float | None]:
-    """(main CPU, mean CPU per worker, worker count, tree read bytes/s) of one tree sample."""
+) -> tuple[float | None, float | None, float | None, float | None, float | None]:
+    """(main CPU, mean CPU per worker, worker count, tree read bytes/s, the whole tree's
+    CPU) of one tree sample; CPU in % of one core."""
     main = None
     wsum = 0.0
     wn = 0
     read = None
+    total = None
     for p in tree.processes:
         if p.read_bytes_per_s is not None:
             read = (read or 0.0) + p.read_bytes_per_s
+        if p.cpu_pct is not None:
+            total = (total or 0.0) + p.cpu_pct
         if p.pid == tree.root_pid:
             main = p.cpu_pct
         elif p.cpu_pct is not None:
             wsum += p.cpu_pct
             wn += 1
     workers_mean = wsum / wn if wn else None
-    return main, workers_mean, float(wn), read
+    return main, workers_mean, float(wn), read, total
 
 
 class HostTrack:
@@ -70,8 +81,8 @@ class HostTrack:
             return
         vals: list[float | None] = [None] * NK
         if tree is not None and tree.processes:
-            main, wmean, wn, read = _tree_readings(tree)
-            vals[0], vals[1], vals[2], vals[5] = main, wmean, wn, read
+            main, wmean, wn, read, total = _tree_readings(tree)
+            vals[0], vals[1], vals[2], vals[5], vals[7] = main, wmean, wn, read, total
         if host is not None:
             vals[3] = host.cpu_pct
             vals[4] = host.iowait_pct
@@ -106,26 +117,47 @@ class HostTrack:
         return out
 
 
-def host_cause(h: HostWindow, cfg: DetectorConfig) -> Cause:
+def host_cause(
+    h: HostWindow,
+    cfg: DetectorConfig,
+    current: Cause | None = None,
+    cpu_count: int | None = None,
+) -> Cause:
     """Why a starved GPU waits, from host readings averaged over its gaps.
 
     Storage when iowait or reads are high and the CPUs are not saturated; the CPU when the
-    workers (or all cores) are saturated; the GIL when the main process is pinned at one
-    core while the workers (if any) idle; unknown otherwise, or without host data.
+    job's workers are saturated, or the host is and the job uses most of it; the GIL when
+    the job's main process is pinned at one core while its workers (if any) idle;
+    contention when the host is saturated by processes outside the job; unknown
+    otherwise, or without host data.  Without the job's process tree (a log with host
+    CPU only), a saturated host is taken as the job's.  ``current``: the cause named so
+    far, which holds until its sign falls ``cause_release`` below its line.
     """
     if not h:
         return Cause.UNKNOWN
+
+    def line(cause: Cause, threshold: float) -> float:
+        return threshold * (cfg.cause_release if cause is current else 1.0)
+
     wmean = h.get("workers_cpu_pct")
     nworkers = h.get("workers", 0.0)
     host_cpu = h.get("host_cpu_pct")
     main = h.get("main_cpu_pct")
     iowait = h.get("iowait_pct")
     read = h.get("read_bytes_per_s")
-    cpu_sat = (wmean is not None and nworkers >= 0.5 and wmean >= cfg.cpu_worker_saturated_pct) or (
-        host_cpu is not None and host_cpu >= cfg.cpu_host_saturated_pct
+    workers_sat = (
+        wmean is not None
+        and nworkers >= 0.5
+        and wmean >= line(Cause.CPU, cfg.cpu_worker_saturated_pct)
     )
-    io = (iowait is not None and iowait >= cfg.io_iowait_pct) or (
-        read is not None and read >= cfg.io_read_bytes_per_s
+    busy_host = host_cpu is not None and host_cpu >= line(Cause.CPU, cfg.cpu_host_saturated_pct)
+    outsiders = False
+    share = job_share(h, cpu_count)
+    if busy_host and not workers_sat and share is not None:
+        outsiders = share < 0.5  # the job uses less than half of what keeps the host busy
+    cpu_sat = workers_sat or (busy_host and not outsiders)
+    io = (iowait is not None and iowait >= line(Cause.IO, cfg.io_iowait_pct)) or (
+        read is not None and read >= line(Cause.IO, cfg.io_read_bytes_per_s)
     )
     if io and not cpu_sat:
         return Cause.IO
@@ -133,8 +165,29 @@ def host_cause(h: HostWindow, cfg: DetectorConfig) -> Cause:
         return Cause.CPU
     if (
         main is not None
-        and main >= cfg.gil_main_pct
+        and main >= line(Cause.GIL, cfg.gil_main_pct)
         and (wmean is None or nworkers < 0.5 or wmean < cfg.gil_rest_max_pct)
     ):
         return Cause.GIL
+    contended = host_cpu is not None and host_cpu >= line(
+        Cause.CONTENTION, cfg.cpu_host_saturated_pct
+    )
+    if contended and share is not None and share < 0.5:
+        return Cause.CONTENTION
     return Cause.UNKNOWN
+
+
+def job_share(h: HostWindow, cpu_count: int | None) -> float | None:
+    """The job's share (0-1) of the CPU time the host spends busy, where both are read."""
+    tree_cpu, host_cpu = h.get("tree_cpu_pct"), h.get("host_cpu_pct")
+    if tree_cpu is None or host_cpu is None or not cpu_count or host_cpu <= 0:
+        return None
+    return min(1.0, tree_cpu / (host_cpu * cpu_count))
+
+
+def outside_cpu_pct(h: HostWindow, cpu_count: int | None) -> float | None:
+    """CPU used by processes outside the job, in % of one core (300 = three cores)."""
+    tree_cpu, host_cpu = h.get("tree_cpu_pct"), h.get("host_cpu_pct")
+    if tree_cpu is None or host_cpu is None or not cpu_count:
+        return None
+    return max(0.0, host_cpu * cpu_count - tree_cpu)

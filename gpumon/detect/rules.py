@@ -39,7 +39,8 @@ class GpuContext:
     w: Window
     t: float
     cfg: DetectorConfig
-    cause_of: Callable[[float, float], Cause]  # host cause over (t, span)
+    # The host cause over (t, span), given the cause named so far (causes have hysteresis).
+    cause_of: Callable[[float, float, Cause | None], Cause]
     isolated: Callable[[GpuTrack, float, Window], bool]  # one dip, not a pattern
     duty: float | None = None
     held: bool | None = None
@@ -331,7 +332,7 @@ def periodic_gaps(c: GpuContext) -> Candidate | None:
     detail = f"a {rh.gap_s:.1f} s gap every {rh.period_s:.0f} s" if long_period else None
     return Candidate(
         State.STARVED,
-        c.cause_of(t, span),
+        c.cause_of(t, span, c.tr.cause),
         Reason.PERIODIC_GAPS if long_period else None,
         detail,
         t,
@@ -396,7 +397,7 @@ def starved(c: GpuContext) -> Candidate | None:
     detail = f"one sample per {c.period_s:.1f} s, judged on the duty cycle alone"
     return Candidate(
         State.STARVED,
-        c.cause_of(c.t, c.w.span_s),
+        c.cause_of(c.t, c.w.span_s, c.tr.cause),
         Reason.COARSE_DATA if c.coarse else None,
         detail if c.coarse else None,
         c.t,

@@ -121,6 +121,7 @@ EVIDENCE: Final[tuple[tuple[str, str, str], ...]] = (
     ("workers_cpu_pct", "CPU per worker", "pct"),
     ("workers", "workers", "int"),
     ("main_cpu_pct", "main CPU", "pct"),
+    ("tree_cpu_pct", "job CPU", "pct"),
     ("outside_cpu_pct", "CPU outside the job", "pct"),
     ("outside_top", "busiest outside", ""),
     ("host_cpu_pct", "host CPU", "pct"),

@@ -278,7 +278,7 @@ class GpumonCollector(Collector):
         )
         cause = GaugeMetricFamily(
             "gpumon_gpu_cause",
-            "Why a starved GPU waits (cpu, gil, io, unknown): 1 for the current cause; "
+            "Why a starved GPU waits (cpu, gil, io, contention, unknown): 1 for the current cause; "
             "absent unless starved.",
             labels=[*GPU, "cause"],
         )

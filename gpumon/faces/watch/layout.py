@@ -705,10 +705,13 @@ def _help_lines(width: int, cmd_mode: bool) -> list[Text]:
     for i, (state, text) in enumerate(
         (
             (State.HEALTHY, "kept busy"),
-            (State.STARVED, "bursts and idle gaps: the host cannot feed it (cause cpu, gil, io)"),
+            (
+                State.STARVED,
+                "bursts and idle gaps: the host cannot feed it (cause cpu, gil, io, contention)",
+            ),
             (State.SYNC_STALL, "GPUs wait on each other"),
             (State.IDLE, "nothing runs, or memory held with no work"),
-            (State.UNKNOWN, "too little or too coarse data"),
+            (State.UNKNOWN, "too little or too coarse data, or being judged"),
         )
     ):
         chip = Text(state.value, style=STATE_STYLE[state])
