@@ -197,7 +197,7 @@ def test_daemonset_runs_on_gpu_nodes_takes_no_gpu_and_is_scraped(
         "tolerations"
     ]
     (c,) = spec["containers"]
-    assert c["image"] == "ghcr.io/gpumon/gpumon:0.1.0"
+    assert c["image"] == "ghcr.io/gpumon/gpumon-why:0.1.0"
     assert "nvidia.com/gpu" not in json.dumps(c.get("resources", {}))
     assert c["securityContext"]["allowPrivilegeEscalation"] is False
     port = c["ports"][0]["containerPort"]

@@ -10,7 +10,7 @@
 # Settings: shell variables in /etc/default/gpumon-report, or the environment.
 #   GPUMON_PROMETHEUS      Prometheus' URL (required), e.g. http://prometheus:9090
 #   GPUMON_HTTP_CONFIG     its --http.config.file (basic auth, bearer token, TLS), if any
-#   GPUMON_BIN             gpumon (default /usr/local/bin/gpumon)
+#   GPUMON_BIN             gpumon (default /usr/local/bin/gpumon: `gpumon deploy` writes its own)
 #   GPUMON_REPORT_DELAY    seconds to wait first, so Prometheus scrapes the job's last
 #                          seconds (default 20: one scrape interval and a little)
 #   GPUMON_REPORT_TIMEOUT  seconds the report may take (default 60)
