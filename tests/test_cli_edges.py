@@ -12,6 +12,7 @@ from __future__ import annotations
 import gzip
 import json
 import re
+import select
 import shutil
 import signal
 import subprocess
@@ -112,7 +113,9 @@ def test_record_says_what_it_records_and_how_it_stops(fake_nvml, tmp_path: Path)
         text=True,
     )
     assert proc.stderr is not None
-    first = proc.stderr.readline()  # said while it records, before any tick is asked for
+    # Said while it records (a bounded wait: a gpumon that says nothing must fail, not hang).
+    said, _, _ = select.select([proc.stderr], [], [], 30)
+    first = proc.stderr.readline() if said else ""
     proc.send_signal(signal.SIGINT)
     rest = proc.communicate(timeout=30)[1]
     assert proc.returncode == 0, rest
