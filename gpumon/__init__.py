@@ -22,6 +22,10 @@ from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
+# The distribution name, for importlib.metadata and install hints: "gpumon" on PyPI is
+# another project, so this one installs as gpumon-why (the command is still `gpumon`).
+DISTRIBUTION = "gpumon-why"
+
 # Public name -> the module that defines it.
 _EXPORTS = {
     # reading and judging traces and live runs
@@ -62,6 +66,7 @@ _EXPORTS = {
 }
 
 __all__ = [
+    "DISTRIBUTION",
     "FORMATS",
     "Analysis",
     "Cause",

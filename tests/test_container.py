@@ -26,7 +26,7 @@ import pytest
 from fakenvml import Pattern, Scenario, lib_dir, write_scenario
 from helpers.image import Builder, BuildError
 
-from gpumon import __version__
+from gpumon import DISTRIBUTION, __version__
 from gpumon.cli import build_parser
 
 pytestmark = pytest.mark.slow
@@ -82,12 +82,19 @@ def test_the_image_runs_this_gpumon(container: tuple[Builder, str]) -> None:
     builder, ctr = container
     out = builder.buildah("run", "--isolation", "chroot", ctr, "--", "gpumon", "--version")
     assert out.strip() == f"gpumon {__version__}"
+    # As a user of its own, not root (NVML needs only the device nodes).
+    who = builder.buildah("run", "--isolation", "chroot", ctr, "--", "id", "-un")
+    assert who.strip() == "gpumon"
 
 
 def test_the_image_runs_what_the_daemonset_asks(image: tuple[Builder, str]) -> None:
     builder, name = image
     config = json.loads(builder.buildah("inspect", "--type", "image", name))["OCIv1"]["config"]
     assert config["Entrypoint"] == ["gpumon"]
+    assert config["User"] == "65532:65532"
+    labels = config["Labels"]
+    assert labels["org.opencontainers.image.title"] == DISTRIBUTION
+    assert labels["org.opencontainers.image.version"] == __version__
     _, args = daemonset_image_and_args()
     parsed = build_parser().parse_args(args)  # the DaemonSet's args are gpumon's own
     assert parsed.command == "serve" and parsed.config == "/etc/gpumon/gpumon.toml"
@@ -105,7 +112,9 @@ def test_gpumon_serve_in_the_image_reads_the_fake_gpu(
 ) -> None:
     builder, ctr = container
     scn = Scenario.uniform(2, Pattern.steady(80))
+    tmp_path.chmod(0o755)  # the image's user reads the scenario: it is not root
     scenario = write_scenario(tmp_path / "scenario.txt", scn)
+    scenario.chmod(0o644)
     port = free_port()
     cmd = [
         "buildah",

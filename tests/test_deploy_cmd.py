@@ -1,10 +1,13 @@
 """`gpumon deploy DIR`: the deployment files come out of the package, whole and the same as
-deploy/ in the repository, from an editable install and from a freshly built wheel."""
+deploy/ in the repository (but for the path of the gpumon the unit and the epilog run),
+from an editable install and from a freshly built wheel installed in a venv of its own."""
 
 from __future__ import annotations
 
 import ast
 import os
+import shutil
+import site
 import subprocess
 import sys
 import tarfile
@@ -16,6 +19,7 @@ from helpers.image import build_distribution, copy_sources
 
 from gpumon.cli import main
 from gpumon.faces.deploy.shipped import shipped
+from gpumon.faces.deploy.where import SHIPPED_GPUMON, point_at, writable_as_is
 
 REPO = Path(__file__).resolve().parent.parent
 DEPLOY = REPO / "deploy"
@@ -34,20 +38,43 @@ def tree(root: Path) -> dict[str, bytes]:
     return {p.relative_to(root).as_posix(): p.read_bytes() for p in root.rglob("*") if p.is_file()}
 
 
+def deployed_for(gpumon: Path) -> dict[str, bytes]:
+    """deploy/ as `gpumon deploy` run by ``gpumon`` writes it: that path where the files
+    name /usr/local/bin/gpumon, every other byte the same."""
+    old = SHIPPED_GPUMON.encode()
+    return {k: v.replace(old, str(gpumon).encode()) for k, v in repo_deploy_files().items()}
+
+
+@pytest.fixture
+def this_gpumon(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A `gpumon` command that this in-process run claims to be (sys.argv[0])."""
+    exe = tmp_path / "bin" / "gpumon"
+    exe.parent.mkdir()
+    exe.write_text("#!/bin/sh\n")
+    exe.chmod(0o755)
+    monkeypatch.setattr(sys, "argv", [str(exe), "deploy"])
+    return exe
+
+
 def test_the_package_ships_every_file_of_deploy() -> None:
     assert {f.path.as_posix(): f.data for f in shipped()} == repo_deploy_files()
 
 
 def test_deploy_writes_the_files_with_their_modes(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], this_gpumon: Path
 ) -> None:
     dest = tmp_path / "out"
     assert main(["deploy", str(dest)]) == 0
-    assert tree(dest) == repo_deploy_files()
+    assert tree(dest) == deployed_for(this_gpumon)
+    unit = (dest / "systemd" / "gpumon.service").read_text()
+    assert f"\nExecStart={this_gpumon} serve --config /etc/gpumon/gpumon.toml\n" in unit
+    epilog = (dest / "slurm" / "gpumon-epilog.sh").read_text()
+    assert f"GPUMON_BIN=${{GPUMON_BIN:-{this_gpumon}}}" in epilog
     assert os.stat(dest / "pcp" / "gpumon_node.py").st_mode & 0o777 == 0o755
     assert os.stat(dest / "systemd" / "gpumon.service").st_mode & 0o777 == 0o644
     out = capsys.readouterr().out
     assert f"wrote {len(repo_deploy_files())} files to {dest}" in out
+    assert f"the unit and the epilog run {this_gpumon} (the gpumon that wrote them)" in out
     assert f"kubectl apply -k {dest}/kubernetes/overlays/kube-prometheus-stack" in out
     # Again: nothing to do, nothing refused.
     assert main(["deploy", str(dest)]) == 0
@@ -55,35 +82,67 @@ def test_deploy_writes_the_files_with_their_modes(
 
 
 def test_an_edited_copy_is_kept_unless_forced(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], this_gpumon: Path
 ) -> None:
     assert main(["deploy", str(tmp_path)]) == 0
     unit = tmp_path / "systemd" / "gpumon.service"
     unit.write_text("# mine\n")
     (tmp_path / "gpumon.toml").unlink()
     capsys.readouterr()
-    assert main(["deploy", str(tmp_path)]) == 1
+    assert main(["deploy", str(tmp_path)]) == 2  # an output file that exists: usage
     err = capsys.readouterr().err
     assert f"{unit} differs from gpumon's copy; nothing was written" in err
     assert unit.read_text() == "# mine\n"
     assert not (tmp_path / "gpumon.toml").exists()  # refused whole, not half done
     assert main(["deploy", "--force", str(tmp_path)]) == 0
-    assert unit.read_bytes() == (DEPLOY / "systemd" / "gpumon.service").read_bytes()
+    assert unit.read_bytes() == deployed_for(this_gpumon)["systemd/gpumon.service"]
     assert (tmp_path / "gpumon.toml").exists()
 
 
 def test_deploy_errors_are_one_sentence(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["deploy"]) == 1
+    """Usage (no DIR, DIR a file) is 2 as docs/cli.md says; a folder it cannot write, 1."""
+    assert main(["deploy"]) == 2
     assert "name the folder to write into" in capsys.readouterr().err
     afile = tmp_path / "file"
     afile.write_text("")
-    assert main(["deploy", str(afile)]) == 1
+    assert main(["deploy", str(afile)]) == 2
     assert f"{afile} exists and is not a folder." in capsys.readouterr().err
     if os.geteuid() != 0:  # root writes anywhere
         ro = tmp_path / "ro"
         ro.mkdir(0o555)
         assert main(["deploy", str(ro)]) == 1
         assert "cannot write" in capsys.readouterr().err
+
+
+def test_only_the_whole_shipped_path_is_rewritten() -> None:
+    from gpumon.faces.deploy.shipped import DeployFile
+
+    f = DeployFile(
+        Path("x.sh"),  # type: ignore[arg-type]
+        b"A=/usr/local/bin/gpumon\nB=/usr/local/bin/gpumon-old\nC=/usr/local/bin/gpumon.sh\n"
+        b"ExecStart=/usr/local/bin/gpumon serve\n",
+    )
+    (out,) = point_at([f], Path("/opt/venv/bin/gpumon"))
+    assert out.data == (
+        b"A=/opt/venv/bin/gpumon\nB=/usr/local/bin/gpumon-old\nC=/usr/local/bin/gpumon.sh\n"
+        b"ExecStart=/opt/venv/bin/gpumon serve\n"
+    )
+    assert writable_as_is(Path("/home/ann/.local/bin/gpumon"))
+    assert not writable_as_is(Path("/home/ann/my venv/bin/gpumon"))
+    assert not writable_as_is(Path('/opt/a"b/gpumon'))
+
+
+def test_a_path_that_needs_quoting_keeps_the_shipped_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    exe = tmp_path / "my venv" / "gpumon"
+    exe.parent.mkdir()
+    exe.write_text("#!/bin/sh\n")
+    exe.chmod(0o755)
+    monkeypatch.setattr(sys, "argv", [str(exe), "deploy"])
+    assert main(["deploy", str(tmp_path / "out")]) == 0
+    assert tree(tmp_path / "out") == repo_deploy_files()
+    assert f"run {SHIPPED_GPUMON}, not {exe}" in capsys.readouterr().out
 
 
 def test_list_names_every_file(capsys: pytest.CaptureFixture[str]) -> None:
@@ -115,35 +174,62 @@ def source_copy(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return copy_sources(tmp_path_factory.mktemp("src"))
 
 
+def venv_with_these_dependencies(venv: Path) -> Path:
+    """A venv of its own whose dependencies are this interpreter's (offline): its
+    site-packages folders, named in a .pth file.  Not ``--system-site-packages``: from a
+    venv that exposes the *base* interpreter's packages, not this venv's.  Plain folders in
+    a .pth are added without their own .pth files, so an editable gpumon there stays out."""
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    py = venv / "bin" / "python"
+    purelib = subprocess.run(
+        [py, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()  # fmt: skip
+    ours = [*site.getsitepackages(), site.getusersitepackages()]
+    (Path(purelib) / "_deps_of_the_test_runner.pth").write_text("\n".join(ours) + "\n")
+    return py
+
+
 @pytest.mark.slow
 def test_a_fresh_wheel_install_deploys_the_files(source_copy: Path, tmp_path: Path) -> None:
     wheel = build_distribution("wheel", source_copy, tmp_path)
     names = zipfile.ZipFile(wheel).namelist()
     assert "gpumon/faces/deploy/files/kubernetes/base/daemonset.yaml" in names
-    # A venv of its own; the dependencies come from this interpreter's site-packages
-    # (offline), gpumon itself only from the wheel (and never from the checkout: cwd).
+    assert wheel.name.startswith("gpumon_why-"), wheel.name  # "gpumon" on PyPI is another
+    # gpumon itself only from the wheel (and never from the checkout: cwd).
     venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
+    py = venv_with_these_dependencies(venv)
     pip = subprocess.run(
-        [venv / "bin" / "python", "-m", "pip", "install", "-q", "--no-index", "--no-deps",
-         "--ignore-installed", str(wheel)],
+        [py, "-m", "pip", "install", "-q", "--no-index", "--no-deps", str(wheel)],
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert pip.returncode == 0, pip.stderr
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
     where = subprocess.run(
-        [venv / "bin" / "python", "-c", "import gpumon; print(gpumon.__file__)"],
+        [py, "-c", "import gpumon, rich; print(gpumon.__file__)"],
         capture_output=True, text=True, env=env, check=True, cwd=tmp_path,
     ).stdout.strip()  # fmt: skip
     assert Path(where).resolve().is_relative_to(venv.resolve()), where
     dest = tmp_path / "deployed"
+    gpumon = venv / "bin" / "gpumon"
     res = subprocess.run(
-        [venv / "bin" / "gpumon", "deploy", str(dest)],
+        [gpumon, "deploy", str(dest)],
         capture_output=True, text=True, env=env, timeout=120, cwd=tmp_path,
     )  # fmt: skip
     assert res.returncode == 0, res.stderr
-    assert tree(dest) == repo_deploy_files()
+    assert f"the unit and the epilog run {gpumon} (the gpumon that wrote them)" in res.stdout
+    assert tree(dest) == deployed_for(gpumon)
     assert os.stat(dest / "pcp" / "gpumon_node.py").st_mode & 0o111
+    # The unit it wrote verifies as it is: its ExecStart names a gpumon that exists.
+    analyze = shutil.which("systemd-analyze")
+    if analyze is None:
+        pytest.skip("systemd-analyze not installed (apt-get install systemd)")
+    check = subprocess.run(
+        [analyze, "verify", str(dest / "systemd" / "gpumon.service")],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    ours = [ln for ln in (check.stdout + check.stderr).splitlines() if "gpumon.service" in ln]
+    assert check.returncode == 0 and not ours, check.stdout + check.stderr
 
 
 @pytest.mark.slow

@@ -280,4 +280,4 @@ def test_an_import_failure_under_another_python_names_the_abi() -> None:
     here = f"{sys.version_info.major}.{sys.version_info.minor}"
     if here != "3.13":
         assert f"installed for Python {here}" in problem and "do not load under 3.13.0" in problem
-        assert "/opt/py/bin/python3.13 -m pip install --user gpumon" in problem
+        assert "/opt/py/bin/python3.13 -m pip install --user gpumon-why" in problem

@@ -152,7 +152,8 @@ def test_each_component_renders_alone_on_the_base(
     kubectl: str, tmp_path: Path, component: str
 ) -> None:
     """Users pick components: each must work without the others (save what it patches)."""
-    needs = ["prometheus-operator"] if component.startswith("scrape-") else []
+    patches_the_monitor = component.startswith("scrape-") or component == "podmonitor"
+    needs = ["prometheus-operator"] if patches_the_monitor else []
     parts = [*needs, component] if component not in needs else needs
     here = tmp_path / "overlay"
     here.mkdir()
@@ -197,7 +198,7 @@ def test_daemonset_runs_on_gpu_nodes_takes_no_gpu_and_is_scraped(
         "tolerations"
     ]
     (c,) = spec["containers"]
-    assert c["image"] == "ghcr.io/gpumon/gpumon:0.1.0"
+    assert c["image"] == "ghcr.io/gpumon/gpumon-why:0.1.0"
     assert "nvidia.com/gpu" not in json.dumps(c.get("resources", {}))
     assert c["securityContext"]["allowPrivilegeEscalation"] is False
     port = c["ports"][0]["containerPort"]
@@ -254,6 +255,39 @@ def test_kube_prometheus_stack_finds_monitor_rules_and_dashboard(
     (dash,) = [d for d in docs if d["kind"] == "ConfigMap" and "dashboard" in d["metadata"]["name"]]
     assert dash["metadata"]["labels"]["grafana_dashboard"] == "1"
     assert json.loads(dash["data"]["gpumon-dashboard.json"]) == json.loads(DASHBOARD.read_text())
+
+
+def test_a_podmonitor_can_take_the_servicemonitors_place(kubectl: str, tmp_path: Path) -> None:
+    """kube-prometheus-stack with its podmonitor line uncommented: the pods are scraped by a
+    PodMonitor, found by the same release label, and by it alone (no ServiceMonitor)."""
+    overlay = KUBE / "overlays" / "kube-prometheus-stack"
+    text = (overlay / "kustomization.yaml").read_text()
+    commented = "  # - ../../components/podmonitor"
+    assert commented in text
+    here = tmp_path / "overlay"
+    here.mkdir()
+    kube = os.path.relpath(KUBE, here)
+    text = text.replace(commented, "  - ../../components/podmonitor").replace("../../", kube + "/")
+    (here / "kustomization.yaml").write_text(text)
+    docs = render(kubectl, here)
+    unknown = validate_strict(docs, None)
+    assert set(unknown) == {"PodMonitor", "PrometheusRule"}, unknown
+    objs = {d["kind"]: d for d in docs if d["kind"] != "ConfigMap"}
+    assert "ServiceMonitor" not in objs
+    assert objs["PodMonitor"]["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    mon = objs["PodMonitor"]["spec"]
+    pod = objs["DaemonSet"]["spec"]["template"]
+    assert mon["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
+    (c,) = pod["spec"]["containers"]
+    (ep,) = mon["podMetricsEndpoints"]
+    assert ep["port"] in {p["name"] for p in c["ports"]}
+    assert ep["honorLabels"] is True
+    # The same target labels as the ServiceMonitor gives (the alerts read job="gpumon").
+    yaml = yaml_module()
+    service_monitor = yaml.safe_load(
+        (KUBE / "components" / "prometheus-operator" / "servicemonitor.yaml").read_text()
+    )
+    assert ep["relabelings"] == service_monitor["spec"]["endpoints"][0]["relabelings"]
 
 
 def test_secured_serves_tls_and_basic_auth_from_the_web_config(

@@ -88,17 +88,39 @@ class Cluster:
     env: dict[str, str] = field(default_factory=dict)
 
     def report(
-        self, *args: str, auth: bool = True, url: str | None = None
+        self,
+        *args: str,
+        auth: bool = True,
+        url: str | None = None,
+        env: dict[str, str] | None = None,
     ) -> subprocess.CompletedProcess[str]:
         cmd = [sys.executable, "-m", "gpumon", "report", "--prometheus", url or self.url]
         if auth:
             cmd += ["--http.config.file", str(self.http_config)]
-        return subprocess.run([*cmd, *args], capture_output=True, text=True, timeout=60)
+        # Hermetic: no kept report of this machine's (/var/lib/gpumon/reports) is read.
+        env = {"GPUMON_REPORT_STORE": str(self.tmp / "no-kept-reports"), **(env or os.environ)}
+        return subprocess.run([*cmd, *args], capture_output=True, text=True, timeout=60, env=env)
 
     def report_json(self, *args: str) -> dict:
         res = self.report(*args, "--json")
         assert res.returncode == 0, res.stderr
         return json.loads(res.stdout)
+
+
+def start_prometheus(exe: str, here: Path, port: int, *flags: str) -> subprocess.Popen[str]:
+    """Prometheus on loopback with ``here``'s prometheus.yml, its data in ``here``/tsdb."""
+    return subprocess.Popen(
+        [
+            exe,
+            f"--config.file={here / 'prometheus.yml'}",
+            f"--storage.tsdb.path={here / 'tsdb'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+            *flags,
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def _job_tree(job: str) -> subprocess.Popen[str]:
@@ -186,18 +208,7 @@ def cluster(fake_nvml_lib: Path, tmp_path_factory: pytest.TempPathFactory) -> It
         f"  - job_name: gpumon\n    static_configs: [{{targets: [{targets}]}}]\n"
         f"  - job_name: dcgm\n    static_configs: [{{targets: ['{dcgm_instance}']}}]\n"
     )
-    prom = subprocess.Popen(
-        [
-            exe,
-            f"--config.file={tmp / 'prometheus.yml'}",
-            f"--storage.tsdb.path={tmp / 'tsdb'}",
-            f"--web.listen-address=127.0.0.1:{port}",
-            f"--web.config.file={tmp / 'web.yml'}",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    prom = start_prometheus(exe, tmp, port, f"--web.config.file={tmp / 'web.yml'}")
     (tmp / "password").write_text(PASSWORD + "\n")
     http_config = tmp / "http.yml"
     http_config.write_text(
@@ -405,9 +416,129 @@ def test_the_servers_certificate_is_checked(cluster: Cluster) -> None:
     assert res.returncode == 1 and "TLS handshake" in one_sentence(res.stderr)
 
 
+# --------------------------------------------------------------------------- kept reports
+def _empty_prometheus(tmp: Path) -> tuple[subprocess.Popen[str], str]:
+    """A real Prometheus that scrapes nothing: one whose retention has dropped every job."""
+    exe = shutil.which("prometheus")
+    assert exe is not None
+    here = tmp / f"empty-prometheus-{free_port()}"
+    here.mkdir()
+    (here / "prometheus.yml").write_text("global:\n  scrape_interval: 1s\n")
+    port = free_port()
+    proc = start_prometheus(exe, here, port)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:
+        assert proc.poll() is None, proc.communicate()[1][-2000:]
+        try:
+            with urllib.request.urlopen(f"{url}/-/ready", timeout=2) as r:
+                if r.status == 200:
+                    return proc, url
+        except OSError:
+            pass
+        assert time.monotonic() < deadline, "the empty Prometheus never became ready"
+        time.sleep(0.2)
+
+
+def _stand_in_slurm(bindir: Path, comment: Path) -> dict[str, str]:
+    """scontrol and sacct as far as the AdminComment goes, kept in ``comment``; the PATH."""
+    bindir.mkdir(exist_ok=True)
+    (bindir / "scontrol").write_text(
+        "#!/bin/sh\n"
+        f"c={comment}\n"
+        'if [ "$1" = update ]; then printf %s "${3#AdminComment=}" > "$c"; exit 0; fi\n'
+        'printf "JobId=1001 JobName=train JobState=COMPLETED AdminComment=%s Power=\\n" '
+        '"$(cat "$c" 2>/dev/null || echo "(null)")"\n'
+    )
+    (bindir / "sacct").write_text(f"#!/bin/sh\ncat {comment} 2>/dev/null; echo\n")
+    for tool in ("scontrol", "sacct"):
+        (bindir / tool).chmod(0o755)
+    return {**os.environ, "PATH": f"{bindir}:{os.environ['PATH']}"}
+
+
+def test_a_kept_report_is_read_back_once_prometheus_has_lost_the_series(cluster: Cluster) -> None:
+    store = cluster.tmp / "kept"
+    made = cluster.report("--job", "1001", "--last", "10m", "--keep", "--store", str(store))
+    assert made.returncode == 0, made.stderr
+    kept = store / "1001.json"
+    assert f"gpumon: kept the report of job 1001 in {kept}" in made.stderr
+    assert "gpumon report · job 1001 · 2 node(s)" in made.stdout
+    empty, url = _empty_prometheus(cluster.tmp)
+    try:
+        # The series are gone: Prometheus alone has nothing of the job ...
+        gone = cluster.report("--job", "1001", url=url, auth=False)
+        assert gone.returncode == 4, gone.stderr
+        # ... and the kept report is what was made, said to come from where it was kept.
+        back = cluster.report("--job", "1001", "--store", str(store), url=url, auth=False)
+        assert back.returncode == 0, back.stderr
+        assert back.stdout == made.stdout
+        note = one_sentence(back.stderr)
+        assert note.startswith(f"gpumon: note: the report of job 1001 kept in {kept}, made ")
+        assert note.endswith(f"from {cluster.url}; --fresh asks Prometheus again")
+        js = cluster.report("--job", "1001", "--store", str(store), "--json", url=url, auth=False)
+        doc = json.loads(js.stdout)
+        assert doc["job"] == "1001" and doc["verdict"] == "starved" and doc["gpu_count"] == 4
+        assert doc["kept"]["where"] == str(kept)
+        # Without a Prometheus at all; and --fresh asks the (empty) one.
+        alone = subprocess.run(
+            [sys.executable, "-m", "gpumon", "report", "--job", "1001", "--store", str(store)],
+            capture_output=True, text=True, timeout=60,
+            env={k: v for k, v in os.environ.items() if k != "GPUMON_PROMETHEUS"},
+        )  # fmt: skip
+        assert alone.returncode == 0 and alone.stdout == made.stdout, alone.stderr
+        fresh = cluster.report(
+            "--job", "1001", "--store", str(store), "--fresh", url=url, auth=False
+        )
+        assert fresh.returncode == 4, fresh.stderr
+    finally:
+        empty.terminate()
+        empty.wait(timeout=10)
+
+
+def test_the_report_is_kept_in_slurms_admincomment_unless_another_tools_is_there(
+    cluster: Cluster,
+) -> None:
+    comment = cluster.tmp / "admincomment"
+    env = _stand_in_slurm(cluster.tmp / "slurm-bin", comment)
+    store = cluster.tmp / "kept-beside-slurm"
+    made = cluster.report(
+        "--job", "1001", "--last", "10m", "--keep", "--store", str(store), env=env
+    )
+    assert made.returncode == 0, made.stderr
+    assert "gpumon: kept the report of job 1001 in Slurm's AdminComment of job 1001" in made.stderr
+    assert comment.read_text().startswith("GPUMON1:") and not (store / "1001.json").exists()
+    empty, url = _empty_prometheus(cluster.tmp)
+    try:
+        back = cluster.report("--job", "1001", "--store", str(store), url=url, auth=False, env=env)
+        assert back.returncode == 0 and back.stdout == made.stdout, back.stderr
+        assert "kept in Slurm's AdminComment of job 1001, made " in back.stderr
+    finally:
+        empty.terminate()
+        empty.wait(timeout=10)
+    # jobstats' summary (or an admin's note) is never replaced: the report goes to a file.
+    comment.write_text("JS1:H4sIAAAAAAAAA6tWSs7PS0lNLlGyUlAqS8wpTtVRSs5ILC4uzUkFCQIA")
+    again = cluster.report(
+        "--job", "1001", "--last", "10m", "--keep", "--store", str(store), env=env
+    )
+    assert again.returncode == 0, again.stderr
+    assert f"kept the report of job 1001 in {store / '1001.json'}" in again.stderr
+    assert comment.read_text().startswith("JS1:")
+
+
 # --------------------------------------------------------------------------- Slurm
+def _wait_for(path: Path, text: str, timeout_s: float = 90) -> str:
+    """The file once it holds ``text`` (the epilog's report runs detached, after it)."""
+    deadline = time.monotonic() + timeout_s
+    while text not in (content := path.read_text()):
+        assert time.monotonic() < deadline, f"{text!r} never came: {content!r}"
+        time.sleep(0.2)
+    return content
+
+
 def test_the_slurm_epilog_appends_the_report_to_the_jobs_output(cluster: Cluster) -> None:
-    """The epilog as slurmd runs it (root, no PATH), with a stand-in for scontrol."""
+    """The epilog as slurmd runs it (root, no PATH), with a stand-in for scontrol.  It does
+    not hold the node: it returns while its report still waits (here on a gate the test
+    opens), and the report lands in the job's output, and in the kept reports, after."""
     bindir = cluster.tmp / "bin"
     bindir.mkdir(exist_ok=True)
     out = cluster.tmp / "slurm-1001.out"
@@ -421,9 +552,14 @@ def test_the_slurm_epilog_appends_the_report_to_the_jobs_output(cluster: Cluster
         f'EndTime=Unknown NodeList=n[1-2] BatchHost=n1 StdOut={out} Power="\n'
     )
     scontrol.chmod(0o755)
+    gate = cluster.tmp / "epilog-gate"
     gpumon = bindir / "gpumon"
-    gpumon.write_text(f'#!/bin/sh\nexec {sys.executable} -m gpumon "$@"\n')
+    gpumon.write_text(
+        f"#!/bin/sh\nwhile [ ! -e {gate} ]; do sleep 0.1; done\n"
+        f'exec {sys.executable} -m gpumon "$@"\n'
+    )
     gpumon.chmod(0o755)
+    store = cluster.tmp / "epilog-kept"
     env = {
         "SLURM_JOB_ID": "1001",
         "SLURMD_NODENAME": "n1",
@@ -432,15 +568,23 @@ def test_the_slurm_epilog_appends_the_report_to_the_jobs_output(cluster: Cluster
         "GPUMON_BIN": str(gpumon),
         "SCONTROL": str(scontrol),
         "GPUMON_REPORT_DELAY": "0",
+        "GPUMON_REPORT_STORE": str(store),
         "PYTHONPATH": str(REPO),
     }
-    res = subprocess.run(
-        ["/bin/sh", str(EPILOG)], env=env, capture_output=True, text=True, timeout=90
-    )
-    assert res.returncode == 0, res.stderr
-    text = out.read_text()
+    try:
+        res = subprocess.run(
+            ["/bin/sh", str(EPILOG)], env=env, capture_output=True, text=True, timeout=30
+        )
+        assert res.returncode == 0, res.stderr
+        assert out.read_text() == "training output\n"  # returned; the report still waits
+    finally:
+        gate.touch()
+    text = _wait_for(out, "Verdict: ")
     assert text.startswith("training output\n")
     assert "gpumon report · job 1001 · 2 node(s)" in text and "Verdict: STARVED" in text
+    assert f"gpumon: kept the report of job 1001 in {store / '1001.json'}" in _wait_for(
+        out, "gpumon: kept"
+    )
     # On the job's other nodes it does nothing (one report per job, from the batch host).
     out.write_text("")
     res = subprocess.run(
@@ -448,6 +592,7 @@ def test_the_slurm_epilog_appends_the_report_to_the_jobs_output(cluster: Cluster
         env={**env, "SLURMD_NODENAME": "n2"},
         capture_output=True,
         text=True,
+        timeout=30,
     )
     assert res.returncode == 0 and out.read_text() == ""
     # And a failure never fails the epilog (slurmd would drain the node).
@@ -456,5 +601,7 @@ def test_the_slurm_epilog_appends_the_report_to_the_jobs_output(cluster: Cluster
         env={**env, "GPUMON_PROMETHEUS": "http://127.0.0.1:1"},
         capture_output=True,
         text=True,
+        timeout=30,
     )
-    assert res.returncode == 0 and "cannot reach Prometheus" in out.read_text()
+    assert res.returncode == 0
+    _wait_for(out, "cannot reach Prometheus")

@@ -182,18 +182,22 @@ def test_watch_one_gpu_at_80x24_and_200x60_then_q_leaves_the_process(fake_nvml, 
         tmux.resize(200, 60)
 
         def complete(screen: str) -> bool:
-            return fits(screen, 1) and all(
-                x in screen
-                for x in (
-                    "NVIDIA H100",  # the GPU's details
-                    "/ 80.0 GiB",  # memory used / total
-                    "/ 700 W",  # power against the limit
-                    "worker+GPU",  # the process tree, GPU-holding worker marked
-                    f" {tree.pid} main",
-                    "host CPU",
-                    "duty cycle 3",  # evidence in numbers (~30 %)
+            return (
+                fits(screen, 1)
+                and all(
+                    x in screen
+                    for x in (
+                        "NVIDIA H100",  # the GPU's details
+                        "/ 80.0 GiB",  # memory used / total
+                        "/ 700 W",  # power against the limit
+                        "worker+GPU",  # the process tree, GPU-holding worker marked
+                        f" {tree.pid} main",
+                        "host CPU",
+                        "duty cycle 3",  # evidence in numbers (~30 %)
+                    )
                 )
-            ) and ("num_workers" in screen or "outside the job" in screen)  # as the cause
+                and ("num_workers" in screen or "outside the job" in screen)
+            )  # as the cause
 
         tmux.wait_for(complete, 15, "the details, the evidence and the tree at 200x60")
 

@@ -7,7 +7,7 @@ time-sliced replica).  That names the container, which /proc cannot: a cgroup on
 carries the container's id.  dcgm-exporter reads the same socket.
 
 gRPC itself (HTTP/2 framing, flow control, status trailers) is grpcio's job, an optional
-dependency (``pip install 'gpumon[kubernetes]'``); the messages are decoded here from the
+dependency (``pip install 'gpumon-why[kubernetes]'``); the messages are decoded here from the
 protobuf wire format, since four nested messages of strings do not justify generated code
 and a protobuf runtime.
 """

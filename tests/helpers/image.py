@@ -174,7 +174,7 @@ class Builder:
         run(
             [
                 sys.executable, "-m", "pip", "download", "--quiet", "--only-binary=:all:",
-                "--dest", str(dest), f"gpumon[kubernetes] @ {wheel.as_uri()}",
+                "--dest", str(dest), f"gpumon-why[kubernetes] @ {wheel.as_uri()}",
             ],
         )  # fmt: skip
         shutil.rmtree(src, ignore_errors=True)

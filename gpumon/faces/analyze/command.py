@@ -5,11 +5,12 @@ gpustat, W&B, dcgmi, Prometheus exports, home-made CSV) by content (``--format``
 overrides), from a file or stdin (``-``), streams them through the detector and prints the
 report.  What a reader had to assume (GPU count, interval) is printed as ``gpumon: note:``.
 
-Exit status: 0 whatever the verdict.  A file no reader recognises, or malformed before
-any valid tick, is an error (the message names the line; status 2).  A malformed line
-*after* valid data -- a log cut short, a line mangled mid-file -- still gets the report
-of the valid part on stdout, then the error on stderr and status 2: the user sees what
-could be analysed, and a script sees that the file was not read to the end.
+Exit status: 0 whatever the verdict.  A FILE that does not exist or is a folder is a
+usage error (status 2).  A file no reader recognises, or malformed before any valid tick,
+is an error (the message names the line; status 2); an empty or binary one is said so.
+A malformed line *after* valid data -- a log cut short, a line mangled mid-file -- still
+gets the report of the valid part on stdout, then the error on stderr and status 2: the
+user sees what could be analysed, and a script sees that the file was not read to the end.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import sys
 from collections.abc import Iterator
 
 from gpumon.errors import GpumonError, TraceFormatError
+from gpumon.faces.analyze.notalog import check_exists, why_not_a_log
 from gpumon.model import Snapshot
 from gpumon.traces.sniff import FORMATS, open_trace
 
@@ -102,7 +104,15 @@ def run(args: argparse.Namespace) -> int:
     from gpumon.engine import analyze
     from gpumon.faces.analyze.report import render_text, to_json
 
-    with open_trace(args.file, args.format, getattr(args, "interval", None)) as trace:
+    check_exists(args.file)
+    try:
+        opened = open_trace(args.file, args.format, getattr(args, "interval", None))
+    except TraceFormatError:
+        why = why_not_a_log(args.file)
+        if why is None:
+            raise
+        raise TraceFormatError(why) from None
+    with opened as trace:
         guarded = _UntilError(iter(trace), trace.path)
         result = analyze(trace.header, iter(guarded))
         if result.bad_tick is not None:

@@ -4,7 +4,8 @@ dashboard, pcp-dstat plugin and Kubernetes files, written where an admin wants t
 A pip-installed gpumon has no clone to copy deploy/ from, so the files travel inside the
 package and this writes them out.  Files that already exist are left alone when they are
 the same and refused (nothing written at all) when they differ, unless --force: an admin
-who edited a copy loses nothing by running it again.
+who edited a copy loses nothing by running it again.  The unit and the epilog run the
+gpumon that wrote them (``where.py``), wherever pip, a venv or pipx put it.
 """
 
 from __future__ import annotations
@@ -12,8 +13,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from gpumon.errors import GpumonError
-from gpumon.faces.deploy.shipped import Action, plan, shipped, write
+from gpumon.errors import GpumonError, UsageError
+from gpumon.faces.deploy.shipped import Action, DeployFile, plan, shipped, write
+from gpumon.faces.deploy.where import SHIPPED_GPUMON, point_at, running_gpumon, writable_as_is
 
 # What to do next, per folder written (README.md there says more).
 NEXT_STEPS = (
@@ -52,15 +54,16 @@ def run(args: argparse.Namespace) -> int:
             print(f.path)
         return 0
     if not args.dir:
-        raise GpumonError("name the folder to write into: gpumon deploy DIR (or --list).")
+        raise UsageError("name the folder to write into: gpumon deploy DIR (or --list).")
     dest = Path(args.dir).expanduser()
     if dest.exists() and not dest.is_dir():
-        raise GpumonError(f"{dest} exists and is not a folder.")
+        raise UsageError(f"{dest} exists and is not a folder.")
+    files, runs = _run_this_gpumon(files)
     steps = plan(files, dest)
     different = [f for f, action in steps if action is Action.DIFFERENT]
     if different and not args.force:
         more = f" (and {len(different) - 1} more)" if len(different) > 1 else ""
-        raise GpumonError(
+        raise UsageError(
             f"{dest / different[0].path} differs from gpumon's copy{more}; nothing was "
             "written: keep your edits elsewhere, or use --force to overwrite."
         )
@@ -79,6 +82,7 @@ def run(args: argparse.Namespace) -> int:
     same = len(files) - written
     kept = f", {same} already there unchanged" if same else ""
     print(f"gpumon deploy: wrote {written} files to {dest}{kept}.")
+    print(f"  {runs}")
     tops = {f.path.parts[0] for f in files}
     for top, step in NEXT_STEPS:
         if top in tops:
@@ -86,3 +90,22 @@ def run(args: argparse.Namespace) -> int:
     if "README.md" in tops:
         print(f"  {dest / 'README.md'} says where every file goes.")
     return 0
+
+
+def _run_this_gpumon(files: list[DeployFile]) -> tuple[list[DeployFile], str]:
+    """The files naming the gpumon that runs now, and the sentence that says which."""
+    exe = running_gpumon()
+    if exe is None:
+        return files, (
+            f"the unit and the epilog run {SHIPPED_GPUMON}: no gpumon command was found "
+            "beside this Python; edit ExecStart= and GPUMON_BIN if it is elsewhere."
+        )
+    if not writable_as_is(exe):
+        return files, (
+            f"the unit and the epilog run {SHIPPED_GPUMON}, not {exe} (a path with spaces "
+            "or quotes); edit ExecStart= and GPUMON_BIN."
+        )
+    said = f"the unit and the epilog run {exe} (the gpumon that wrote them)"
+    if exe.is_relative_to("/tmp") or exe.is_relative_to("/var/tmp"):
+        said += "; the unit's PrivateTmp=yes hides /tmp and /var/tmp from it: install it elsewhere"
+    return point_at(files, exe), said + "."

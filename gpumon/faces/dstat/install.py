@@ -136,7 +136,7 @@ def site_dirs() -> list[str]:
             out.append(resolved)
 
     with contextlib.suppress(importlib.metadata.PackageNotFoundError):
-        add(importlib.metadata.distribution("gpumon").locate_file(""))  # type: ignore[arg-type]
+        add(importlib.metadata.distribution(gpumon.DISTRIBUTION).locate_file(""))  # type: ignore[arg-type]
     add(Path(gpumon.__file__).resolve().parent.parent)
     spec = importlib.util.find_spec("pynvml")
     if spec is not None and spec.origin:
@@ -311,7 +311,7 @@ def problems(target: Target, program: Path, p: Probe) -> list[str]:
             msg += (
                 f". gpumon is installed for Python {here}; compiled modules built for "
                 f"{here} do not load under {ver}: install gpumon for that Python instead "
-                f"(`{p.python} -m pip install --user gpumon`) or use dool"
+                f"(`{p.python} -m pip install --user {gpumon.DISTRIBUTION}`) or use dool"
             )
         out.append(msg + ".")
     return out

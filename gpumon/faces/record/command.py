@@ -54,7 +54,9 @@ def run(args: argparse.Namespace) -> int:
     stop = StopFlag().install()
     ticks = 0
     try:
-        with trace_writer(args.output, session.header(), force=args.force) as writer:
+        header = session.header()
+        with trace_writer(args.output, header, force=args.force) as writer:
+            print(_starting(args, len(header.gpus)), file=sys.stderr, flush=True)
             for _ in paced(args.interval, stop.event, duration_s=args.duration):
                 tick = session.tick()
                 write_tick(writer, tick.snapshot, args.output)
@@ -70,3 +72,20 @@ def run(args: argparse.Namespace) -> int:
         stop.restore()
     print(f"gpumon: wrote {ticks} ticks to {args.output}", file=sys.stderr)
     return 0
+
+
+def _starting(args: argparse.Namespace, gpus: int) -> str:
+    """What is recorded, where, and how it ends: said before the first tick, since nothing
+    else is printed until the recording stops."""
+    what = f"{gpus} GPU(s), the host"
+    if args.pid is not None:
+        what += f" and process {args.pid} with its descendants"
+    until = [f"after {args.duration:g} s"] if args.duration is not None else []
+    if args.pid is not None:
+        until.append(f"when process {args.pid} exits")
+    until.append("on Ctrl-C")
+    return (
+        f"gpumon: recording {what} to {args.output} every {args.interval:g} s; it stops "
+        f"{', '.join(until[:-1]) + ' or ' if len(until) > 1 else ''}{until[-1]}, keeping "
+        "every tick written."
+    )

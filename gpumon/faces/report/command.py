@@ -10,6 +10,10 @@ credentials or cannot run a query; 2 for a bad option or HTTP configuration; 4 w
 series of the job are in the range (no such job, or none of its nodes runs gpumon).
 Series missing for part of the job are said on stderr (``gpumon: warning:``) and in the
 report, and the rest is judged.
+
+A Slurm job's report can be kept (``--keep``, as the epilog runs it) past Prometheus'
+retention; ``--job ID`` then reads the kept report first and says where it came from
+(``kept.py``).
 """
 
 from __future__ import annotations
@@ -22,7 +26,18 @@ import re
 import sys
 import time
 
-from gpumon.errors import UsageError
+from gpumon.errors import GpumonError, UsageError
+from gpumon.faces.report.kept import (
+    DEFAULT_STORE,
+    STORE_ENV,
+    FileStore,
+    Kept,
+    SlurmComment,
+    default_store,
+    keep,
+    read_kept,
+    valid_job_id,
+)
 
 _DURATION = re.compile(r"(\d+)(ms|s|m|h|d|w|y)")
 _UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y": 31536000}
@@ -121,6 +136,25 @@ def register(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="query the raw series only, even where gpumon-report-rules.yml is loaded",
     )
+    p.add_argument(
+        "--keep",
+        action="store_true",
+        help="keep this report of a Slurm job (--job) for later, past Prometheus' retention: "
+        "in the job's AdminComment where Slurm takes it (root, a comment empty or gpumon's), "
+        "else in --store",
+    )
+    p.add_argument(
+        "--store",
+        metavar="DIR",
+        default=None,
+        help="folder of kept reports, one file per job, read before Prometheus (default "
+        f"${STORE_ENV}, else {DEFAULT_STORE})",
+    )
+    p.add_argument(
+        "--fresh",
+        action="store_true",
+        help="ask Prometheus even when a report of the job is kept",
+    )
     p.set_defaults(func=run)
 
 
@@ -132,6 +166,13 @@ def run(args: argparse.Namespace) -> int:
     from gpumon.faces.report.queries import JobQueries, JobSelector
     from gpumon.faces.report.render import missing_sentences, render_text, to_json
 
+    if (args.keep or args.store) and (args.job is None or not valid_job_id(args.job)):
+        raise UsageError("--keep and --store are for a Slurm job: --job ID (digits, 123_4, 123+1)")
+    store, slurm = FileStore(args.store or default_store()), SlurmComment()
+    if args.job is not None and not (args.fresh or args.keep) and valid_job_id(args.job):
+        kept = read_kept(args.job, store, slurm)
+        if kept is not None:
+            return _print_kept(kept, args.json)
     if not args.prometheus:
         raise UsageError("gpumon report needs --prometheus URL (or $GPUMON_PROMETHEUS)")
     now = time.time()
@@ -153,15 +194,40 @@ def run(args: argparse.Namespace) -> int:
     fetched = JobQueries(client, sel, use_rules=not args.no_recording_rules).fetch(since, until)
     judged = judge_job(fetched.readings)
     cost = {"queries": client.requests, "bytes_received": client.bytes_received}
+    report = _finite(to_json(fetched, judged, client.url, cost))
+    text = render_text(fetched, judged, client.url)
     if args.json:
-        print(
-            json.dumps(
-                _finite(to_json(fetched, judged, client.url, cost)), indent=2, allow_nan=False
-            )
-        )
+        print(json.dumps(report, indent=2, allow_nan=False))
     else:
-        print(render_text(fetched, judged, client.url), end="")
+        print(text, end="")
     sys.stdout.flush()
     for m in missing_sentences(fetched):
         print(f"gpumon: warning: {m}", file=sys.stderr)
+    if args.keep:
+        assert isinstance(report, dict)
+        made = Kept(args.job, now, client.url, text, report)
+        try:
+            where = keep(made, store, slurm)
+        except OSError as exc:
+            raise GpumonError(
+                f"the report was not kept: {store.path(args.job)}: {exc.strerror or exc}"
+            ) from None
+        print(f"gpumon: kept the report of job {args.job} in {where}", file=sys.stderr)
+    return 0
+
+
+def _print_kept(kept: Kept, as_json: bool) -> int:
+    """The report as it was made, and where it was kept (Prometheus is not asked)."""
+    made = datetime.datetime.fromtimestamp(kept.made_s).astimezone().strftime("%Y-%m-%d %H:%M")
+    if as_json:
+        doc = {**kept.report, "kept": {"where": kept.where, "made": kept.made_s}}
+        print(json.dumps(doc, indent=2, allow_nan=False))
+    else:
+        print(kept.text, end="")
+    sys.stdout.flush()
+    print(
+        f"gpumon: note: the report of job {kept.job} kept in {kept.where}, made {made} from "
+        f"{kept.prometheus}; --fresh asks Prometheus again",
+        file=sys.stderr,
+    )
     return 0

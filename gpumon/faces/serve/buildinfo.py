@@ -14,6 +14,8 @@ import re
 from importlib import metadata
 from pathlib import Path
 
+from gpumon import DISTRIBUTION
+
 _SHA = re.compile(r"^[0-9a-f]{40}$")
 
 
@@ -24,7 +26,7 @@ def revision() -> str:
 
 def _from_pip() -> str | None:
     try:
-        text = metadata.distribution("gpumon").read_text("direct_url.json")
+        text = metadata.distribution(DISTRIBUTION).read_text("direct_url.json")
     except (metadata.PackageNotFoundError, OSError):
         return None
     try:

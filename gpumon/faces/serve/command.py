@@ -19,9 +19,13 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
+from gpumon import __version__
 from gpumon.engine import Session
+from gpumon.errors import GpumonError
 from gpumon.faces.common import positive_float
 from gpumon.faces.serve import config as serve_config
+from gpumon.faces.serve.stderrlog import FORMATS as LOG_FORMATS
+from gpumon.faces.serve.stderrlog import formatter
 from gpumon.loop import StopFlag, paced
 
 if TYPE_CHECKING:
@@ -29,6 +33,11 @@ if TYPE_CHECKING:
     from gpumon.faces.serve.log import EventLog
 
 LOG_LEVELS = ("debug", "info", "warn", "error")
+# What other exporters and servers call the options gpumon names as node_exporter does.
+OPTION_HINTS = {
+    name: "--web.listen-address HOST:PORT, or :PORT for every address"
+    for name in ("--port", "-p", "--bind", "--host", "--address", "--listen-address")
+} | {"--metrics-path": "--web.telemetry-path PATH", "--config.file": "--config FILE"}
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -73,13 +82,25 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="what gpumon says on stderr (default info; debug adds failed HTTP clients)",
     )
     p.add_argument(
+        "--log.format",
+        dest="log_format",
+        choices=LOG_FORMATS,
+        help="format of what gpumon says on stderr, as node_exporter's flag (default: "
+        "'gpumon: ...' lines); the events log (--log) is JSON lines whatever this says",
+    )
+    p.add_argument(
+        "--version",
+        action=_VersionAction,
+        help="print the version, the commit it was built from and Python's, then exit",
+    )
+    p.add_argument(
         "--interval",
         type=positive_float,
         metavar="S",
         help="seconds between ticks (default 1; the driver's sub-second samples between "
         "ticks are kept whatever the interval)",
     )
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, option_hints=OPTION_HINTS)
 
 
 def load_config(args: argparse.Namespace) -> ServeConfig:
@@ -99,7 +120,36 @@ def load_config(args: argparse.Namespace) -> ServeConfig:
     return cfg
 
 
+class _VersionAction(argparse.Action):
+    """``gpumon serve --version``, worded as node_exporter's (the commit read only if asked)."""
+
+    def __init__(self, option_strings: list[str], dest: str, **kw: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kw)
+
+    def __call__(self, parser: argparse.ArgumentParser, *_args: object) -> None:
+        import platform
+
+        from gpumon.faces.serve.buildinfo import revision
+
+        sys.stdout.write(
+            f"gpumon serve, version {__version__} (revision: {revision() or 'unknown'})\n"
+            f"  python version: {platform.python_version()}\n"
+            f"  platform: {platform.system().lower()}/{platform.machine()}\n"
+        )
+        parser.exit()
+
+
 def run(args: argparse.Namespace) -> int:
+    """Serve until a signal; an error is said on stderr in --log.format, as the rest is."""
+    _log_to_stderr(args.log_level, args.log_format)
+    try:
+        return _serve(args)
+    except GpumonError as exc:
+        logging.getLogger("gpumon").error("%s", exc)
+        return exc.exit_status
+
+
+def _serve(args: argparse.Namespace) -> int:
     from prometheus_client import disable_created_metrics
 
     from gpumon.faces.serve.collector import make_registry
@@ -109,7 +159,7 @@ def run(args: argparse.Namespace) -> int:
     from gpumon.faces.serve.log import EventLog
     from gpumon.faces.serve.notify import Notifier, Watchdog, stale_after_s, watchdog_period_s
 
-    _log_to_stderr(args.log_level)
+    say = logging.getLogger("gpumon.serve")
     cfg = load_config(args)
     disable_created_metrics()
     session = Session.live(interval_s=cfg.interval_s, jobs=job_options(cfg))  # no driver: 3
@@ -125,16 +175,14 @@ def run(args: argparse.Namespace) -> int:
     server.start()
     scheme = "https" if cfg.tls else "http"
     where = f"{scheme}://{_host(cfg.address)}:{server.port}{cfg.telemetry_path}"
-    print(
-        f"gpumon: serving {len(state.gpus)} GPU(s) on {where} every {cfg.interval_s:g} s"
+    say.info(
+        f"serving {len(state.gpus)} GPU(s) on {where} every {cfg.interval_s:g} s"
         + (", basic auth" if cfg.basic_auth else "")
-        + (f", log {cfg.log_path}" if cfg.log_path else ""),
-        file=sys.stderr,
-        flush=True,
+        + (f", log {cfg.log_path}" if cfg.log_path else "")
     )
     warning = exposure_warning(cfg)
     if warning is not None:
-        print(warning, file=sys.stderr, flush=True)
+        say.warning(warning.removeprefix("gpumon: "))
     start = state.summary("start")
     start["listen"] = f"{cfg.address}:{server.port}"
     start["interval_s"] = cfg.interval_s
@@ -171,18 +219,20 @@ def run(args: argparse.Namespace) -> int:
         state.finish(reason)
         server.close()
         log.close()
-    print(f"gpumon: stopped ({reason}) after {state.ticks_total} ticks.", file=sys.stderr)
+    say.info(f"stopped ({reason}) after {state.ticks_total} ticks.")
     return 0
 
 
-def _log_to_stderr(level: str) -> None:
-    """gpumon's own log records (a GPU lost or back, a failed HTTP client at debug) on
-    stderr, each as one line starting with 'gpumon:' like the daemon's other messages."""
+def _log_to_stderr(level: str, fmt: str | None = None) -> None:
+    """What the daemon says (serving, stopped, a GPU lost or back, a failed HTTP client at
+    debug, the error that ends it) on stderr, one line each: 'gpumon: ...' like every gpumon
+    command, or logfmt or JSON (--log.format).  Today's stderr: an earlier run's handler,
+    in the same process, is replaced."""
     logger = logging.getLogger("gpumon")
-    if any(getattr(h, "gpumon_serve", False) for h in logger.handlers):
-        return
+    for old in [h for h in logger.handlers if getattr(h, "gpumon_serve", False)]:
+        logger.removeHandler(old)
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("gpumon: %(message)s"))
+    handler.setFormatter(formatter(fmt))
     handler.gpumon_serve = True  # type: ignore[attr-defined]
     logger.addHandler(handler)
     logger.setLevel({"warn": logging.WARNING}.get(level, getattr(logging, level.upper())))
