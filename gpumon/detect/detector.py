@@ -505,8 +505,14 @@ class Detector:
             duty = self._tracks[key].duty_between(ep.start_s, end)
             if duty is not None:
                 ev["duty_cycle"] = round(duty, 4)  # over the episode, not the last window
+        # A judging phase's provisional reading is over once it closes: say only that it was.
+        note = note_of(ep.reason, None) if ep.reason is Reason.JUDGING else ep.note
         closed = replace(
-            ep, end_s=end, evidence=ev, advice=self._advice_for(ep.state, ep.cause, ev, ep.reason)
+            ep,
+            end_s=end,
+            evidence=ev,
+            advice=self._advice_for(ep.state, ep.cause, ev, ep.reason),
+            note=note,
         )
         self._tallies.setdefault(key, Tally()).add(closed, end)
         if key is not None:
