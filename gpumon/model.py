@@ -162,6 +162,9 @@ class HostSample:
     mem_total_bytes: int | None = None
     disk_read_bytes_per_s: float | None = None
     disk_write_bytes_per_s: float | None = None
+    # The busiest processes outside the watched job, by CPU (% of one core) since the
+    # previous scan: looked for only while the host is busy, a few times a minute (live).
+    busiest_outside: tuple[ProcessSample, ...] = ()
 
 
 @dataclass(slots=True, unsafe_hash=True)  # immutable by convention (docstring)

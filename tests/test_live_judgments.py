@@ -283,3 +283,20 @@ def test_a_steady_starved_job_near_the_line_changes_cause_at_most_once() -> None
     causes = [e.cause for e in starts]
     changes = sum(1 for a, b in itertools.pairwise(causes) if a != b)
     assert causes and changes <= 1, causes
+
+
+def test_a_short_coarse_log_is_judged_on_what_it_shows_and_says_how_sure() -> None:
+    """8 dmon samples at 1 s, 30-95 % (mean 65 %) with one dip: a GPU working below its
+    capacity, on too few samples to be sure; a flat 5 % could be small work: unknown."""
+
+    def log(values: list[float]) -> list[Snapshot]:
+        return [
+            Snapshot(T0 + i, (GpuSample(T0 + i, 0, "GPU-0", ((T0 + i, v),), util_pct=v),))
+            for i, v in enumerate(values)
+        ]
+
+    res = analyze(TraceHeader(1, "dmon"), log([30, 62, 88, 95, 12, 70, 81, 84]))
+    assert res.summary.verdict is State.STARVED and res.verdict.state is State.STARVED
+    assert any("too few to be sure" in n for n in res.summary.notes), res.summary.notes
+    flat = analyze(TraceHeader(1, "dmon"), log([5, 6, 5, 4, 5, 6, 5, 5]))
+    assert flat.summary.verdict is State.UNKNOWN

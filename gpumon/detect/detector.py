@@ -18,7 +18,7 @@ from gpumon.detect.advice import advice_for
 from gpumon.detect.config import DetectorConfig
 from gpumon.detect.evidence import gpu_evidence, host_evidence, multi_evidence
 from gpumon.detect.gpu import GpuTrack, Window
-from gpumon.detect.host import HostTrack, host_cause
+from gpumon.detect.host import HostTrack, busiest_outside, host_cause
 from gpumon.detect.multi import RunContext, apply_run_rules
 from gpumon.detect.pauses import PauseTracker
 from gpumon.detect.rules import Candidate, GpuContext, bursty, classify
@@ -621,7 +621,10 @@ class Detector:
                 tr.held() is not True
                 and not bursty(w)
                 and (tr.period_s is None or tr.period_s >= cfg.coarse_period_s)
+                and duty < cfg.small_work_duty
             ):
+                # Flat, low and coarse with no sign of a process: could be small work (as
+                # the coarse rule says); above it the GPU plainly works below capacity.
                 c = Candidate(State.UNKNOWN, None, Reason.SHORT_LOG, detail, t)
             else:
                 cause = self._cause(t, t - tr.first_active_t)
@@ -650,7 +653,15 @@ class Detector:
             ev["straggler_gpu"] = tr.index
         if len(self._tracks) >= 2:
             ev.update(self._multi_evidence(t))
+        self._outside_evidence(ev, t, span)
         return ev
+
+    def _outside_evidence(self, ev: Evidence, t: float, span: float) -> None:
+        """Who takes the host's CPUs, where the job's tree leaves them to others."""
+        if ev.get("outside_cpu_pct", 0.0) >= 100.0:  # at least a core's worth
+            top = busiest_outside(self._host, t, span)
+            if top is not None:
+                ev["outside_top"] = top
 
     def _multi_evidence(self, t: float) -> Evidence:
         """Run-wide numbers (computed once per eval, shared by every GPU's evidence)."""
@@ -668,5 +679,7 @@ class Detector:
         if self._tracks:
             ev.update(self._multi_evidence(t))
         ev["lost_gpu_seconds"] = round(self._lost, 1)
-        ev.update(host_evidence(self._host.window(t, self.cfg.window_s * 2), self._host.cpu_count))
+        span = self.cfg.window_s * 2
+        ev.update(host_evidence(self._host.window(t, span), self._host.cpu_count))
+        self._outside_evidence(ev, t, span)
         return ev

@@ -15,7 +15,7 @@ from typing import Literal
 
 from gpumon.detect.config import DetectorConfig
 from gpumon.detect.rings import History
-from gpumon.model import Cause, HostSample, ProcTreeSample
+from gpumon.model import Cause, HostSample, ProcessSample, ProcTreeSample
 
 # Quantities tracked, in evidence-key names.
 HostKey = Literal[
@@ -75,6 +75,8 @@ class HostTrack:
         self.hist = History(ring_evals)
         self.seen = False
         self.cpu_count: int | None = None
+        # The busiest process outside the job when last looked for: (time, its sample).
+        self.outside: tuple[float, ProcessSample] | None = None
 
     def ingest(self, host: HostSample | None, tree: ProcTreeSample | None, weight: float) -> None:
         if host is None and tree is None:
@@ -84,6 +86,8 @@ class HostTrack:
             main, wmean, wn, read, total = _tree_readings(tree)
             vals[0], vals[1], vals[2], vals[5], vals[7] = main, wmean, wn, read, total
         if host is not None:
+            if host.busiest_outside:
+                self.outside = (host.t_s, host.busiest_outside[0])
             vals[3] = host.cpu_pct
             vals[4] = host.iowait_pct
             if host.cpu_pct_per_core:
@@ -175,6 +179,16 @@ def host_cause(
     if contended and share is not None and share < 0.5:
         return Cause.CONTENTION
     return Cause.UNKNOWN
+
+
+def busiest_outside(track: HostTrack, t: float, span_s: float) -> str | None:
+    """The busiest process outside the job, if one was seen within the window, in words:
+    ``stress-ng (pid 4242, 196 %)``."""
+    if track.outside is None or track.outside[0] < t - span_s:
+        return None
+    p = track.outside[1]
+    cpu = "" if p.cpu_pct is None else f", {p.cpu_pct:.0f} %"
+    return f"{p.name} (pid {p.pid}{cpu})"
 
 
 def job_share(h: HostWindow, cpu_count: int | None) -> float | None:

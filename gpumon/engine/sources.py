@@ -345,6 +345,7 @@ def live_monitor(
     from gpumon.sample.host import HostSampler, ProcessTreeSampler
     from gpumon.sample.monitor import Monitor
     from gpumon.sample.nvml import NvmlSampler
+    from gpumon.sample.outside import OutsideScanner
 
     tree = None if pid is None else ProcessTreeSampler(pid)
     if command is None and tree is not None:
@@ -357,6 +358,8 @@ def live_monitor(
         tree_gpus_only=tree_gpus_only,
         interval_s=interval_s,
         command=command,
+        # Whose load it is, when the host is busy and a job is watched.
+        outside=OutsideScanner() if host and tree is not None else None,
     )
 
 

@@ -123,7 +123,7 @@ EVIDENCE: Final[tuple[tuple[str, str, str], ...]] = (
     ("main_cpu_pct", "main CPU", "pct"),
     ("tree_cpu_pct", "job CPU", "pct"),
     ("outside_cpu_pct", "CPU outside the job", "pct"),
-    ("outside_top", "busiest outside", ""),
+    ("outside_top", "busiest outside the job", ""),
     ("host_cpu_pct", "host CPU", "pct"),
     ("iowait_pct", "iowait", "pct"),
     ("read_bytes_per_s", "read", "Bps"),

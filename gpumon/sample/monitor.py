@@ -7,13 +7,18 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from gpumon.model import GpuSample, Snapshot
 
+# A host this busy may be busy with someone else's work: look for whose (outside.py).
+BUSY_HOST_PCT = 80.0
+
 if TYPE_CHECKING:
     from gpumon.sample.host import HostSampler, ProcessTreeSampler
     from gpumon.sample.nvml import NvmlSampler
+    from gpumon.sample.outside import OutsideScanner
 
 
 class Monitor:
@@ -33,10 +38,12 @@ class Monitor:
         tree_gpus_only: bool = False,
         interval_s: float | None = None,
         command: tuple[str, ...] | None = None,
+        outside: OutsideScanner | None = None,
     ) -> None:
         self.nvml = nvml
         self.host = host
         self.tree = tree
+        self.outside = outside
         self.tree_gpus_only = tree_gpus_only and tree is not None
         self.interval_s = interval_s
         self.command = command
@@ -54,6 +61,13 @@ class Monitor:
         tree = None if self.tree is None else self.tree.sample()
         if self.tree_gpus_only and tree is not None:
             gpus = self._tree_gpus(gpus, {p.pid for p in tree.processes})
+        scanner = self.outside
+        if scanner is not None and host is not None and tree is not None:
+            busy = host.cpu_pct is not None and host.cpu_pct >= BUSY_HOST_PCT
+            if busy and scanner.due():
+                scanner.scan({p.pid for p in tree.processes})
+            if busy and scanner.busiest:
+                host = replace(host, busiest_outside=scanner.busiest)
         t_s = gpus[0].t_s if gpus else (host.t_s if host else time.monotonic())
         return Snapshot(t_s=t_s, gpus=gpus, host=host, tree=tree)
 

@@ -73,7 +73,8 @@ def encode_snapshot(snapshot: Snapshot) -> dict[str, Any]:
     if gpus:
         out["gpus"] = gpus
     if snapshot.host is not None:
-        host = _plain(snapshot.host, skip=("t_s",))
+        # (The busiest outside processes are for the live view; a trace keeps the numbers.)
+        host = _plain(snapshot.host, skip=("t_s", "busiest_outside"))
         if snapshot.host.t_s != snapshot.t_s:
             host["t_s"] = snapshot.host.t_s
         out["host"] = host
