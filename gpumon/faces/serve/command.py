@@ -104,7 +104,12 @@ def run(args: argparse.Namespace) -> int:
 
     from gpumon.faces.serve.collector import make_registry
     from gpumon.faces.serve.daemon import ServeState
-    from gpumon.faces.serve.http import ConnectionStats, MetricsServer, exposure_warning
+    from gpumon.faces.serve.http import (
+        ConnectionStats,
+        MetricsServer,
+        exposure_warning,
+        key_file_warning,
+    )
     from gpumon.faces.serve.landing import StatePages
     from gpumon.faces.serve.log import EventLog
     from gpumon.faces.serve.notify import Notifier, Watchdog, stale_after_s, watchdog_period_s
@@ -132,9 +137,9 @@ def run(args: argparse.Namespace) -> int:
         file=sys.stderr,
         flush=True,
     )
-    warning = exposure_warning(cfg)
-    if warning is not None:
-        print(warning, file=sys.stderr, flush=True)
+    for warning in (exposure_warning(cfg), key_file_warning(cfg)):
+        if warning is not None:
+            print(warning, file=sys.stderr, flush=True)
     start = state.summary("start")
     start["listen"] = f"{cfg.address}:{server.port}"
     start["interval_s"] = cfg.interval_s
