@@ -10,7 +10,13 @@ import bcrypt
 import pytest
 
 from gpumon.faces.serve import auth as auth_module
-from gpumon.faces.serve.auth import FAILURES_BURST, BasicAuth, FailureBudget, Verdict
+from gpumon.faces.serve.auth import (
+    FAILURES_BURST,
+    BasicAuth,
+    FailureBudget,
+    Verdict,
+    client_key,
+)
 
 
 def header(user: str, password: str) -> str:
@@ -115,3 +121,12 @@ def test_an_unknown_user_costs_as_much_as_the_costliest_known_one(monkeypatch) -
     decoy, known = watched.hashes
     assert decoy.split(b"$")[2] == b"06" and known.split(b"$")[2] == b"04"
     assert auth.check(header("nobody", "y"), "10.0.0.8") is Verdict.REFUSED  # never equal
+
+
+def test_an_ipv6_host_is_one_client_whatever_address_of_its_64_it_uses() -> None:
+    auth = BasicAuth([("prom", hashed("right"))], FailureBudget(clock=Clock()))
+    for i in range(FAILURES_BURST):  # each guess from another address of one /64
+        assert auth.check(header("prom", "guess"), f"2001:db8:1:2::{i:x}") is Verdict.REFUSED
+    assert auth.check(header("prom", "guess"), "2001:db8:1:2:ffff::1") is Verdict.THROTTLED
+    assert auth.check(header("prom", "guess"), "2001:db8:1:3::1") is Verdict.REFUSED
+    assert client_key("::ffff:10.0.0.9") == client_key("10.0.0.9") == "10.0.0.9"

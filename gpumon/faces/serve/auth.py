@@ -6,9 +6,10 @@ between a legitimate scrape and its answer:
 - Prometheus sends the same header every scrape: a header that once checked out is
   remembered (a keyed digest of it, bounded), and a remembered header is let in at once,
   without bcrypt and without waiting on any check in progress;
-- a wrong password costs its sender, not others: each client address has a budget of
-  failed checks (``FAILURES_BURST``, one more every ``FAILURE_REFILL_S``), kept in a
-  bounded table; spent, the address gets 429 without a bcrypt check until it refills;
+- a wrong password costs its sender, not others: each client address (an IPv6 one by
+  its /64, which one host holds whole) has a budget of failed checks
+  (``FAILURES_BURST``, one more every ``FAILURE_REFILL_S``), kept in a bounded table;
+  spent, the address gets 429 without a bcrypt check until it refills;
 - at most ``CHECKS_AT_ONCE`` bcrypt checks run at once, so guesses from many addresses
   cost the node a bounded share of its CPU;
 - an unknown user is checked against a decoy hash of the users' highest cost, so the
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import ipaddress
 import os
 import threading
 import time
@@ -117,6 +119,19 @@ class FailureBudget:
                 bucket.tokens = min(bucket.burst, bucket.tokens + 1.0)
 
 
+def client_key(address: str) -> str:
+    """Whose failures a request's are: the IPv4 address, or the IPv6 address's /64."""
+    try:
+        ip = ipaddress.ip_address(address.split("%", 1)[0])
+    except ValueError:
+        return address
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped is not None:
+            return str(ip.ipv4_mapped)
+        return str(ipaddress.IPv6Network((ip, 64), strict=False))
+    return str(ip)
+
+
 class BasicAuth:
     """Checks ``Authorization: Basic`` against bcrypt hashes, as the exporter-toolkit does."""
 
@@ -151,6 +166,7 @@ class BasicAuth:
             return Verdict.REFUSED  # no check made: nothing spent
         # Spent before the check, given back when it succeeds: a client's parallel
         # guesses cannot all pass before the first one fails.
+        client = client_key(client)
         if not self.failures.take(client):
             return Verdict.THROTTLED
         hashed = self.users.get(user)

@@ -254,6 +254,8 @@ class FrontDoorMixIn:
 
     def _spoke(self, conn: _Conn) -> None:
         """Its first bytes (or its end) arrived: on to a worker."""
+        if conn not in self._waiting:  # closed for room earlier in the same pass
+            return
         del self._waiting[conn]
         self._selector.unregister(conn.sock)
         self._ready.append(conn)
