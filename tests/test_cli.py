@@ -199,7 +199,8 @@ def test_each_exit_status_in_the_table_is_what_the_cli_returns(
 # --- standard output that cannot be written ---------------------------------------------------
 
 # Each command that prints, as a user would run it; each must say so once and exit 1 when its
-# standard output is closed (`>&-`) or on a full device (`>/dev/full`).
+# standard output is closed (`>&-`) or on a full device (`>/dev/full`).  A report needs a
+# Prometheus cluster before it prints: its --help stands for it (one stdout serves all).
 _DEMO_TRACE = ROOT / "gpumon" / "data" / "demo-synthetic.jsonl.gz"
 _SLEEP_1 = "import time; time.sleep(1)"
 _PRINTING: dict[str, tuple[str, ...]] = {
@@ -207,6 +208,7 @@ _PRINTING: dict[str, tuple[str, ...]] = {
     "analyze --json": ("analyze", "--json", str(_DEMO_TRACE)),
     "watch -- CMD": ("watch", "--interval", "0.1", "--", sys.executable, "-c", _SLEEP_1),
     "demo": ("demo", "--no-serve", "--plain", "--speed", "100000"),
+    "deploy --list": ("deploy", "--list"),
     "--help": ("--help",),
     "--version": ("--version",),
     "record --help": ("record", "--help"),
