@@ -410,6 +410,9 @@ def test_parse_stat_of_this_process_agrees_with_the_kernel() -> None:
 def test_parse_io_and_meminfo_and_diskstats() -> None:
     io = "rchar: 10\nwchar: 20\nsyscr: 1\nsyscw: 2\nread_bytes: 4096\nwrite_bytes: 8192\n"
     assert parse_io(io) == (4096.0, 8192.0)
+    assert parse_io("read_bytes: 5\nwrite_bytes: 6\n") == (5.0, 6.0)  # other layouts too
+    with pytest.raises(KeyError):
+        parse_io("rchar: 10\nwchar: 20\n")
     meminfo = "MemTotal:       1000 kB\nMemFree:         100 kB\nMemAvailable:    400 kB\n"
     assert parse_meminfo(meminfo) == (600 * 1024, 1000 * 1024)
     assert parse_meminfo("MemTotal: 1 kB\n") is None

@@ -345,6 +345,8 @@ def parse_io(text: str) -> tuple[float, float]:
     KeyError where either line is missing, ValueError where a value is not a number.
     """
     words = text.split()
+    if words[8:11:2] == ["read_bytes:", "write_bytes:"]:  # the kernel's order since 2.6.20
+        return float(words[9]), float(words[11])
     try:
         read_at, write_at = words.index("read_bytes:"), words.index("write_bytes:")
     except ValueError:
@@ -815,11 +817,17 @@ class ProcessTreeSampler:
             keep = m.ran
             m.ran = m.busy or (probe is not None and m.probe_raw is not None)
             m.probe_raw = probe  # None where not asked: the next probe is a baseline
-        base = f"{self._procfs}/{m.pid}"
         try:
-            if text is None:
-                text = self._text(m, "stat_fd", f"{base}/stat", keep)
-            io_text = "" if m.io_denied else self._io_text(m, f"{base}/io", keep)
+            stat_fd, io_fd = m.stat_fd, m.io_fd
+            if keep and text is None and stat_fd is not None and io_fd is not None:
+                # Read tick after tick through its kept files (the busy ones' common case).
+                text = os.pread(stat_fd, _SMALL_FILE, 0).decode("ascii", errors="replace")
+                io_text = self._io_kept(m, io_fd)
+            else:
+                base = f"{self._procfs}/{m.pid}"
+                if text is None:
+                    text = self._text(m, "stat_fd", f"{base}/stat", keep)
+                io_text = "" if m.io_denied else self._io_text(m, f"{base}/io", keep)
         except _GONE:
             return _LEFT
         except OSError:
@@ -883,6 +891,17 @@ class ProcessTreeSampler:
         try:
             return self._text(m, "io_fd", path, keep)
         except (PermissionError, FileNotFoundError):
+            m.io_denied = True
+        except OSError:  # gone since its stat was read: seen at the next tick
+            pass
+        return ""
+
+    @staticmethod
+    def _io_kept(m: _Member, fd: int) -> str:
+        """Its io through its kept fd; "" where it cannot be read now."""
+        try:
+            return os.pread(fd, _SMALL_FILE, 0).decode("ascii", errors="replace")
+        except PermissionError:  # no longer ours to read (a setuid exec): not asked again
             m.io_denied = True
         except OSError:  # gone since its stat was read: seen at the next tick
             pass
