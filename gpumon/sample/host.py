@@ -560,7 +560,7 @@ _PROBE_MAX_THREADS = 4
 # cursor says no task was created: a guard against a task the cursor does not show (one
 # given a chosen pid by clone3's set_tid or after ns_last_pid was set back, as CRIU
 # restores processes).  A walk opens every thread's children file: ~3.5 ms for a
-# 128-process job on 2 cores, ~12 us a tick over 300 ticks (5 minutes at 1 Hz).
+# 128-process job on 2 cores, ~11 us a tick over 300 ticks (5 minutes at 1 Hz).
 _WALK_EVERY_TICKS = 300
 _GONE = (FileNotFoundError, ProcessLookupError)  # ENOENT by path, ESRCH through a kept fd
 _OK, _EXITED, _LEFT = 0, 1, 2  # what a full read found: alive, a zombie, gone
