@@ -447,8 +447,16 @@ class _ProcFiles:
         fd = _open_kept(path, self.budget)
         if fd is None:
             return _read_text(path)
+        try:
+            data = os.pread(fd, _READ_CHUNK, 0)
+        except BaseException:
+            _close_kept(fd, self.budget)
+            raise
+        if len(data) >= _READ_CHUNK:  # too long to re-read in one call: not worth keeping
+            _close_kept(fd, self.budget)
+            return _read_text(path)
         self._fds.setdefault(pid, {})[path] = fd
-        return _pread_text(fd)
+        return data.decode("ascii", errors="replace")
 
     def keep(self, budget: FdBudget | None) -> None:
         """Keep files open from now on under ``budget`` (None: keep none, close all)."""
@@ -589,7 +597,7 @@ class _Member:
         "stat_fd",
         "stat_raw",
         "write_b",
-    )  # fmt: skip
+    )
 
     def __init__(self, pid: int, ppid: int | None, start_ticks: int = -1) -> None:
         self.pid = pid
@@ -630,8 +638,8 @@ class ProcessTreeSampler:
       changes only by the process running) and last tick's sample stands, with 0 CPU
       and 0 bytes/s.  A process that ran, or has many threads, has stat and io read; one
       whose CPU time moved over the last tick (or was running) is read so without
-      asking (it most likely ran again).
-      One thing changes without the process running: a wakeup, so a process woken but
+      asking (it most likely ran again).  Two things change without the process
+      running: its parent (see below) and its state on a wakeup, so a process woken but
       not yet run reads as sleeping until it runs.
     * A process joins the tree only by being created.  The kernel's pid cursor (the
       last pid it gave out, /proc/loadavg's last field) says whether any task was
@@ -640,9 +648,9 @@ class ProcessTreeSampler:
       is found too): a new worker is seen on the first tick after it exists, as when
       every tick walked the tree.  Where checking the new pids would cost more than a
       walk, where the cursor cannot be trusted (not this process's procfs, or it did
-      not give out the id of a thread started here) and every 300th tick, the tree is walked
-      through the children files instead.  A cursor set back (ns_last_pid, as a CRIU
-      restore does) can hide a new process until the next walk.
+      not give out the id of a thread started here) and every 300th tick, the tree is
+      walked through the children files instead.  A cursor set back (ns_last_pid, as a
+      CRIU restore does) can hide a new process until the next walk.
     * A process leaves the tree by exiting (its kept fd fails with ESRCH) or by being
       re-parented out of it when its parent exits (the stat of a departed process's
       children is read again on that tick).
