@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -617,7 +618,7 @@ class JobTree:
         """Until every process of the tree sleeps, as it then stays (a state read while one
         is still starting differs from psutil's read a moment later)."""
         deadline = time.monotonic() + 30
-        while any(p.status() != "sleeping" for p in _psutil_tree(self.pid).values()):  # type: ignore[attr-defined]
+        while any(p.status() != "sleeping" for p in _psutil_tree(self.pid).values()):
             assert time.monotonic() < deadline, "the tree never settled"
             time.sleep(0.01)
 
@@ -647,7 +648,7 @@ def _kill_and_wait(pid: int) -> None:
         time.sleep(0.01)
 
 
-def _psutil_tree(root: int) -> dict[int, object]:
+def _psutil_tree(root: int) -> dict[int, Any]:
     """psutil's view of the tree: pid -> Process, the root and every descendant."""
     import psutil
 
@@ -668,10 +669,10 @@ def test_a_128_process_job_tree_matches_psutil() -> None:
             assert len(ours) == 128 and set(ours) == set(theirs)
             for pid, p in theirs.items():
                 mine = ours[pid]
-                assert mine.ppid == p.ppid()  # type: ignore[attr-defined]
-                assert mine.name == p.name()  # type: ignore[attr-defined]
-                assert mine.num_threads == p.num_threads()  # type: ignore[attr-defined]
-                assert mine.status == p.status()  # type: ignore[attr-defined]
+                assert mine.ppid == p.ppid()
+                assert mine.name == p.name()
+                assert mine.num_threads == p.num_threads()
+                assert mine.status == p.status()
         assert tree.root is not None and tree.root.pid == job.pid
         assert all(p.cpu_pct is not None for p in tree.processes)
         sampler.close()
@@ -686,13 +687,13 @@ def test_cpu_of_a_busy_and_a_woken_worker_matches_psutil() -> None:
         procs = _psutil_tree(job.pid)
         for _ in range(3):  # past the baselines: the sleepers are probed
             sampler.sample()
-        before = {pid: sum(p.cpu_times()[:2]) for pid, p in procs.items()}  # type: ignore[attr-defined]
+        before = {pid: sum(p.cpu_times()[:2]) for pid, p in procs.items()}
         t0 = time.monotonic()
         os.kill(woken, signal.SIGUSR1)
         time.sleep(1.2)
         tree = sampler.sample()
         seconds = time.monotonic() - t0
-        after = {pid: sum(p.cpu_times()[:2]) for pid, p in procs.items()}  # type: ignore[attr-defined]
+        after = {pid: sum(p.cpu_times()[:2]) for pid, p in procs.items()}
         ours = {p.pid: p.cpu_pct for p in tree.processes}
         for pid in (busy, woken):
             theirs = 100.0 * (after[pid] - before[pid]) / seconds
