@@ -31,11 +31,14 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import os
+import signal
 import struct
 import subprocess
 import sys
 import tempfile
 import time
+import types
 from collections.abc import Callable
 from pathlib import Path
 
@@ -48,6 +51,7 @@ from _timing import OneHertz, clock_modules, interleaved, nvml_sampler_of, ratio
 from fakenvml import FakeGPU, Pattern, Process, Scenario, load_in_process, write_scenario  # noqa: E402
 
 PROCTREE = ROOT / "tests" / "helpers" / "proctree.py"
+JOBTREE = ROOT / "tests" / "helpers" / "jobtree.py"
 
 
 class _FloorGpm:
@@ -160,9 +164,178 @@ def start_tree(n_procs: int) -> tuple[subprocess.Popen[str], int]:
     return proc, proc.pid
 
 
+# --- 8 GPUs and a job-shaped tree of 128 processes (issue "The engine floor") ---------
+
+JOB_RANKS, JOB_WORKERS = 8, 119  # with the launcher: 128 processes
+JOB_GPU = FakeGPU(pattern=Pattern.burst(1.0, 0.4), processes=[Process(4242)], gpm_supported=True)
+
+
+def start_job_tree() -> tuple[subprocess.Popen[str], int, int]:
+    """A launcher, 8 ranks of 12 threads and 119 DataLoader-like workers of 2 threads (the
+    worker and its queue feeder), 4 of them waking every 2 ms for 0.2 ms of CPU, the rest
+    asleep: (process, root pid, processes)."""
+    proc = subprocess.Popen(
+        [sys.executable, str(JOBTREE), str(JOB_RANKS), str(JOB_WORKERS),
+         "--rank-threads", "12", "--worker-threads", "2",
+         "--busy", "4", "--burst-ms", "0.2", "--period-ms", "2"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert proc.stdout is not None and proc.stdout.readline().startswith("ready")
+    n = 1
+    while (line := proc.stdout.readline().split())[0] != "end":
+        n += len(line) - 1
+    return proc, proc.pid, n
+
+
+def job_tree_case(
+    scenario_path: Path, modules: list[types.ModuleType], rounds: int, *, load: bool
+) -> tuple[list[tuple[str, str, str, str, str, str]], str, bool]:
+    """The whole tick at 8 GPUs and a 128-process job tree, and the tree's part, each
+    interleaved with its same-run floor: for the tree, one ``pread`` of /proc/PID/stat per
+    process on kept fds (the least a per-process CPU reading costs read from stat); for
+    the tick, that plus the NVML floor.  Also the tree were every process to run between ticks
+    (each read in full: emulated by marking every process busy, as one whose CPU time
+    moved over the last tick), and a tick that walks the tree (every 300th does)."""
+    from gpumon.engine import Session
+    from gpumon.sample.host import FdBudget, ProcessTreeSampler
+
+    write_scenario(scenario_path, Scenario(gpus=[JOB_GPU] * 8))
+    if load:
+        load_in_process(scenario_path)  # once: gpumon calls nvmlInit once per process
+    time.sleep(0.05)  # the fake notices a rewritten scenario within ~10 ms
+    tree_proc, root, n_procs = start_job_tree()
+    try:
+        session = Session.live(pid=root, interval_s=1.0)  # nvmlInit, where not done yet
+        nvml_floor, _gpm_floor = make_floor(8, gpm=True)
+        pids = [root, *_descendants(root)]
+        assert len(pids) == n_procs == 128, (len(pids), n_procs)
+        stat_fds = [os.open(f"/proc/{pid}/stat", os.O_RDONLY) for pid in pids]
+
+        def stat_floor() -> None:
+            for fd in stat_fds:
+                os.pread(fd, 4096, 0)
+
+        def tick_floor() -> None:
+            nvml_floor()
+            stat_floor()
+
+        tree = ProcessTreeSampler(root, fd_budget=FdBudget(1024))
+        all_ran = ProcessTreeSampler(root, fd_budget=FdBudget(1024))
+        walker = ProcessTreeSampler(root, fd_budget=FdBudget(1024))
+        hz_tick = OneHertz(nvml_sampler_of(session), modules)
+        hz_tree, hz_all, hz_walk = (OneHertz((), modules) for _ in range(3))
+
+        def tick(hz: OneHertz = hz_tick) -> int:
+            hz.step()
+            tree = session.tick().snapshot.tree
+            return 0 if tree is None else len(tree.processes)
+
+        def tree_part(hz: OneHertz = hz_tree) -> None:
+            hz.step()
+            tree.sample()
+
+        def every_process_ran(hz: OneHertz = hz_all) -> None:
+            hz.step()
+            for m in all_ran._members.values():
+                m.busy, m.stat_raw = True, ""
+            all_ran.sample()
+
+        def walk_tick(hz: OneHertz = hz_walk) -> None:
+            hz.step()
+            walker._walk_due, walker._walked_last = True, False  # as every 300th tick
+            walker.sample()
+
+        # Two groups, each interleaved with its own floor: the tree's heavier cases (every
+        # process read, a walk) churn memory enough to tax whatever runs next.
+        ticks: dict[str, Callable[[], object]] = {"tick_floor": tick_floor, "tick": tick}
+        trees: dict[str, Callable[[], object]] = {
+            "stat_floor": stat_floor,
+            "tree": tree_part,
+            "all_ran": every_process_ran,
+            "walk": walk_tick,
+        }
+        with OneHertz((), modules).installed():
+            assert [tick(), tick()] == [n_procs, n_procs]  # past the first tick's baselines
+            res = interleaved(ticks, rounds=rounds, per_batch=2)
+            res |= interleaved(
+                trees,
+                rounds=rounds,
+                per_batch={"stat_floor": 4, "tree": 4, "all_ran": 2, "walk": 1},
+            )
+            verdict = session.verdict()
+        for fd in stat_fds:
+            os.close(fd)
+    finally:
+        os.killpg(root, signal.SIGKILL)
+        tree_proc.wait()
+    assert verdict is not None and verdict.state.value == "starved", verdict
+    ok = res["tick"].cpu_us < 1000.0
+    rows = [
+        (
+            "whole tick, 8 GPU, 128-proc job tree (CPU us)",
+            f"{res['tick'].cpu_us:.0f}",
+            f"{res['tick_floor'].cpu_us:.0f}",
+            f"{ratio(res['tick'], res['tick_floor']):.2f}",
+            "< 1000 us",
+            "PASS" if ok else "FAIL",
+        ),
+        (
+            "  of it the tree (CPU us; stat pread floor)",
+            f"{res['tree'].cpu_us:.0f}",
+            f"{res['stat_floor'].cpu_us:.0f}",
+            f"{ratio(res['tree'], res['stat_floor']):.2f}",
+            "",
+            "",
+        ),
+        (
+            "  the tree, a tick that walks it (every 300th)",
+            f"{res['walk'].cpu_us:.0f}",
+            f"{res['stat_floor'].cpu_us:.0f}",
+            f"{ratio(res['walk'], res['stat_floor']):.2f}",
+            "",
+            "",
+        ),
+        (
+            "  the tree, every process ran (CPU us)",
+            f"{res['all_ran'].cpu_us:.0f}",
+            f"{res['stat_floor'].cpu_us:.0f}",
+            f"{ratio(res['all_ran'], res['stat_floor']):.2f}",
+            "",
+            "",
+        ),
+    ]
+    part = (
+        f"8 GPU job tree, {n_procs} procs: tick {res['tick'].cpu_us:5.0f} (floor "
+        f"{res['tick_floor'].cpu_us:4.0f}); tree {res['tree'].cpu_us:4.0f} = "
+        f"{res['tree'].cpu_us / n_procs:.2f} us/proc (stat floor "
+        f"{res['stat_floor'].cpu_us / n_procs:.2f}; every process ran "
+        f"{res['all_ran'].cpu_us / n_procs:.2f}; the walk every 300th tick: "
+        f"+{(res['walk'].cpu_us - res['tree'].cpu_us) / 300:.0f} a tick)"
+        f"  (wall: tick {res['tick'].wall_us:5.0f}, tree {res['tree'].wall_us:4.0f})"
+    )
+    return rows, part, ok
+
+
+def _descendants(root: int) -> list[int]:
+    """Every descendant of ``root``, through /proc/PID/task/*/children."""
+    out: list[int] = []
+    stack = [root]
+    while stack:
+        pid = stack.pop()
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                kids = [int(x) for x in f.read().split()]
+            out.extend(kids)
+            stack.extend(kids)
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer repeats (smoke run)")
+    parser.add_argument(
+        "--job-tree", action="store_true", help="only 8 GPUs + the 128-process job tree"
+    )
     args = parser.parse_args()
     rounds = 7 if args.quick else 31
 
@@ -175,7 +348,7 @@ def main() -> int:
     rows: list[tuple[str, str, str, str, str, str]] = []
     parts: list[str] = []
     ok_all = True
-    for n_gpus in (1, 8):
+    for n_gpus in () if args.job_tree else (1, 8):
         gpu = FakeGPU(
             pattern=Pattern.burst(1.0, 0.4), processes=[Process(4242)], gpm_supported=True
         )
@@ -307,6 +480,13 @@ def main() -> int:
                 f"  (wall: tick {res['tick'].wall_us:5.0f}, floor {res['floor'].wall_us:4.0f})"
             )
 
+    job_rows, job_part, job_ok = job_tree_case(scenario_path, modules, rounds, load=args.job_tree)
+    ok_all &= job_ok
+    print("\n8 GPUs and a job-shaped tree of 128 processes, CPU us per call (medians):")
+    print(job_part)
+    print(table(job_rows))
+    if args.job_tree:
+        return 0 if ok_all else 1
     print("\nCPU us per call (process time), medians over rounds; gpumon at an emulated 1 Hz:")
     print("\n".join(parts))
     print()

@@ -194,3 +194,57 @@ def test_each_exit_status_in_the_table_is_what_the_cli_returns(
 ) -> None:
     cases, want = CASES[status]
     assert cases(fake_nvml, tmp_path) == want
+
+
+# --- standard output that cannot be written ---------------------------------------------------
+
+# Each command that prints, as a user would run it; each must say so once and exit 1 when its
+# standard output is closed (`>&-`) or on a full device (`>/dev/full`).  A report needs a
+# Prometheus cluster before it prints: its --help stands for it (one stdout serves all).
+_DEMO_TRACE = ROOT / "gpumon" / "data" / "demo-synthetic.jsonl.gz"
+_SLEEP_1 = "import time; time.sleep(1)"
+_PRINTING: dict[str, tuple[str, ...]] = {
+    "analyze": ("analyze", str(_DEMO_TRACE)),
+    "analyze --json": ("analyze", "--json", str(_DEMO_TRACE)),
+    "watch -- CMD": ("watch", "--interval", "0.1", "--", sys.executable, "-c", _SLEEP_1),
+    "demo": ("demo", "--no-serve", "--plain", "--speed", "100000"),
+    "deploy --list": ("deploy", "--list"),
+    "--help": ("--help",),
+    "--version": ("--version",),
+    "record --help": ("record", "--help"),
+    "report --help": ("report", "--help"),
+    "serve --help": ("serve", "--help"),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["closed", "full"])
+@pytest.mark.parametrize("buffered", [True, False], ids=["buffered", "unbuffered"])
+def test_stdout_that_cannot_be_written_is_one_sentence_and_status_1(
+    how: str, buffered: bool, fake_nvml
+) -> None:
+    if how == "full" and not Path("/dev/full").exists():
+        pytest.skip("no /dev/full on this system")
+    env = dict(fake_nvml.env)
+    env.pop("PYTHONUNBUFFERED", None)
+    if not buffered:  # each write fails at once, rather than the flush at the end
+        env["PYTHONUNBUFFERED"] = "1"
+    failed = []
+    for name, args in _PRINTING.items():
+        cmd = [sys.executable, "-m", "gpumon", *args]
+        if how == "closed":  # fd 1 closed, as the shell's >&- leaves it
+            cmd = ["sh", "-c", 'exec "$@" >&-', "sh", *cmd]
+            res = subprocess.run(cmd, env=env, stderr=subprocess.PIPE, text=True, timeout=60)
+        else:
+            with open("/dev/full", "w") as full:
+                res = subprocess.run(
+                    cmd, env=env, stdout=full, stderr=subprocess.PIPE, text=True, timeout=60
+                )
+        lines = res.stderr.strip().splitlines()
+        said = [ln for ln in lines if "standard output" in ln]
+        if res.returncode != 1 or len(said) != 1 or "Traceback" in res.stderr:
+            failed.append(f"{name}: status {res.returncode}, stderr {res.stderr[-600:]!r}")
+            continue
+        assert said[0].startswith("gpumon: cannot write to standard output: ")
+        assert ("closed" if how == "closed" else "No space left") in said[0]
+    assert not failed, "\n".join(failed)

@@ -7,9 +7,11 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -93,6 +95,19 @@ def test_worker_exiting_mid_run_does_not_break_sampling() -> None:
         t.proc.wait(5)
 
 
+def _kept_proc_files(pid: int) -> list[str]:
+    """The files of /proc/PID this process holds open."""
+    out = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith(f"/proc/{pid}/"):
+            out.append(target)
+    return out
+
+
 def test_kept_procfs_files_are_closed_when_a_worker_leaves_and_on_close() -> None:
     """The tree sampler keeps /proc/PID files open between ticks; none may leak."""
 
@@ -107,13 +122,14 @@ def test_kept_procfs_files_are_closed_when_a_worker_leaves_and_on_close() -> Non
         assert len(first.processes) == 3
         with_three = open_fds()
         assert with_three > before  # files kept open for the next tick
+        assert _kept_proc_files(t.workers[0])
         again = sampler.sample()  # re-read through the kept files
         assert {p.pid for p in again.processes} == {p.pid for p in first.processes}
         assert open_fds() == with_three
         time.sleep(1.2)
         later = sampler.sample()
         assert {p.pid for p in later.processes} == {t.pid, t.workers[1]}
-        assert open_fds() < with_three
+        assert _kept_proc_files(t.workers[0]) == []
         sampler.close()
         assert open_fds() <= before + 1  # the Popen pipe
     finally:
@@ -149,9 +165,9 @@ def _kept_children_files() -> int:
     return n
 
 
-def test_children_of_any_thread_are_found_and_their_files_kept() -> None:
-    """A child is listed under the thread that forked it: every thread's file is read, kept
-    open while the threads stay the same, and listed again when they change."""
+def _threaded_tree_is_found(sampler_for: Callable[[int], ProcessTreeSampler]) -> int:
+    """Run THREADED under a sampler: the child of a non-main thread is found, then the
+    child of a thread started later; returns the children files kept between ticks."""
     proc = subprocess.Popen(
         [sys.executable, "-c", THREADED], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
     )
@@ -160,14 +176,13 @@ def test_children_of_any_thread_are_found_and_their_files_kept() -> None:
     try:
         first_child = int(proc.stdout.readline())
         children.append(first_child)
-        sampler = ProcessTreeSampler(proc.pid, fd_budget=FdBudget(64))
+        sampler = sampler_for(proc.pid)
         tree = sampler.sample()
         assert {p.pid for p in tree.processes} == {proc.pid, first_child}
         assert tree.root is not None and tree.root.num_threads == 5  # main, 3 + 1 threads
         kept = _kept_children_files()
-        assert kept >= 5  # one per thread of the root (and the child's own)
         assert {p.pid for p in sampler.sample().processes} == {proc.pid, first_child}
-        assert _kept_children_files() == kept  # read again through the kept files
+        assert _kept_children_files() == kept
         proc.stdin.write("\n")
         proc.stdin.flush()
         second_child = int(proc.stdout.readline())
@@ -176,12 +191,58 @@ def test_children_of_any_thread_are_found_and_their_files_kept() -> None:
         assert {p.pid for p in tree.processes} == {proc.pid, first_child, second_child}
         sampler.close()
         assert _kept_children_files() == 0
+        return kept
     finally:
         for pid in children:  # the forked children outlive their killed parent otherwise
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         proc.kill()
         proc.wait(5)
+
+
+@pytest.mark.parametrize("cursors", [[7, 7], [7, 9]], ids=["still", "elsewhere"])
+def test_a_pid_cursor_that_does_not_follow_new_tasks_is_not_trusted(
+    cursors: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A /proc/loadavg whose last pid does not give out the id of a thread the sampler
+    starts (one that never moves, as gVisor's; one a container filesystem makes up, as
+    LXCFS's) is not trusted: every tick walks the tree, and new workers are still found."""
+    with job_tree(1, 1) as job:
+        values = iter(cursors)
+        with monkeypatch.context() as m:
+            m.setattr(ProcessTreeSampler, "_read_cursor", lambda self: next(values))
+            sampler = ProcessTreeSampler(job.pid)
+        assert sampler._cursor is None
+        sampler.sample()
+        child, grandchild = (int(x) for x in job.ask("fork"))
+        assert {child, grandchild} <= {p.pid for p in sampler.sample().processes}
+        sampler.close()
+
+
+def test_children_of_any_thread_are_found_without_keeping_children_files() -> None:
+    """A child is listed under the thread that forked it: the first tick's walk reads every
+    thread's file; later children are found from the pids given out since, so no children
+    file is kept open between ticks."""
+    kept = _threaded_tree_is_found(lambda pid: ProcessTreeSampler(pid, fd_budget=FdBudget(64)))
+    assert kept == 0
+
+
+def test_without_a_trusted_pid_cursor_every_tick_walks_and_keeps_its_files(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Where the pid cursor cannot be trusted (here: /proc is not this process's own), the
+    tree is walked each tick: every thread's children file is kept open while the threads
+    stay the same, and listed again when they change."""
+    from gpumon.sample import host
+
+    def sampler_for(pid: int) -> ProcessTreeSampler:
+        with monkeypatch.context() as m:
+            m.setattr(host.os, "readlink", lambda path: "another namespace")
+            sampler = ProcessTreeSampler(pid, fd_budget=FdBudget(64))
+        assert sampler._cursor is None
+        return sampler
+
+    assert _threaded_tree_is_found(sampler_for) >= 5  # one per thread of the root
 
 
 def test_new_descendants_are_picked_up_and_root_exit_is_seen() -> None:
@@ -350,6 +411,9 @@ def test_parse_stat_of_this_process_agrees_with_the_kernel() -> None:
 def test_parse_io_and_meminfo_and_diskstats() -> None:
     io = "rchar: 10\nwchar: 20\nsyscr: 1\nsyscw: 2\nread_bytes: 4096\nwrite_bytes: 8192\n"
     assert parse_io(io) == (4096.0, 8192.0)
+    assert parse_io("read_bytes: 5\nwrite_bytes: 6\n") == (5.0, 6.0)  # other layouts too
+    with pytest.raises(KeyError):
+        parse_io("rchar: 10\nwchar: 20\n")
     meminfo = "MemTotal:       1000 kB\nMemFree:         100 kB\nMemAvailable:    400 kB\n"
     assert parse_meminfo(meminfo) == (600 * 1024, 1000 * 1024)
     assert parse_meminfo("MemTotal: 1 kB\n") is None
@@ -514,3 +578,369 @@ def test_the_sessions_process_tree_reads_the_real_proc_by_default() -> None:
 
     tree = process_tree(os.getpid()).sample()
     assert os.getpid() in {p.pid for p in tree.processes}
+
+
+# --- job-shaped trees (tests/helpers/jobtree.py) -------------------------------------------
+
+JOBTREE = Path(__file__).parent / "helpers" / "jobtree.py"
+
+
+class JobTree:
+    """A launcher, its ranks and their workers, driven through the helper's commands."""
+
+    def __init__(self, ranks: int, workers: int, *options: str) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, str(JOBTREE), str(ranks), str(workers), *options],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.pid = self.proc.pid
+        head = self.proc.stdout.readline().split()
+        assert head == ["ready", str(self.pid)], head
+        self.ranks: dict[int, list[int]] = {}
+        while (line := self.proc.stdout.readline().split())[0] != "end":
+            self.ranks[int(line[1])] = [int(x) for x in line[2:]]
+
+    @property
+    def workers(self) -> list[int]:
+        return [w for ws in self.ranks.values() for w in ws]
+
+    def ask(self, command: str) -> list[str]:
+        """Send one command; the words of its reply after the first."""
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(command + "\n")
+        self.proc.stdin.flush()
+        return self.proc.stdout.readline().split()[1:]
+
+    def wait_asleep(self) -> None:
+        """Until every process of the tree sleeps, as it then stays (a state read while one
+        is still starting differs from psutil's read a moment later)."""
+        deadline = time.monotonic() + 30
+        while any(p.status() != "sleeping" for p in _psutil_tree(self.pid).values()):
+            assert time.monotonic() < deadline, "the tree never settled"
+            time.sleep(0.01)
+
+    def readline(self) -> list[str]:
+        assert self.proc.stdout is not None
+        return self.proc.stdout.readline().split()
+
+    def close(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.pid, signal.SIGKILL)  # the root leads a group: orphans too
+        self.proc.wait(5)
+
+
+@contextlib.contextmanager
+def job_tree(ranks: int, workers: int, *options: str) -> Iterator[JobTree]:
+    tree = JobTree(ranks, workers, *options)
+    try:
+        yield tree
+    finally:
+        tree.close()
+
+
+def _kill_and_wait(pid: int) -> None:
+    """SIGKILL a process the helper reaps at once, and wait until it is gone from /proc."""
+    os.kill(pid, signal.SIGKILL)
+    while os.path.exists(f"/proc/{pid}"):
+        time.sleep(0.01)
+
+
+def _psutil_tree(root: int) -> dict[int, Any]:
+    """psutil's view of the tree: pid -> Process, the root and every descendant."""
+    import psutil
+
+    top = psutil.Process(root)
+    return {p.pid: p for p in [top, *top.children(recursive=True)]}
+
+
+def test_a_128_process_job_tree_matches_psutil() -> None:
+    """A launcher, 8 ranks of 6 threads, 119 workers of 2 threads: the same processes,
+    parents, names, thread counts and states as psutil reads."""
+    with job_tree(8, 119, "--rank-threads", "6", "--worker-threads", "2") as job:
+        job.wait_asleep()
+        sampler = ProcessTreeSampler(job.pid)
+        for _ in range(3):  # the baseline, the probes' baseline, then probes alone
+            tree = sampler.sample()
+            theirs = _psutil_tree(job.pid)
+            ours = {p.pid: p for p in tree.processes}
+            assert len(ours) == 128 and set(ours) == set(theirs)
+            for pid, p in theirs.items():
+                mine = ours[pid]
+                assert mine.ppid == p.ppid()
+                assert mine.name == p.name()
+                assert mine.num_threads == p.num_threads()
+                assert mine.status == p.status()
+        assert tree.root is not None and tree.root.pid == job.pid
+        assert all(p.cpu_pct is not None for p in tree.processes)
+        sampler.close()
+
+
+def test_cpu_of_a_busy_and_a_woken_worker_matches_psutil() -> None:
+    """A worker burning CPU and one woken from its sleep (SIGUSR1: a second of CPU) read the
+    CPU psutil reads over the same tick, within a few points; the sleepers read 0."""
+    with job_tree(1, 3, "--busy", "1", "--burst-ms", "1000", "--period-ms", "1000") as job:
+        busy, woken, sleeper = job.workers
+        sampler = ProcessTreeSampler(job.pid)
+        procs = _psutil_tree(job.pid)
+        for _ in range(3):  # past the baselines: the sleepers are probed
+            sampler.sample()
+        before = {pid: sum(p.cpu_times()[:2]) for pid, p in procs.items()}
+        t0 = time.monotonic()
+        os.kill(woken, signal.SIGUSR1)
+        time.sleep(1.2)
+        tree = sampler.sample()
+        seconds = time.monotonic() - t0
+        after = {pid: sum(p.cpu_times()[:2]) for pid, p in procs.items()}
+        ours = {p.pid: p.cpu_pct for p in tree.processes}
+        for pid in (busy, woken):
+            theirs = 100.0 * (after[pid] - before[pid]) / seconds
+            assert theirs > 10.0  # it did run
+            assert ours[pid] == pytest.approx(theirs, abs=5.0)
+        assert ours[sleeper] == 0.0
+        sampler.close()
+
+
+def test_read_and_write_bytes_match_psutil(tmp_path: Path) -> None:
+    """A worker reading a file that is not in the page cache, then writing a copy: its read
+    and write bytes over the tick are what psutil reads of /proc/PID/io."""
+    import psutil
+
+    data = tmp_path / "data.bin"
+    size = 8 << 20
+    with open(data, "wb") as f:
+        f.write(os.urandom(size))
+        f.flush()
+        os.fsync(f.fileno())
+        os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)  # reads reach the disk
+    with job_tree(1, 1) as job:
+        (reader,) = (int(x) for x in job.ask(f"reader {data}"))
+        sampler = ProcessTreeSampler(job.pid)
+        for _ in range(3):
+            sampler.sample()
+        before = psutil.Process(reader).io_counters()
+        t0 = sampler.sample().t_s
+        os.kill(reader, signal.SIGUSR2)
+        assert job.readline() == ["read", str(reader)]
+        tree = sampler.sample()
+        after = psutil.Process(reader).io_counters()
+        seconds = tree.t_s - t0
+        mine = {p.pid: p for p in tree.processes}[reader]
+        if after.read_bytes - before.read_bytes < size // 2:
+            pytest.skip(f"{tmp_path} is not on a block device: reads do not reach storage")
+        assert mine.read_bytes_per_s is not None and mine.write_bytes_per_s is not None
+        assert mine.read_bytes_per_s * seconds == pytest.approx(
+            after.read_bytes - before.read_bytes
+        )
+        assert mine.write_bytes_per_s * seconds == pytest.approx(
+            after.write_bytes - before.write_bytes
+        )
+        assert after.write_bytes - before.write_bytes >= size
+        sampler.close()
+
+
+def test_idle_processes_are_not_read_in_full() -> None:
+    """Past the baselines, a tree whose processes all sleep costs one schedstat read per
+    thread: no stat is parsed, no file opened, and every process reads 0 CPU."""
+    from gpumon.sample import host
+
+    with job_tree(2, 6, "--worker-threads", "2") as job:
+        job.wait_asleep()
+        sampler = ProcessTreeSampler(job.pid)
+        sampler.sample()
+        sampler.sample()
+        parsed: list[str] = []
+        real = host._stat_fields
+
+        def counting(text: str) -> tuple[str, str, int, float, int, int]:
+            parsed.append(text)
+            return real(text)
+
+        fds = len(os.listdir("/proc/self/fd"))
+        with pytest.MonkeyPatch.context() as m:
+            m.setattr(host, "_stat_fields", counting)
+            tree = sampler.sample()
+        assert len(os.listdir("/proc/self/fd")) == fds
+        assert parsed == []
+        assert len(tree.processes) == 9
+        assert all(p.cpu_pct == 0.0 and p.read_bytes_per_s == 0.0 for p in tree.processes)
+        sampler.close()
+
+
+def test_new_processes_are_found_the_next_tick_without_a_walk(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A child and its own child forked between two ticks are both in the next tick, found
+    from the pids given out since the last one, not by reading children files; a new
+    thread is not a process."""
+    from gpumon.sample import host
+
+    with job_tree(2, 4) as job:
+        sampler = ProcessTreeSampler(job.pid)
+        sampler.sample()
+
+        def no_walk(*_a: object, **_k: object) -> None:
+            raise AssertionError("walked the tree")
+
+        monkeypatch.setattr(host, "_children_procfs", no_walk)
+        child, grandchild = (int(x) for x in job.ask("fork"))
+        (tid,) = (int(x) for x in job.ask("thread"))
+        tree = sampler.sample()
+        by_pid = {p.pid: p for p in tree.processes}
+        assert set(by_pid) == {job.pid, *job.ranks, *job.workers, child, grandchild}
+        assert by_pid[child].ppid == job.pid and by_pid[grandchild].ppid == child
+        assert by_pid[child].cpu_pct is None  # its first tick: a baseline
+        assert tid not in by_pid and by_pid[job.pid].num_threads == 2
+        sampler.close()
+
+
+def test_a_tick_after_many_new_pids_walks_the_tree_instead(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """More pids given out than checking them would cost against a walk: the tree is walked
+    (and a new child found so); walked tick after tick, its children files are kept open,
+    and closed once the ticks go quiet again."""
+    with job_tree(1, 2) as job:
+        sampler = ProcessTreeSampler(job.pid)
+        sampler.sample()  # a walk: the first tick's
+        sampler.sample()
+
+        def no_checks(*_a: object, **_k: object) -> None:
+            raise AssertionError("checked the new pids one by one")
+
+        monkeypatch.setattr(sampler, "_adopt", no_checks)
+        child, grandchild = (int(x) for x in job.ask("fork"))
+        _start_threads(40)  # 40 pids given out: past the cap of 32
+        assert {child, grandchild} <= {p.pid for p in sampler.sample().processes}
+        assert _kept_children_files() == 0  # one walk: nothing kept
+        _start_threads(40)
+        sampler.sample()
+        assert _kept_children_files() == 6  # walked again: one file per process kept
+        monkeypatch.undo()
+        sampler.sample()
+        assert _kept_children_files() == 0
+        sampler.close()
+
+
+def test_a_missed_process_is_found_by_the_periodic_walk(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Were the pid cursor ever to miss a new process, the walk every 300th tick finds it."""
+
+    with job_tree(1, 1) as job:
+        sampler = ProcessTreeSampler(job.pid)
+        sampler.sample()
+        frozen = sampler._read_cursor()
+        monkeypatch.setattr(sampler, "_read_cursor", lambda: frozen)
+        child, grandchild = (int(x) for x in job.ask("fork"))
+        ticks = 1
+        while child not in {p.pid for p in sampler.sample().processes}:
+            ticks += 1
+            assert ticks <= 300
+        assert ticks == 300 and grandchild in {p.pid for p in sampler.sample().processes}
+        sampler.close()
+
+
+@pytest.mark.parametrize("subreaper", [False, True])
+def test_an_orphan_leaves_the_tree_unless_the_root_is_its_subreaper(subreaper: bool) -> None:
+    """A worker whose parent exits is re-parented: out of the tree (to init), or to the
+    root where the root is a child subreaper (as torchrun-like launchers may be)."""
+    with job_tree(1, 1, *(["--subreaper"] if subreaper else [])) as job:
+        sampler = ProcessTreeSampler(job.pid)
+        sampler.sample()
+        middle, orphan = job.ask("orphan")
+        tree = {p.pid: p for p in sampler.sample().processes}
+        assert int(middle) not in tree
+        if subreaper:
+            assert tree[int(orphan)].ppid == job.pid
+        else:
+            assert int(orphan) not in tree
+        assert set(tree) == set(_psutil_tree(job.pid))
+        sampler.close()
+
+
+def test_workers_exiting_and_forking_mid_run_match_psutil() -> None:
+    """Round after round of a 128-process tree, workers killed, new pairs forked, orphans
+    made and ranks killed with their workers: each tick holds exactly psutil's tree."""
+    with job_tree(8, 119, "--worker-threads", "2") as job:
+        sampler = ProcessTreeSampler(job.pid)
+        workers = job.workers
+        ranks = list(job.ranks)
+        sampler.sample()
+        for round_ in range(6):
+            for pid in workers[round_ * 5 : round_ * 5 + 5]:
+                _kill_and_wait(pid)
+            job.ask("fork")
+            job.ask("orphan")
+            if round_ in (2, 4):
+                rank = ranks[round_]
+                _kill_and_wait(rank)
+                for pid in job.ranks[rank]:  # they die with their rank
+                    while os.path.exists(f"/proc/{pid}"):
+                        time.sleep(0.01)
+            tree = sampler.sample()
+            assert {p.pid for p in tree.processes} == set(_psutil_tree(job.pid))
+        sampler.close()
+
+
+def _fork_with_pid(pid: int, fork: Callable[[], int], discard: Callable[[int], None]) -> bool:
+    """Run ``fork`` so that the process it makes gets ``pid`` (as CRIU does: the kernel's
+    ns_last_pid set just below); False where another process kept taking it first (the
+    processes that got another pid are handed to ``discard``)."""
+    for _ in range(20):
+        with open("/proc/sys/kernel/ns_last_pid", "w") as f:
+            f.write(str(pid - 1))
+        got = fork()
+        if got == pid:
+            return True
+        discard(got)
+    return False
+
+
+def _start_threads(n: int) -> None:
+    """Start and join n threads: the kernel's pid cursor moves on by n."""
+    for _ in range(n):
+        thread = threading.Thread(target=int)
+        thread.start()
+        thread.join()
+
+
+def test_a_pid_reused_within_a_tick_is_a_new_process() -> None:
+    """A worker exits and, before the next tick, its pid is given to a new process: inside
+    the tree that is a new member with a new baseline (its own name, no rates), outside
+    the tree it is not one.  (The pid is chosen through ns_last_pid, as CRIU does; that
+    sets the pid cursor back, so these ticks walk the tree.)"""
+    if not os.access("/proc/sys/kernel/ns_last_pid", os.W_OK):
+        pytest.skip("choosing a pid needs CAP_SYS_ADMIN (/proc/sys/kernel/ns_last_pid)")
+    with job_tree(1, 2) as job:
+        sampler = ProcessTreeSampler(job.pid)
+        reused = job.workers[0]
+        sampler.sample()
+        _start_threads(8)  # the cursor then stays above every pid the reuse gives out
+        sampler.sample()
+        _kill_and_wait(reused)
+        if not _fork_with_pid(reused, lambda: int(job.ask("fork reborn")[0]), _kill_and_wait):
+            pytest.skip("the machine kept taking the pid first")
+        tree = {p.pid: p for p in sampler.sample().processes}
+        assert tree[reused].name == "reborn" and tree[reused].ppid == job.pid
+        assert tree[reused].cpu_pct is None
+        _start_threads(8)
+        sampler.sample()
+        _kill_and_wait(reused)
+        strangers: list[subprocess.Popen[bytes]] = []
+
+        def stranger() -> int:
+            strangers.append(subprocess.Popen(["sleep", "60"]))
+            return strangers[-1].pid
+
+        try:
+            if not _fork_with_pid(reused, stranger, lambda _pid: None):
+                pytest.skip("the machine kept taking the pid first")
+            assert reused not in {p.pid for p in sampler.sample().processes}
+        finally:
+            for proc in strangers:
+                proc.kill()
+                proc.wait(5)
+        sampler.close()

@@ -5,11 +5,19 @@ that are not Prometheus', and the rules file's metric names."""
 from __future__ import annotations
 
 import argparse
+import base64
+import contextlib
 import datetime
 import http.server
+import math
+import os
 import re
+import resource
+import socket
+import subprocess
+import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -17,7 +25,7 @@ from test_cli import gpumon, one_sentence
 from test_deploy import load_yaml_all, metric_names_in
 
 from gpumon.errors import ConfigError
-from gpumon.faces.report.client import PrometheusClient, PrometheusError
+from gpumon.faces.report.client import MAX_ANSWER_BYTES, PrometheusClient, PrometheusError
 from gpumon.faces.report.command import parse_duration, parse_time
 from gpumon.faces.report.httpconfig import load, parse
 from gpumon.faces.report.queries import (
@@ -220,3 +228,189 @@ def test_the_report_rules_and_queries_use_only_exported_metrics() -> None:
     used = metric_names_in(QUERIES.read_text())
     histograms = {"gpumon_gpu_idle_gap_seconds_bucket", "gpumon_gpu_busy_burst_seconds_bucket"}
     assert used - histograms <= known, used - known
+
+
+# --------------------------------------------------------------------------- hostile answers
+class Hostile:
+    """A TCP server answering every connection with ``serve(sock, request_head)``, each in a
+    thread; the request heads it read are kept."""
+
+    def __init__(self, serve) -> None:
+        self.serve = serve
+        self.heads: list[bytes] = []
+        self.stop = threading.Event()
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while not self.stop.is_set():
+            try:
+                sock, _ = self.listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._one, args=(sock,), daemon=True).start()
+
+    def _one(self, sock: socket.socket) -> None:
+        with sock:
+            head = b""
+            while b"\r\n\r\n" not in head and (chunk := sock.recv(65536)):
+                head += chunk
+            self.heads.append(head)
+            with contextlib.suppress(OSError):
+                self.serve(sock, self)
+
+    def close(self) -> None:
+        self.stop.set()
+        self.listener.close()
+
+
+@pytest.fixture
+def hostile() -> Iterator[Callable[..., Hostile]]:
+    servers: list[Hostile] = []
+
+    def start(serve) -> Hostile:
+        servers.append(Hostile(serve))
+        return servers[-1]
+
+    yield start
+    for s in servers:
+        s.close()
+
+
+def _limited(megabytes: int) -> Callable[[], None]:
+    """For preexec_fn: the child's address space capped, so a report that reads without a
+    bound fails in it instead of growing on a shared machine."""
+
+    def limit() -> None:
+        cap = megabytes * 2**20
+        resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+
+    return limit
+
+
+def report(url: str, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "GPUMON_PROMETHEUS"}
+    return subprocess.run(
+        [sys.executable, "-m", "gpumon", "report", "--prometheus", url, "--job", "1", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        preexec_fn=_limited(512),
+    )
+
+
+def test_an_answer_that_never_ends_is_cut_at_its_size_limit(hostile) -> None:
+    """Before: gpumon grew to 14.6 GiB on an endless answer (MemoryError here, capped)."""
+
+    def endless(sock: socket.socket, _: Hostile) -> None:
+        sock.sendall(b"HTTP/1.0 200 OK\r\nContent-Type: application/json\r\n\r\n[")
+        block = b"1," * 32768
+        while True:
+            sock.sendall(block)
+
+    res = report(hostile(endless).url)
+    assert res.returncode == 1, res.stderr[-2000:]
+    said = one_sentence(res.stderr)
+    assert f"more than {MAX_ANSWER_BYTES // 2**20} MiB" in said, said
+
+
+def test_an_answer_announced_too_large_is_refused_before_reading(hostile) -> None:
+    def announced(sock: socket.socket, server: Hostile) -> None:
+        sock.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 100000000\r\n\r\n{")
+        server.stop.wait(30)  # then nothing: only the announcement can end it in time
+
+    res = report(hostile(announced).url, "--timeout", "20")
+    assert res.returncode == 1 and "more than" in one_sentence(res.stderr), res.stderr
+
+
+@pytest.mark.parametrize("where", ["head", "body"])
+def test_timeout_is_a_deadline_for_the_whole_answer(hostile, where: str) -> None:
+    """Before: a server sending a byte every 0.5 s held --timeout 2 for as long as it sent."""
+    head = b"HTTP/1.0 200 OK\r\nContent-Type: application/json\r\n\r\n"
+
+    def trickle(sock: socket.socket, server: Hostile) -> None:
+        data = head + b'{"status":"success","data":' + b" " * 1000 if where == "body" else head
+        if where == "body":
+            sock.sendall(head)
+            data = data[len(head) :]
+        for i in range(len(data)):
+            if server.stop.wait(0.5):
+                return
+            sock.sendall(data[i : i + 1])
+
+    res = report(hostile(trickle).url, "--timeout", "2", timeout=40)
+    assert res.returncode == 1, res.stderr
+    assert "no complete answer within 2 s" in one_sentence(res.stderr)
+
+
+def test_credentials_in_the_url_are_sent_and_never_printed(hostile) -> None:
+    def refuse(sock: socket.socket, _: Hostile) -> None:
+        sock.sendall(b"HTTP/1.0 401 Unauthorized\r\nContent-Length: 0\r\n\r\n")
+
+    server = hostile(refuse)
+    url = server.url.replace("//", "//alice:hunter%32@")  # %32: a percent-encoded '2'
+    res = report(url)
+    assert res.returncode == 1 and "refused the credentials" in one_sentence(res.stderr)
+    assert "hunter" not in res.stderr and "alice:xxxxx@127.0.0.1" in res.stderr, res.stderr
+    want = "Authorization: Basic " + base64.b64encode(b"alice:hunter2").decode()
+    assert want.encode() in server.heads[0]
+    for elsewhere in ("127.0.0.1:1", "127.0.0.1:port"):  # refused; not a URL
+        res = report(f"http://alice:hunter2@{elsewhere}")
+        assert res.returncode == 1 and "alice:xxxxx@" in one_sentence(res.stderr)
+        assert "hunter" not in res.stderr, res.stderr
+
+
+@pytest.mark.parametrize(
+    "result",
+    [
+        '{"resultType":"vector","result":[{"metric":{}}]}',  # no value
+        '{"resultType":"vector","result":[{"metric":{},"value":[1,"abc"]}]}',
+        '{"resultType":"vector","result":[{"metric":{},"value":[1,true]}]}',
+        '{"resultType":"vector","result":[{"metric":{},"value":["x","1"]}]}',
+        '{"resultType":"vector","result":[{"metric":{},"value":null}]}',
+        '{"resultType":"matrix","result":[{"metric":{},"values":[[1,"1"],[2]]}]}',
+        '{"resultType":"matrix","result":[{"metric":{},"values":{"a":1}}]}',
+        '{"resultType":"vector","result":[{"metric":{"a":1},"value":[1,"1"]}]}',
+        '{"resultType":"vector","result":["x"]}',
+        '{"resultType":"vector","result":3}',
+    ],
+)
+def test_a_malformed_point_is_one_sentence(answering, result: str) -> None:
+    url, handler = answering
+    handler.status, handler.body = 200, f'{{"status":"success","data":{result}}}'.encode()
+    with pytest.raises(PrometheusError, match="not as the Prometheus HTTP API does"):
+        PrometheusClient(url).query("up", 0)
+
+
+def test_special_values_are_read_as_prometheus_writes_them(answering) -> None:
+    url, handler = answering
+    points = '[[1,"NaN"],[2,"+Inf"],[3,"-Inf"],[4,"1e+06"],[5.5,-0.25]]'  # a bare number too
+    handler.body = (
+        '{"status":"success","data":{"resultType":"matrix","result":'
+        f'[{{"metric":{{"instance":"n1"}},"values":{points}}}]}}}}'
+    ).encode()
+    (s,) = PrometheusClient(url).query_range("up", 0, 5, 1)
+    assert s.labels == {"instance": "n1"} and s.points[1:] == (
+        (2.0, math.inf),
+        (3.0, -math.inf),
+        (4.0, 1e6),
+        (5.5, -0.25),
+    )
+    assert math.isnan(s.points[0][1])
+
+
+def test_error_text_from_the_server_is_made_printable(answering) -> None:
+    url, handler = answering
+    handler.status = 400
+    handler.body = (
+        b'{"status":"error","errorType":"bad\\u001b[31m","error":"\\u001b[2J\\u001b[Hgotcha'
+        b"\\u202e \\u0007" + b"x" * 2000 + b'"}'
+    )
+    with pytest.raises(PrometheusError) as err:
+        PrometheusClient(url).query("up", 0)
+    said = str(err.value)
+    assert all(c.isprintable() for c in said), repr(said)
+    assert "\\x1b[2J\\x1b[Hgotcha\\u202e \\x07" in said and "bad\\x1b[31m" in said
+    assert len(said) < 1000 and said.endswith("the query was: up")

@@ -8,6 +8,7 @@ Prometheus scrapes it through basic auth and through TLS.
 from __future__ import annotations
 
 import base64
+import contextlib
 import http.client
 import json
 import shutil
@@ -261,6 +262,95 @@ def test_silent_and_resetting_clients_are_counted_not_tracebacks(
     assert "Traceback" not in d.stderr_text and "timed out" not in d.stderr_text, d.stderr_text
 
 
+def _client_hello() -> bytes:
+    """The first flight of a real TLS client (its ClientHello), to send and then stall."""
+    ctx = ssl.create_default_context()
+    ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    tls = ctx.wrap_bio(incoming, outgoing)
+    with pytest.raises(ssl.SSLWantReadError):
+        tls.do_handshake()
+    return outgoing.read()
+
+
+class Trickler(threading.Thread):
+    """A client that sends ``data`` one byte every ``every_s`` seconds, never finishing, and
+    notes whether (and after how long) the server closed on it."""
+
+    def __init__(self, port: int, data: bytes, every_s: float = 0.5) -> None:
+        super().__init__(daemon=True)
+        self.sock = socket.create_connection(("127.0.0.1", port))
+        self.data, self.every_s = data, every_s
+        self.cut_after_s: float | None = None
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        start = time.monotonic()
+        self.sock.settimeout(self.every_s)
+        for i in range(len(self.data)):
+            if self.stop.is_set():
+                return
+            try:
+                self.sock.send(self.data[i : i + 1])
+                if self.sock.recv(1) == b"":
+                    break  # closed by the server
+            except TimeoutError:
+                continue  # nothing back yet: the next byte
+            except OSError:
+                break  # reset by the server
+        self.cut_after_s = time.monotonic() - start
+        self.sock.close()
+
+
+def test_silent_half_open_and_trickling_clients_hold_no_scrape(
+    fake_nvml, tmp_path, daemons
+) -> None:
+    """Before: 33 silent connections held the next scrape 10 s, 100 half-open handshakes
+    held it 27 s, and a client sending a byte a second held its worker for ever."""
+    openssl = _openssl()
+    key, crt = make_cert(openssl, tmp_path, "server")
+    key.chmod(0o644)  # readable by every user: said at start
+    web = write_web_config(tmp_path, f"tls_server_config:\n  cert_file: {crt}\n  key_file: {key}\n")
+    ctx = ssl.create_default_context(cafile=str(crt))
+    d = start_daemon(
+        fake_nvml.env, tmp_path, "--web.config.file", str(web), scheme="https", ctx=ctx
+    )
+    daemons.append(d)
+    wait_sampled(d)
+    hello = _client_hello()
+    silent = [socket.create_connection(("127.0.0.1", d.port)) for _ in range(600)]  # > 512
+    half_open = []
+    for _ in range(100):
+        s = socket.create_connection(("127.0.0.1", d.port))
+        s.sendall(hello)  # the server answers, then waits for a Finished that never comes
+        half_open.append(s)
+    trickling = [Trickler(d.port, hello) for _ in range(5)]
+    trickling.append(Trickler(d.port, b"GET /metrics HTTP/1.0\r\nX-Slow: " + b"a" * 100))
+    for t in trickling:
+        t.start()
+    try:
+        for _ in range(3):  # each within a few seconds, where each waited 10 to 30 s before
+            conn = http.client.HTTPSConnection("127.0.0.1", d.port, timeout=5, context=ctx)
+            conn.request("GET", "/metrics")
+            r = conn.getresponse()
+            assert r.status == 200 and b"gpumon_build_info" in r.read()
+            conn.close()
+        for t in trickling:  # each cut at the 10 s deadline, however steadily it sends
+            t.join(25)
+            assert t.cut_after_s is not None, "a trickling client was never cut"
+    finally:
+        for t in trickling:
+            t.stop.set()
+        for s in silent + half_open:
+            s.close()
+    m = d.metrics()
+    assert one(m, "gpumon_http_connection_errors_total", kind="overload") >= 600 - 512
+    assert one(m, "gpumon_http_connection_errors_total", kind="timeout") >= 1
+    assert d.stop() == 0 and "Traceback" not in d.stderr_text
+    said = [ln for ln in d.stderr_text.splitlines() if "readable by every user" in ln]
+    assert len(said) == 1 and str(key) in said[0] and "0644" in said[0], d.stderr_text
+
+
 def test_listening_beyond_loopback_without_tls_or_auth_warns(fake_nvml, tmp_path, daemons) -> None:
     port = free_port()
     d = start_daemon(fake_nvml.env, tmp_path, "--web.listen-address", f"0.0.0.0:{port}", wait=False)
@@ -307,6 +397,108 @@ def test_basic_auth_refuses_without_and_with_wrong_credentials(fake_nvml, tmp_pa
     assert headers["x-content-type-options"] == "nosniff"
     assert d.stop() == 0
     assert "basic auth" in d.stderr_text and "warning" not in d.stderr_text
+
+
+def test_guessed_passwords_cost_their_sender_not_the_scrapes(fake_nvml, tmp_path, daemons):
+    """Before: no limit on guesses, each holding the one lock every check took, and with
+    rate_limit set the guesses' 401s emptied the bucket: 20 of 20 scrapes got 429."""
+    import bcrypt
+
+    from gpumon.faces.serve.auth import FAILURE_REFILL_S, FAILURES_BURST
+
+    costly = bcrypt.hashpw(PASSWORD.encode(), bcrypt.gensalt(12)).decode()  # ~0.3 s a check
+    web = write_web_config(
+        tmp_path, f"basic_auth_users:\n  prom: {costly}\nrate_limit:\n  interval: 1s\n  burst: 40\n"
+    )
+    d = start_daemon(fake_nvml.env, tmp_path, "--web.config.file", str(web))
+    daemons.append(d)
+    good = basic("prom", PASSWORD)
+    wait_sampled(d, headers=good)
+    stop = threading.Event()
+    answers: list[int] = []
+    retry_after: list[str | None] = []
+
+    def guess(i: int) -> None:
+        n = 0
+        while not stop.is_set():
+            n += 1
+            user = "prom" if n % 2 else "nobody"
+            with contextlib.suppress(OSError):
+                status, headers, _ = request(d, "/metrics", headers=basic(user, f"guess{i}-{n}"))
+                answers.append(status)
+                if status == 429:
+                    retry_after.append(headers.get("retry-after"))
+
+    guessers = [threading.Thread(target=guess, args=(i,), daemon=True) for i in range(6)]
+    started = time.monotonic()
+    for g in guessers:
+        g.start()
+    try:
+        deadline = time.monotonic() + 30
+        while 429 not in answers and time.monotonic() < deadline:
+            time.sleep(0.1)  # until the guesses are refused (or the bucket is empty)
+        scrapes = []
+        for _ in range(20):  # as the guesses go on; 20 within the bucket's 40
+            scrapes.append(request(d, "/metrics", headers=good))
+            time.sleep(0.2)
+    finally:
+        stop.set()
+        for g in guessers:
+            g.join(30)
+    assert [status for status, _, _ in scrapes] == [200] * 20
+    assert all(b"gpumon_build_info" in body for _, _, body in scrapes)
+    # The guesses: a burst checked (401), then refused unchecked (429) until it refills.
+    assert answers.count(429) > 0
+    refilled = int((time.monotonic() - started) / FAILURE_REFILL_S) + 1
+    assert FAILURES_BURST <= answers.count(401) <= FAILURES_BURST + refilled, answers
+    assert set(retry_after) == {"6"}  # when to try again: one failure refilled
+    assert d.stop() == 0
+
+
+def test_metrics_by_name_gzip_as_negotiated_and_no_server_header(
+    fake_nvml, tmp_path, daemons
+) -> None:
+    """Before: ?name[]=gpumon_gpu_state answered an empty 200, gzip;q=0 still got gzip, and
+    every answer said Server: WSGIServer/0.2 CPython/3.11.7."""
+    import gzip
+
+    d = start_daemon(fake_nvml.env, tmp_path)
+    daemons.append(d)
+    wait_sampled(d)
+    status, headers, body = request(d, "/metrics?name[]=gpumon_gpu_state")
+    names = {ln.split("{")[0].split()[0] for ln in body.decode().splitlines() if ln[:1] != "#"}
+    assert status == 200 and names == {"gpumon_gpu_state"}, body[:500]
+    query = "name[]=gpumon_gpu_state_seconds_total&name[]=gpumon_gpu_idle_gap_seconds"
+    body = request(d, "/metrics?" + query)[2].decode()
+    names = {ln.split("{")[0].split()[0] for ln in body.splitlines() if ln[:1] != "#"}
+    assert names == {
+        "gpumon_gpu_state_seconds_total",
+        "gpumon_gpu_idle_gap_seconds_bucket",
+        "gpumon_gpu_idle_gap_seconds_sum",
+        "gpumon_gpu_idle_gap_seconds_count",
+    }, names
+    for accept, gzipped in [
+        ("gzip", True),
+        ("gzip;q=0", False),
+        ("GZIP;q=0.5, identity", True),
+        ("*", True),
+        ("gzip;q=0, *", False),
+        ("identity", False),
+        ("br, x-gzip", True),
+        ("", False),
+    ]:
+        _, headers, body = request(d, "/metrics", headers={"Accept-Encoding": accept})
+        assert (headers.get("content-encoding") == "gzip") is gzipped, accept
+        assert b"gpumon_build_info" in (gzip.decompress(body) if gzipped else body), accept
+    with socket.create_connection(("127.0.0.1", d.port), timeout=10) as s:
+        # An error the request handler answers itself (431: more than 100 header lines;
+        # the head left unfinished, so nothing unread makes the close a reset).
+        s.sendall(b"GET / HTTP/1.0\r\n" + b"X-A: b\r\n" * 101)
+        bad = s.recv(65536)
+    assert bad.startswith(b"HTTP/1.0 431") and b"\r\nserver:" not in bad.lower(), bad
+    for path in ("/metrics", "/", "/-/healthy", "/nowhere"):
+        assert "server" not in request(d, path)[1], path
+    assert d.stop() == 0
 
 
 def test_a_bad_web_config_names_file_line_and_key(fake_nvml, tmp_path) -> None:

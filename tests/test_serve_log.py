@@ -233,3 +233,69 @@ def test_the_daemon_on_a_disk_that_fills_keeps_json_lines(
     assert 1 <= failed == len(recovered) <= lost, d.stderr_text
     assert sum(recovered) == lost
     assert "Traceback" not in d.stderr_text
+
+
+# --------------------------------------------------------------------------- what is opened
+def _planted(tmp_path: Path, kind: str) -> tuple[Path, Path | None]:
+    """The log path with something other than a log of its own in its place; and the file
+    a link there would lead to (a 0600 file elsewhere), which must stay untouched."""
+    path = tmp_path / "logs" / "gpumon.jsonl"
+    path.parent.mkdir()
+    victim = tmp_path / "secret"
+    victim.write_text("root's own\n")
+    victim.chmod(0o600)
+    if kind == "symlink":
+        path.symlink_to(victim)
+    elif kind == "dangling symlink":  # O_CREAT would create the link's target elsewhere
+        victim.unlink()
+        path.symlink_to(victim)
+    elif kind == "hard link":
+        os.link(victim, path)
+    elif kind == "fifo":  # opening it for writing would wait for a reader forever
+        os.mkfifo(path)
+        victim.unlink()
+        return path, None
+    return path, victim
+
+
+@pytest.mark.parametrize("kind", ["symlink", "dangling symlink", "hard link", "fifo"])
+def test_a_log_path_that_is_not_a_file_of_its_own_is_not_written(tmp_path: Path, kind: str) -> None:
+    path, victim = _planted(tmp_path, kind)
+    before = victim.read_bytes() if victim is not None and victim.exists() else None
+    err = io.StringIO()
+    log = EventLog(str(path), stderr=err)  # a FIFO must not block here
+    assert not log.write({"event": "start"}) and not log.write({"event": "tick"})
+    assert log.errors_total == 2 and log.lines_total == 0
+    log.reopen("signal")  # SIGHUP: the same checks again
+    assert not log.write({"event": "after-hup"})
+    if victim is not None:
+        after = victim.read_bytes() if victim.exists() else None
+        assert after == before, after  # not appended to, not created
+    said = err.getvalue()
+    assert said.count("cannot write the log") == 1, said
+    assert "not" in said and "regular file of its own" in said, said
+    log.close()
+
+
+def test_a_link_swapped_in_mid_run_is_not_followed(tmp_path: Path) -> None:
+    path = tmp_path / "gpumon.jsonl"
+    victim = tmp_path / "secret"
+    victim.write_text("root's own\n")
+    victim.chmod(0o600)
+    err = io.StringIO()
+    log = EventLog(str(path), stderr=err)
+    assert log.write({"event": "a"})
+    moved = tmp_path / "gpumon.jsonl.1"
+    os.rename(path, moved)  # rotated away, and a link planted before the next line
+    path.symlink_to(victim)
+    assert not log.write({"event": "b"})
+    log.reopen("signal")  # logrotate's postrotate
+    assert not log.write({"event": "c"})
+    assert victim.read_text() == "root's own\n"
+    assert [r["event"] for r in whole_lines(moved)] == ["a"]
+    assert log.reopens["replaced"] == 1 and log.errors_total == 2
+    path.unlink()  # the link removed: the log is written again, at its path
+    assert log.write({"event": "d"})
+    assert whole_lines(path) == [{"event": "d"}]
+    assert "symbolic link" in err.getvalue() and "works again (2 lines lost)" in err.getvalue()
+    log.close()

@@ -108,6 +108,21 @@ def test_an_empty_file_is_plain_http() -> None:
          " appears twice"),
         ("tls_server_config: [a, b]\n", ":1: tls_server_config: must be a mapping"),
         ("tls_server_config:\n  cert_file: [\n", ": not valid YAML"),
+        # bcrypt refuses cost 03 and 99 at every login, and cost 31 takes days: at start.
+        (f"basic_auth_users:\n  a: {HASH.replace('$10$', '$03$')}\n", ":2: basic_auth_users.a: "
+         "bcrypt cost 03 is outside 4 to 16"),
+        (f"basic_auth_users:\n  a: {HASH}\n  b: {HASH.replace('$10$', '$99$')}\n", ":3: "
+         "basic_auth_users.b: bcrypt cost 99 is outside 4 to 16"),
+        (f"basic_auth_users:\n  a: {HASH.replace('$10$', '$31$')}\n", ":2: basic_auth_users.a: "
+         "bcrypt cost 31 is outside"),
+        (f"basic_auth_users:\n  a: {HASH.replace('$2b$', '$2$')}\n", ":2: basic_auth_users.a: "
+         "must be a bcrypt hash"),  # the format's shape, but no prefix bcrypt reads
+        # A line break in a header value would write a header of the file's choosing.
+        ('http_server_config:\n  headers:\n    Strict-Transport-Security: "max-age=1\\r\\n'
+         'Set-Cookie: a=b"\n', ":3: http_server_config.headers.Strict-Transport-Security: "
+         "'max-age=1\\r\\nSet-Cookie: a=b' has a line break"),
+        ("http_server_config:\n  headers:\n    Content-Security-Policy: \"default-src 'self' "
+         '\\u00e9"\n', ":3: http_server_config.headers.Content-Security-Policy: "),
     ],
 )  # fmt: skip
 def test_bad_files_name_line_and_key(text: str, where: str) -> None:

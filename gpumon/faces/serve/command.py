@@ -154,7 +154,12 @@ def _serve(args: argparse.Namespace) -> int:
 
     from gpumon.faces.serve.collector import make_registry
     from gpumon.faces.serve.daemon import ServeState, job_options
-    from gpumon.faces.serve.http import ConnectionStats, MetricsServer, exposure_warning
+    from gpumon.faces.serve.http import (
+        ConnectionStats,
+        MetricsServer,
+        exposure_warning,
+        key_file_warning,
+    )
     from gpumon.faces.serve.landing import StatePages
     from gpumon.faces.serve.log import EventLog
     from gpumon.faces.serve.notify import Notifier, Watchdog, stale_after_s, watchdog_period_s
@@ -180,9 +185,9 @@ def _serve(args: argparse.Namespace) -> int:
         + (", basic auth" if cfg.basic_auth else "")
         + (f", log {cfg.log_path}" if cfg.log_path else "")
     )
-    warning = exposure_warning(cfg)
-    if warning is not None:
-        say.warning(warning.removeprefix("gpumon: "))
+    for warning in (exposure_warning(cfg), key_file_warning(cfg)):
+        if warning is not None:
+            say.warning(warning.removeprefix("gpumon: "))
     start = state.summary("start")
     start["listen"] = f"{cfg.address}:{server.port}"
     start["interval_s"] = cfg.interval_s

@@ -3,52 +3,44 @@
 It behaves as the exporters admins already run (node_exporter, dcgm-exporter): the
 metrics at ``--web.telemetry-path`` (``/metrics``), an HTML landing page at ``/``,
 ``/-/healthy`` and ``/-/ready`` as Prometheus has them, 404 for every other path, GET and
-HEAD; basic auth, TLS and extra headers from an exporter-toolkit web configuration.
+HEAD; basic auth, TLS and extra headers from an exporter-toolkit web configuration.  No
+``Server`` header: node_exporter sends none, and a version is a hint to an attacker.
 
 Why not ``prometheus_client.start_http_server`` itself: it wraps the listening socket, so
 the TLS handshake runs inside ``accept()`` on the one serving thread, and a client that
-connects and says nothing holds every other scrape.  Here each connection gets a thread
-of its own (at most ``MAX_CONNECTIONS`` at once; the kernel's backlog of ``BACKLOG`` holds
-the rest instead of resetting them) with a timeout.  A client that stays silent, resets
-or fails its handshake is counted by kind (``gpumon_http_connection_errors_total``) and
-logged at debug level, never a traceback on stderr.
+connects and says nothing holds every other scrape.  Here connections come in through
+``door.py`` (a silent client holds no thread, a slow one is cut at a deadline), and
+credentials are checked by ``auth.py`` (a wrong password costs its sender, not the next
+scrape).  A client that stays silent, resets or fails its handshake is counted by kind
+(``gpumon_http_connection_errors_total``) and logged at debug level, never a traceback on
+stderr.
 """
 
 from __future__ import annotations
 
-import base64
 import errno
-import hashlib
+import gzip
 import ipaddress
-import logging
+import os
 import socket
 import ssl
-import sys
+import stat
 import threading
-import time
-from collections import OrderedDict
-from collections.abc import Callable, Iterable
-from socketserver import ThreadingMixIn
+from collections.abc import Callable, Iterator
 from typing import Any, Protocol
+from urllib.parse import parse_qs
 from wsgiref.simple_server import ServerHandler, WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import make_wsgi_app
+from prometheus_client.exposition import choose_encoder
+from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import CollectorRegistry
 
 from gpumon import __version__
 from gpumon.errors import ConfigError, GpumonError
+from gpumon.faces.serve.auth import FAILURE_REFILL_S, BasicAuth, RateLimit, Verdict
 from gpumon.faces.serve.config import ServeConfig
-
-log = logging.getLogger(__name__)
-
-REQUEST_TIMEOUT_S = 10.0
-# The listen backlog: Prometheus, probes and curl loops connecting at once wait in it.
-BACKLOG = 1024
-# Connections served at once; more wait in the backlog.  Bounded so that a flood of
-# clients cannot exhaust the unit's TasksMax (64) or memory.
-MAX_CONNECTIONS = 32
-# Kinds of failed connections (the labels of gpumon_http_connection_errors_total).
-CONNECTION_ERROR_KINDS = ("timeout", "reset", "tls", "overload", "other")
+from gpumon.faces.serve.door import CONNECTION_ERROR_KINDS as CONNECTION_ERROR_KINDS
+from gpumon.faces.serve.door import ConnectionStats, FrontDoorMixIn, error_kind
 
 _TLS_VERSIONS = {
     "TLS10": ssl.TLSVersion.TLSv1,
@@ -64,125 +56,6 @@ class Pages(Protocol):
     def landing(self, telemetry_path: str) -> str: ...
 
     def ready(self) -> tuple[bool, str]: ...
-
-
-class ConnectionStats:
-    """Failed connections by kind; shared by the server's threads and the collector."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self.errors: dict[str, int] = dict.fromkeys(CONNECTION_ERROR_KINDS, 0)
-        self._said: set[str] = set()
-
-    def count(self, kind: str, exc: BaseException | None = None) -> None:
-        """Count one failed connection; a client's fault is a debug line, ours is said once."""
-        with self._lock:
-            self.errors[kind] += 1
-            first = kind == "other" and exc is not None and type(exc).__name__ not in self._said
-            if first:
-                self._said.add(type(exc).__name__)
-        if exc is None:
-            return
-        log.debug("HTTP connection failed (%s): %s: %s", kind, type(exc).__name__, exc)
-        if first:  # not a client's doing: say it (once per kind of exception)
-            print(
-                f"gpumon: an HTTP request failed ({type(exc).__name__}: {exc}); the server "
-                "goes on (counted in gpumon_http_connection_errors_total).",
-                file=sys.stderr,
-                flush=True,
-            )
-
-    def snapshot(self) -> dict[str, int]:
-        with self._lock:
-            return dict(self.errors)
-
-
-def _kind(exc: BaseException) -> str:
-    if isinstance(exc, TimeoutError | socket.timeout):
-        return "timeout"
-    if isinstance(exc, ConnectionError) or getattr(exc, "errno", None) in (
-        errno.ECONNRESET,
-        errno.EPIPE,
-        errno.ECONNABORTED,
-    ):
-        return "reset"
-    if isinstance(exc, ssl.SSLError):
-        return "tls"
-    return "other"
-
-
-# --------------------------------------------------------------------------- authentication
-class BasicAuth:
-    """Checks ``Authorization: Basic`` against bcrypt hashes, as the exporter-toolkit does.
-
-    bcrypt is slow on purpose (~70 ms at cost 10), and Prometheus sends the same
-    credentials every scrape: results are cached (bounded) by a digest of the user, hash
-    and password, and one check runs at a time.  An unknown user is checked against a
-    fixed hash so the answer takes as long as for a known one.
-    """
-
-    CACHE_SIZE = 256
-
-    def __init__(self, users: Iterable[tuple[str, str]]) -> None:
-        import bcrypt
-
-        self._bcrypt = bcrypt
-        self.users = dict(users)
-        self._lock = threading.Lock()
-        self._cache: OrderedDict[bytes, bool] = OrderedDict()
-        self._decoy: bytes | None = None
-
-    def check(self, header: str | None) -> bool:
-        if not header or not header.startswith("Basic "):
-            return False
-        try:
-            user, _, password = base64.b64decode(header[6:], validate=True).decode().partition(":")
-        except (ValueError, UnicodeDecodeError):
-            return False
-        hashed = self.users.get(user)
-        known = hashed is not None
-        with self._lock:
-            if not known:
-                if self._decoy is None:
-                    self._decoy = self._bcrypt.hashpw(b"gpumon-decoy", self._bcrypt.gensalt(10))
-                target = self._decoy
-            else:
-                target = hashed.encode()  # type: ignore[union-attr]
-            key = hashlib.sha256(b"\0".join((user.encode(), target, password.encode()))).digest()
-            ok = self._cache.get(key)
-            if ok is None:
-                try:
-                    ok = self._bcrypt.checkpw(password.encode(), target) and known
-                except ValueError:  # a hash bcrypt cannot read: refused, never a crash
-                    ok = False
-                self._cache[key] = ok
-                while len(self._cache) > self.CACHE_SIZE:
-                    self._cache.popitem(last=False)
-            else:
-                self._cache.move_to_end(key)
-        return ok
-
-
-class RateLimit:
-    """A token bucket (the toolkit's rate_limit): ``burst`` requests, one more per interval."""
-
-    def __init__(self, interval_s: float, burst: int, clock: Callable[[], float] = time.monotonic):
-        self.interval_s = interval_s
-        self.burst = burst
-        self._clock = clock
-        self._tokens = float(burst)
-        self._at = clock()
-        self._lock = threading.Lock()
-
-    def allow(self) -> bool:
-        with self._lock:
-            now = self._clock()
-            self._tokens = min(self.burst, self._tokens + (now - self._at) / self.interval_s)
-            self._at = now
-            if self._tokens >= 1.0:
-                self._tokens -= 1.0
-                return True
-            return False
 
 
 # --------------------------------------------------------------------------- the application
@@ -201,7 +74,7 @@ class WebApp:
         self, cfg: ServeConfig, registry: CollectorRegistry, pages: Pages | None = None
     ) -> None:
         self.cfg = cfg
-        self.metrics_app = make_wsgi_app(registry)
+        self.registry = registry
         self.pages = pages
         self.auth = BasicAuth(cfg.basic_auth_users) if cfg.basic_auth_users else None
         self.limit = (
@@ -219,10 +92,21 @@ class WebApp:
         return [] if method == "HEAD" else [body]
 
     def _respond(self, environ: dict[str, Any], method: str) -> _Response:
+        if self.auth is not None:
+            verdict = self.auth.check(
+                environ.get("HTTP_AUTHORIZATION"), environ.get("REMOTE_ADDR", "")
+            )
+            if verdict is Verdict.THROTTLED:
+                return _text(
+                    "429 Too Many Requests",
+                    "Too many failed logins from this address\n",
+                    [("Retry-After", f"{FAILURE_REFILL_S:g}")],
+                )
+            if verdict is not Verdict.OK:
+                return _text("401 Unauthorized", "Unauthorized\n", [("WWW-Authenticate", "Basic")])
+        # After the credentials: only requests that passed them spend the shared bucket.
         if self.limit is not None and not self.limit.allow():
             return _text("429 Too Many Requests", "Too Many Requests\n")
-        if self.auth is not None and not self.auth.check(environ.get("HTTP_AUTHORIZATION")):
-            return _text("401 Unauthorized", "Unauthorized\n", [("WWW-Authenticate", "Basic")])
         if method not in ("GET", "HEAD"):
             return _text("405 Method Not Allowed", "Method Not Allowed\n", [("Allow", "GET, HEAD")])
         path = environ.get("PATH_INFO", "") or "/"
@@ -245,14 +129,58 @@ class WebApp:
         return _text("404 Not Found", "404 page not found\n")
 
     def _metrics(self, environ: dict[str, Any]) -> _Response:
-        captured: list[Any] = []
+        """The exposition in the format asked for (Accept), only the series named by
+        ``name[]`` when given, gzip-compressed where the client accepts it."""
+        encoder, content_type = choose_encoder(environ.get("HTTP_ACCEPT", ""))
+        names = parse_qs(environ.get("QUERY_STRING", "")).get("name[]")
+        body = encoder(_Only(self.registry, set(names)) if names else self.registry)
+        headers = [("Content-Type", content_type), ("Vary", "Accept-Encoding")]
+        if gzip_accepted(environ.get("HTTP_ACCEPT_ENCODING", "")):
+            body = gzip.compress(body)
+            headers.append(("Content-Encoding", "gzip"))
+        return "200 OK", headers, body
 
-        def start(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> None:
-            captured[:] = [status, headers]
 
-        get = dict(environ, REQUEST_METHOD="GET")  # HEAD: the same headers, no body
-        body = b"".join(self.metrics_app(get, start))
-        return captured[0], list(captured[1]), body
+class _Only:
+    """The registry's families, keeping only those series ``names`` asks for: a family by
+    its name (a histogram's buckets, sum and count) or its series by theirs (``_total``)."""
+
+    def __init__(self, registry: CollectorRegistry, names: set[str]) -> None:
+        self.registry = registry
+        self.names = names
+
+    def collect(self) -> Iterator[Metric]:
+        for family in self.registry.collect():
+            if family.name in self.names:
+                yield family
+                continue
+            samples = [s for s in family.samples if s.name in self.names]
+            if samples:
+                kept = Metric(family.name, family.documentation, family.type, family.unit)
+                kept.samples = samples
+                yield kept
+
+
+def gzip_accepted(header: str) -> bool:
+    """Whether an Accept-Encoding header accepts gzip (RFC 9110: ``q=0`` refuses it, ``*``
+    stands for every coding not named)."""
+    named: dict[str, float] = {}
+    for item in header.split(","):
+        coding, *params = (part.strip() for part in item.split(";"))
+        q = 1.0
+        for param in params:
+            key, _, value = param.partition("=")
+            if key.strip().lower() == "q":
+                try:
+                    q = float(value)
+                except ValueError:
+                    q = 0.0
+        if coding:
+            named[coding.lower()] = q
+    for coding in ("gzip", "x-gzip", "*"):
+        if coding in named:
+            return named[coding] > 0
+    return False
 
 
 def _minimal_landing(telemetry_path: str) -> str:
@@ -266,20 +194,26 @@ def _minimal_landing(telemetry_path: str) -> str:
 class _QuietServerHandler(ServerHandler):
     """wsgiref's response writer, with its exception report counted instead of printed."""
 
+    server_software = ""  # no Server header (wsgiref would send its and Python's version)
     stats: ConnectionStats | None = None
 
     def log_exception(self, exc_info: Any) -> None:
         if self.stats is not None:
-            self.stats.count(_kind(exc_info[1]), exc_info[1])
+            self.stats.count(error_kind(exc_info[1]), exc_info[1])
 
 
 class _Handler(WSGIRequestHandler):
     """One request per connection (HTTP/1.0), no access log, faults counted."""
 
-    timeout = REQUEST_TIMEOUT_S
+    timeout = None  # the front door's deadline holds (a timeout per read would not)
 
     def log_message(self, format: str, *args: Any) -> None:
         pass
+
+    def send_response(self, code: int, message: str | None = None) -> None:
+        """The status line and Date, without the Server header (a 400 or 414 goes out here)."""
+        self.send_response_only(code, message)
+        self.send_header("Date", self.date_time_string())
 
     def handle(self) -> None:
         self.raw_requestline = self.rfile.readline(65537)
@@ -291,6 +225,8 @@ class _Handler(WSGIRequestHandler):
             return
         if not self.parse_request():  # answered with 400 already
             return
+        if not self.server.answering():  # type: ignore[attr-defined]
+            return  # cut by the front door meanwhile
         handler = _QuietServerHandler(
             self.rfile, self.wfile, self.get_stderr(), self.get_environ(), multithread=True
         )
@@ -299,52 +235,8 @@ class _Handler(WSGIRequestHandler):
         handler.run(self.server.get_app())  # type: ignore[attr-defined]
 
 
-class _Server(ThreadingMixIn, WSGIServer):
-    daemon_threads = True
+class _Server(FrontDoorMixIn, WSGIServer):
     allow_reuse_address = True
-    request_queue_size = BACKLOG
-    ssl_context: ssl.SSLContext | None = None
-    stats: ConnectionStats
-
-    def server_activate(self) -> None:
-        self.socket.listen(self.request_queue_size)
-        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
-
-    def process_request(self, request: Any, client_address: Any) -> None:
-        # Every worker busy: the accept loop waits here (new clients wait in the backlog)
-        # as long as a worker can take, then gives up on this one.
-        if not self._slots.acquire(timeout=REQUEST_TIMEOUT_S + 1.0):
-            self.stats.count("overload")
-            self.shutdown_request(request)
-            return
-        try:
-            threading.Thread(
-                target=self._serve_one, args=(request, client_address), daemon=True
-            ).start()
-        except RuntimeError as exc:  # no thread to be had (TasksMax): refuse this one
-            self._slots.release()
-            self.stats.count("overload", exc)
-            self.shutdown_request(request)
-
-    def _serve_one(self, request: Any, client_address: Any) -> None:
-        try:
-            if self.ssl_context is not None:
-                try:
-                    request.settimeout(REQUEST_TIMEOUT_S)
-                    request = self.ssl_context.wrap_socket(request, server_side=True)
-                except OSError as exc:  # ssl.SSLError is one
-                    # Plain HTTP on the TLS port, a refused client certificate, a silent
-                    # client: closed without an answer, counted.
-                    self.stats.count(_kind(exc), exc)
-                    self.shutdown_request(request)
-                    return
-            self.process_request_thread(request, client_address)
-        finally:
-            self._slots.release()
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        exc = sys.exc_info()[1]
-        self.stats.count("other" if exc is None else _kind(exc), exc)
 
 
 def _v6(host: str) -> bool:
@@ -397,6 +289,23 @@ def exposure_warning(cfg: ServeConfig) -> str | None:
         f"gpumon: warning: serving on {cfg.address}:{cfg.port}, beyond this host, without "
         f"{missing}; anyone who reaches the port reads the node's jobs (set tls_server_config "
         "and basic_auth_users in a --web.config.file, or listen on 127.0.0.1)."
+    )
+
+
+def key_file_warning(cfg: ServeConfig) -> str | None:
+    """One sentence when the TLS key can be read by every user of the node."""
+    if not cfg.tls or cfg.tls_key_file is None:
+        return None
+    try:
+        mode = os.stat(cfg.tls_key_file).st_mode
+    except OSError:
+        return None  # tls_context() has said why already
+    if not mode & stat.S_IROTH:
+        return None
+    return (
+        f"gpumon: warning: the TLS key {cfg.tls_key_file} is readable by every user of "
+        f"this node (mode {stat.S_IMODE(mode):04o}), so any of them can pose as this "
+        f"daemon; make it readable by gpumon only (chmod o-r {cfg.tls_key_file})."
     )
 
 

@@ -15,6 +15,13 @@ JSON lines either:
   back is reopened at its path instead of feeding a deleted file until the next SIGHUP
   (counted in ``gpumon_log_reopens_total``).
 
+The daemon often runs as root and the log's folder may be writable by others: the log is
+opened without following a symbolic link (``O_NOFOLLOW``), without blocking on a FIFO
+(``O_NONBLOCK``), and kept only if what was opened is a regular file with no other name
+(``fstat``: a hard link would be another file's name); at start, on SIGHUP and on every
+reopen after a move.  Anything else is not written: the lines are lost and counted, and
+the reason said once, as for a full disk.
+
 New files are created 0640, the mode logrotate's ``create`` gives them.
 """
 
@@ -25,17 +32,51 @@ import errno
 import json
 import math
 import os
+import stat
 import sys
 from typing import IO, Any
 
 FILE_MODE = 0o640
-_OPEN_FLAGS = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
+_OPEN_FLAGS = (
+    os.O_WRONLY
+    | os.O_APPEND
+    | os.O_CREAT
+    | os.O_CLOEXEC
+    | os.O_NOFOLLOW  # a link planted at the path is not followed ...
+    | os.O_NONBLOCK  # ... and a FIFO there does not hang the daemon until a reader comes
+    | os.O_NOCTTY
+)
 
 # Why the log was reopened (the label values of gpumon_log_reopens_total).
 REOPEN_REASONS = ("signal", "removed", "replaced")
 
 # The one system call the writer makes per line; a test puts a fault in its place.
 _write = os.write
+
+
+_NOT_A_FILE = "it is {} (gpumon writes its log only into a regular file of its own)"
+
+
+def _refusal(st: os.stat_result) -> str | None:
+    """What the opened path is when it is not a log gpumon may append to, else None."""
+    if stat.S_ISREG(st.st_mode):
+        return None if st.st_nlink <= 1 else f"a file with {st.st_nlink} names (hard links)"
+    if stat.S_ISFIFO(st.st_mode):
+        return "a FIFO"
+    if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode):
+        return "a device"
+    if stat.S_ISSOCK(st.st_mode):
+        return "a socket"
+    return "not a plain file"
+
+
+def _what_is(path: str) -> str:
+    """What is at ``path``, in words, for the open that refused it."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return "not a plain file"
+    return "a symbolic link" if stat.S_ISLNK(st.st_mode) else (_refusal(st) or "a file")
 
 
 def _clean(value: Any) -> Any:
@@ -83,16 +124,22 @@ class EventLog:
     def _open(self) -> OSError | None:
         """Open ``path`` for appending; the error instead of raising."""
         assert self.path is not None
+        self._fd, self._dev_ino = None, None
         try:
             fd = os.open(self.path, _OPEN_FLAGS, FILE_MODE)
         except OSError as exc:
-            self._fd, self._dev_ino = None, None
+            if exc.errno in (errno.ELOOP, errno.ENXIO):  # a link; a FIFO without a reader
+                return OSError(exc.errno, _NOT_A_FILE.format(_what_is(self.path)))
             return exc
         try:
             st = os.fstat(fd)
         except OSError as exc:
             os.close(fd)
             return exc
+        refused = _refusal(st)
+        if refused is not None:
+            os.close(fd)
+            return OSError(errno.EINVAL, _NOT_A_FILE.format(refused))
         self._fd, self._dev_ino = fd, (st.st_dev, st.st_ino)
         return None
 
@@ -106,7 +153,7 @@ class EventLog:
         """'removed' or 'replaced' when ``path`` is no longer the open file, else None."""
         assert self.path is not None
         try:
-            st = os.stat(self.path)
+            st = os.lstat(self.path)  # a link put in the file's place is a replacement
         except FileNotFoundError:
             return "removed"
         except OSError:

@@ -41,7 +41,14 @@ HEADERS: dict[str, tuple[str, ...]] = {
     "X-XSS-Protection": (),
     "Content-Security-Policy": (),
 }
-_BCRYPT = re.compile(r"^\$2[abxy]?\$\d{2}\$[./A-Za-z0-9]{53}$")
+_BCRYPT = re.compile(r"^\$2[abxy]?\$(\d{2})\$[./A-Za-z0-9]{53}$")
+# The bcrypt costs accepted.  4 is bcrypt's least; each step doubles the work, and at 16 a
+# check takes about 4 s on one core: above it, the first scrape with a password (checks
+# that succeed are cached) would miss Prometheus' default 10 s scrape timeout, and cost 31
+# would take days.  Outside the range every login would fail, or hang: refused at start.
+BCRYPT_COSTS = range(4, 17)
+# A header value: printable ASCII and spaces (no line break can smuggle a header in).
+_HEADER_VALUE = re.compile(r"^[\x20-\x7e\t]*$")
 _DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
 _DURATION_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 
@@ -281,6 +288,13 @@ def _http(doc: _Doc, node: yaml.Node) -> dict[str, Any]:
                 value = _string(doc, hv, hkey)
                 if value is None:
                     continue
+                if not _HEADER_VALUE.match(value):
+                    raise doc.error(
+                        hk,
+                        hkey,
+                        f"{value!r} has a line break, a control or a non-ASCII character; a "
+                        "header value is printable ASCII on one line",
+                    )
                 allowed = HEADERS[header]
                 if allowed and value not in allowed:
                     raise doc.error(hk, hkey, f"must be one of {', '.join(allowed)}, not {value!r}")
@@ -296,15 +310,43 @@ def _users(doc: _Doc, node: yaml.Node) -> tuple[tuple[str, str], ...]:
     for user, (knode, vnode) in doc.mapping(node, "basic_auth_users").items():
         key = f"basic_auth_users.{user}"
         hashed = _string(doc, vnode, key)
-        if hashed is None or not _BCRYPT.match(hashed):
+        match = _BCRYPT.match(hashed) if hashed is not None else None
+        if hashed is None or match is None or not _readable(hashed):
+            raise doc.error(knode, key, f"must be a bcrypt hash such as $2y$10$... ({_MAKE_ONE})")
+        cost = int(match.group(1))
+        if cost not in BCRYPT_COSTS:
             raise doc.error(
                 knode,
                 key,
-                "must be a bcrypt hash such as $2y$10$... (make one with: "
-                "htpasswd -nBC 10 \"\" | tr -d ':\\n')",
+                f"bcrypt cost {match.group(1)} is outside {BCRYPT_COSTS[0]} to "
+                f"{BCRYPT_COSTS[-1]} (below, bcrypt refuses it; above, every check takes "
+                f"more than a scrape may: {_MAKE_ONE})",
             )
         users.append((user, hashed))
     return tuple(users)
+
+
+_MAKE_ONE = "make one with: htpasswd -nBC 10 \"\" | tr -d ':\\n'"
+
+
+def bcrypt_cost(hashed: str) -> int:
+    """The cost of a hash this module accepted (the two digits after the prefix)."""
+    match = _BCRYPT.match(hashed)
+    assert match is not None
+    return int(match.group(1))
+
+
+def _readable(hashed: str) -> bool:
+    """Whether bcrypt reads the hash's prefix and salt; tried at the least cost, so it is
+    instant whatever the hash's own cost ("$2$" fits the format and bcrypt refuses it)."""
+    import bcrypt
+
+    cheap = re.sub(r"\$\d{2}\$", "$04$", hashed, count=1).encode()
+    try:
+        bcrypt.checkpw(b"", cheap)
+    except ValueError:
+        return False
+    return True
 
 
 def _rate_limit(doc: _Doc, node: yaml.Node) -> dict[str, Any]:
