@@ -62,6 +62,7 @@ class Reason(StrEnum):
     STRAGGLER = "straggler"  # its peers wait on it
     BUSY_WAIT = "busy-wait"  # waits on a peer, reading busy
     SYNC_PAUSES = "all GPUs pause together"
+    HANG = "hang"  # every GPU spins in a collective and none computes: no progress
     NOT_CLASSIFIED = "no GPU could be classified"
 
 

@@ -10,6 +10,9 @@ One cluster for the whole module (its data takes ~30 s to gather):
 - n4: one healthy GPU, job 4004; its gpumon is killed for a few seconds mid-job.
 - a stand-in for dcgm-exporter (one gauge with hpc_job="5005"): a job seen by Prometheus
   on a node that runs no gpumon.
+- n5: two GPUs pinned at 100 % at low power, none computing, job 6006, with a hang
+  threshold of 10 s: a hung job; n6: the job's third GPU, computing alone (a rank in another
+  phase): the node the job waits on.
 
 Prometheus asks for basic auth (its --web.config.file), so every report goes through the
 HTTP configuration a real one would use; the report recording rule is loaded.
@@ -143,6 +146,11 @@ def _prom_query(tmp: Path, port: int, expr: str) -> list[dict]:
         return json.load(r)["data"]["result"]
 
 
+def _hung(tmp: Path, port: int) -> int:
+    res = _prom_query(tmp, port, 'count(gpumon_gpu_reason{reason="hang"} == 1)')
+    return int(float(res[0]["value"][1])) if res else 0
+
+
 def _count(tmp: Path, port: int, state: str) -> int:
     res = _prom_query(tmp, port, f'count(gpumon_gpu_state{{state="{state}"}} == 1)')
     return int(float(res[0]["value"][1])) if res else 0
@@ -157,7 +165,7 @@ def cluster(fake_nvml_lib: Path, tmp_path_factory: pytest.TempPathFactory) -> It
     import bcrypt
 
     tmp = tmp_path_factory.mktemp("cluster")
-    trees = {j: _job_tree(j) for j in ("1001", "2002", "3003", "4004")}
+    trees = {j: _job_tree(j) for j in ("1001", "2002", "3003", "4004", "6006")}
     pid = {j: p.pid for j, p in trees.items()}
     scenarios = {
         "n1": Scenario(
@@ -179,13 +187,26 @@ def cluster(fake_nvml_lib: Path, tmp_path_factory: pytest.TempPathFactory) -> It
             ]
         ),
         "n4": Scenario(gpus=[FakeGPU(uuid="GPU-n4-0", processes=[Process(pid["4004"])])]),
+        "n5": Scenario(
+            gpus=[
+                FakeGPU(uuid=f"GPU-n5-{i}", power_busy_w=120.0, processes=[Process(pid["6006"])])
+                for i in range(2)
+            ]
+        ),
+        "n6": Scenario(gpus=[FakeGPU(uuid="GPU-n6-0", processes=[Process(pid["6006"])])]),
     }
+    # n5 and n6 call a job hung after 10 s of every GPU spinning (5 minutes by default).
+    (tmp / "hang.toml").write_text("[detector]\nhang_after_s = 10\n")
+    quick_hang = ("--config", str(tmp / "hang.toml"))
     envs = {}
     for name, scn in scenarios.items():
         (tmp / name).mkdir()
         envs[name] = fake_env(write_scenario(tmp / name / "scenario.txt", scn))
     t0 = time.monotonic()
-    daemons: dict[str, Daemon] = {n: start_daemon(envs[n], tmp / n, log=False) for n in scenarios}
+    daemons: dict[str, Daemon] = {
+        n: start_daemon(envs[n], tmp / n, *(quick_hang if n in ("n5", "n6") else ()), log=False)
+        for n in scenarios
+    }
     dcgm = http.server.ThreadingHTTPServer(("127.0.0.1", 0), FakeDcgmExporter)
     threading.Thread(target=dcgm.serve_forever, daemon=True).start()
     dcgm_instance = f"127.0.0.1:{dcgm.server_address[1]}"
@@ -230,8 +251,9 @@ def cluster(fake_nvml_lib: Path, tmp_path_factory: pytest.TempPathFactory) -> It
             try:
                 ready = (
                     _count(tmp, port, "starved") >= 4
-                    and _count(tmp, port, "sync_stall") >= 2
-                    and _count(tmp, port, "healthy") >= 4
+                    and _count(tmp, port, "sync_stall") >= 4
+                    and _count(tmp, port, "healthy") >= 5
+                    and _hung(tmp, port) >= 2
                 )
             except OSError:
                 ready = False
@@ -315,6 +337,27 @@ def test_a_straggler_node_whose_peers_busy_wait_is_named(cluster: Cluster) -> No
     assert verdict.startswith("Verdict: SYNC STALL") and f"straggler node {n1} (skew " in verdict
     assert "removing the waits on peers could make this run up to" in text
     assert f"node {n1}  starved/" in text and "← the straggler" in text
+
+
+def test_a_hung_job_names_the_node_whose_gpus_do_not_spin(cluster: Cluster) -> None:
+    """n5's two GPUs spin with none computing (a hang) while n6's computes alone: the job
+    waits on n6, whatever it does; n5's own view (the rank is elsewhere) gives way."""
+    n5, n6 = cluster.nodes["n5"], cluster.nodes["n6"]
+    r = cluster.report_json("--job", "6006", "--last", "10m")
+    assert r["verdict"] == "sync_stall" and r["reason"] == "hang", r
+    s = r["straggler"]
+    assert s["kind"] == "node" and s["instance"] == n6 and s["hung_peers"] is True
+    assert s["state"] == "healthy"  # computing alone: a rank in another phase
+    assert r["problem_nodes"] == [n6]
+    assert _node(r, n5)["verdict"] == "sync_stall" and _node(r, n6)["verdict"] == "healthy"
+    assert r["advice"][0].startswith(f"node {n6} is what the job waits on")
+    assert not any(a.startswith("no rank on this node computes") for a in r["advice"])
+    text = cluster.report("--job", "6006", "--last", "10m").stdout
+    assert f"hung: the job waits on node {n6}" in text.splitlines()[1]
+    # The daemon's own series: the job's reason, for GpumonJobHung.
+    res = _prom_query(cluster.tmp, int(cluster.url.rsplit(":", 1)[1]),
+                      'gpumon_job_reason{hpc_job="6006",reason="hang"}')  # fmt: skip
+    assert [x["metric"]["instance"] for x in res] == [n5]
 
 
 def test_a_job_on_one_node(cluster: Cluster) -> None:

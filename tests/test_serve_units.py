@@ -331,7 +331,7 @@ def test_two_jobs_get_their_own_states_and_every_metric_is_emitted(tmp_path: Pat
     missing = declared - emitted
     assert emitted <= declared, emitted - declared
     # No NVML errors without NVML; no reason for a plainly starved or healthy GPU.
-    assert not missing - {"gpumon_nvml_errors", "gpumon_gpu_reason"}, missing
+    assert not missing - {"gpumon_nvml_errors", "gpumon_gpu_reason", "gpumon_job_reason"}, missing
     assert all(ep.reason is None for ep in state.memory.open.values() if ep is not None)
     # Two jobs on subsets of the GPUs: each has its own detector.
     assert all(j.detector is not None for j in state.jobs.values())

@@ -34,6 +34,7 @@ class Lever(StrEnum):
     STUCK = "stuck"  # memory held, no kernels
     RESOLUTION = "resolution"  # a finer recording
     CONTENTION = "contention"  # processes outside the job take the CPUs
+    HANG = "hang"  # find the rank everyone waits on
 
 
 # Levers that help whatever the cause: a summary says them after the causes' remedies.
@@ -56,6 +57,7 @@ _LEVER_OF = (
     (r"memory is allocated but no kernels run", Lever.STUCK),
     (r"record with gpumon", Lever.RESOLUTION),
     (r"processes outside the job", Lever.CONTENTION),
+    (r"no rank on this node computes", Lever.HANG),
 )
 _LEVER_RE = [(re.compile(p), lever) for p, lever in _LEVER_OF]
 
@@ -231,7 +233,15 @@ def advice_for(
         out.append("pin_memory=True and non_blocking=True copies let transfers overlap compute")
         out += _memory_advice(ev)
     elif state is State.SYNC_STALL:
-        if reason is Reason.SYNC_PAUSES:
+        if reason is Reason.HANG:
+            out += [
+                "no rank on this node computes: the rank they all wait on is elsewhere (or "
+                "stuck in another phase); find it before NCCL's watchdog kills the job: "
+                "`gpumon report --job` names the node whose GPUs do not spin, `py-spy dump "
+                "--pid` shows where each rank's Python is, and NCCL's flight recorder "
+                "(TORCH_NCCL_TRACE_BUFFER_SIZE) which collective each rank last entered"
+            ]
+        elif reason is Reason.SYNC_PAUSES:
             out += [
                 "checkpoint less often or asynchronously (e.g. torch.distributed."
                 "checkpoint.async_save) and keep host-side sync (.item(), logging) out "
@@ -245,7 +255,8 @@ def advice_for(
                 "and that work is split evenly",
                 "use a batch size divisible by the number of GPUs so every rank gets the same work",
             ]
-        out += _memory_advice(ev)
+        if reason is not Reason.HANG:  # a hang is no matter of memory
+            out += _memory_advice(ev)
     elif state is State.IDLE:
         if reason is Reason.MEMORY_HELD:
             out.append(

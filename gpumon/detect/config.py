@@ -142,6 +142,11 @@ class DetectorConfig:
     # that straggler (data-parallel peers spin in the collective).
     pinned_duty: float = 0.9
     pinned_window_s: float = 30.0  # ... and have stayed pinned this long
+    # Every GPU of a run (or node) spinning in a collective with none computing for this
+    # long is a hang, not a wait: the rank they wait on is elsewhere, or stuck.  PyTorch's
+    # NCCL watchdog aborts a collective after the process group's timeout (10 minutes by
+    # default; 30 in releases before 2.2), so 5 minutes names a hang before it fires.
+    hang_after_s: float = 300.0
     computing_power_share: float = 0.8
     # A stream that ends before its work could be judged (a log of a few samples) is judged
     # at its end on all it shows, if it has at least this many samples of work.

@@ -19,7 +19,7 @@ from gpumon.detect.config import DetectorConfig
 from gpumon.detect.evidence import gpu_evidence, host_evidence, multi_evidence
 from gpumon.detect.gpu import GpuTrack, Window
 from gpumon.detect.host import HostTrack, busiest_outside, host_cause
-from gpumon.detect.multi import RunContext, apply_run_rules
+from gpumon.detect.multi import RunContext, apply_run_rules, hang
 from gpumon.detect.pauses import PauseTracker
 from gpumon.detect.rules import Candidate, GpuContext, bursty, classify
 from gpumon.detect.summary import AdviceWeights, GpuFacts, RunSummary, Tally, summarize
@@ -69,12 +69,14 @@ _ALL_STATES = tuple(State)
 _WORK = (State.HEALTHY, State.STARVED, State.SYNC_STALL)
 _NO_UPDATE = DetectorUpdate()
 _STARTUP = Candidate(State.IDLE, None, Reason.START_UP)
-# Reasons that mark a phase of a GPU's life, not a finding: an episode changes with them.
+# Reasons that mark a phase of a GPU's life, not a finding.
 _PHASES = (Reason.START_UP, Reason.JUDGING)
+# Reasons an episode changes with, even in the same state (a wait that becomes a hang).
+_DISTINCT = (*_PHASES, Reason.HANG)
 
 
 def _phase(reason: Reason | None) -> Reason | None:
-    return reason if reason in _PHASES else None
+    return reason if reason in _DISTINCT else None
 
 
 def _busy_from_the_first(tr: GpuTrack, cfg: DetectorConfig) -> bool:
@@ -116,6 +118,7 @@ class Detector:
         self._cause_cache: tuple[tuple[float, int, Cause | None], Cause] | None = None
         self._calm = 0  # consecutive evals with nothing pending
         self._concluded = False
+        self._spinning_since: float | None = None  # every GPU spinning, none computing
 
     # --- public API ----------------------------------------------------------------------
 
@@ -230,7 +233,11 @@ class Detector:
             for a in v.advice:
                 if a not in adv:
                     adv.append(a)
-        return Verdict(t, run.state, run.cause, tuple(gv), rev, tuple(adv), run.note, run.reason)
+        note = run.note
+        if run.reason is not None and run.reason is not Reason.START_UP:
+            # The run's reason in a GPU's current words (its numbers now, as the GPU's).
+            note = next((v.note for v in gv if v.reason is run.reason and v.note), note)
+        return Verdict(t, run.state, run.cause, tuple(gv), rev, tuple(adv), note, run.reason)
 
     def summary(self) -> RunSummary:
         """The run so far, as every face reports it (open episodes counted up to now)."""
@@ -353,21 +360,25 @@ class Detector:
             w = tr.window(t, self._window_s(tr))
             wins[idx] = w
             cands[idx] = classify(self._context(tr, w, t))
+        prev = self._last_eval if self._last_eval is not None else t
+        rc = RunContext(
+            t,
+            prev,
+            self._tracks,
+            wins,
+            cands,
+            self._run_peak_watts,
+            self.cfg,
+            self._pauses,
+            self._waited_on,
+            spinning_since=self._spinning_since,
+        )
         if len(self._tracks) >= 2:
-            prev = self._last_eval if self._last_eval is not None else t
-            rc = RunContext(
-                t,
-                prev,
-                self._tracks,
-                wins,
-                cands,
-                self._run_peak_watts,
-                self.cfg,
-                self._pauses,
-                self._waited_on,
-            )
             apply_run_rules(rc)
-            self._busywait, self._straggler = rc.busywait, rc.straggler
+        else:
+            hang(rc)  # one GPU alone can still spin on a rank elsewhere, forever
+        self._busywait, self._straggler = rc.busywait, rc.straggler
+        self._spinning_since = rc.spinning_since
         switched: list[float] = []
         for idx, c in cands.items():
             start = self._apply(idx, self._tracks[idx].uuid, c, t)
@@ -539,7 +550,7 @@ class Detector:
         if State.SYNC_STALL in kinds:
             st = State.SYNC_STALL
             reasons = {ep.reason for ep in states if ep.state is State.SYNC_STALL}
-            for reason in (Reason.STRAGGLER, Reason.SYNC_PAUSES, None):
+            for reason in (Reason.HANG, Reason.STRAGGLER, Reason.SYNC_PAUSES, None):
                 if reason in reasons:
                     break
         elif State.STARVED in kinds:
@@ -667,7 +678,11 @@ class Detector:
         """Run-wide numbers (computed once per eval, shared by every GPU's evidence)."""
         if self._multi_cache is not None and self._multi_cache[0] == t:
             return self._multi_cache[1]
-        duties = [tr.window(t, self._window_s(tr)).duty for tr in self._tracks.values()]
+        # A GPU spinning in a collective delivers no work, however busy it reads.
+        duties = [
+            0.0 if idx in self._busywait else tr.window(t, self._window_s(tr)).duty
+            for idx, tr in self._tracks.items()
+        ]
         ev = multi_evidence(duties, self._straggler, self._pauses)
         self._multi_cache = (t, ev)
         return ev

@@ -31,6 +31,11 @@ SLOW_SHARE = 0.5
 MIN_SKEW = 0.3
 
 STRAGGLER_NOTE = "its peers busy-wait on it"
+HANG_NOTE = "hang: no GPU of its node computed"
+# Peers that hung at least this share of their stall time hang on a node (the gauges say
+# hang only once the detector's threshold has passed: the spinning before it reads as a
+# plain busy-wait, so a real hang shows as a half or less of the stall).
+HUNG_SHARE = 0.25
 _CLASSIFIED = (State.HEALTHY, State.STARVED, State.SYNC_STALL, State.IDLE)
 
 
@@ -56,6 +61,7 @@ class GpuReadings:
     seconds: Mapping[State, float]
     cause_samples: Mapping[Cause, float] = field(default_factory=dict)
     straggler_share: float | None = None
+    hang_share: float | None = None  # share of scrapes whose reason was hang (no progress)
     lost_share: float | None = None
     util_by_state: Mapping[State, float] | None = None
     state_share: Mapping[State, float] | None = None
@@ -92,6 +98,12 @@ class GpuReadings:
         stall = self.seconds.get(State.SYNC_STALL, 0.0)
         return min(stall, max(0.0, self.straggler_share or 0.0) * self.covered_s)
 
+    def hang_s(self) -> float:
+        """Its time hung: spinning with every peer of its node, none computing (within
+        its sync stall time)."""
+        stall = self.seconds.get(State.SYNC_STALL, 0.0)
+        return min(stall, max(0.0, self.hang_share or 0.0) * self.covered_s)
+
 
 @dataclass(frozen=True, slots=True)
 class GpuJudged:
@@ -120,6 +132,9 @@ def tally_of(r: GpuReadings) -> Tally:
     strag = r.straggler_s()
     if strag > 0:
         t.reasons[(State.SYNC_STALL, Reason.STRAGGLER)] = [strag, strag, STRAGGLER_NOTE]
+    hung = r.hang_s()
+    if hung > 0:
+        t.reasons[(State.SYNC_STALL, Reason.HANG)] = [hung, hung, HANG_NOTE]
     unknown = t.seconds[State.UNKNOWN]
     lost = min(unknown, max(0.0, r.lost_share or 0.0) * r.covered_s)
     if lost > 0:
@@ -209,6 +224,9 @@ class Straggler:
     own_wait: float
     state: State  # what it did meanwhile (starved, idle; sync_stall for a GPU straggler)
     cause: Cause | None
+    # The other nodes hang on it (spinning, none computing): it is what the job waits on,
+    # whatever it does (idle, computing alone, or unreadable).
+    hung_peers: bool = False
 
     @property
     def kind(self) -> str:
@@ -240,15 +258,22 @@ def straggler_node(nodes: Mapping[str, Sequence[Tally]]) -> Straggler | None:
     peers_wait = min(wait[n] for n in peers)
     if peers_wait < PEER_WAIT_SHARE or peers_wait - wait[cand] < MIN_SKEW:
         return None
-    slow = (State.STARVED, State.IDLE)
-    if any(_share(t, slow, _CLASSIFIED) < SLOW_SHARE for t in nodes[cand]):
-        return None
     t = merged[cand]
-    state = State.STARVED if t.seconds[State.STARVED] >= t.seconds[State.IDLE] else State.IDLE
-    cause = None
-    if state is State.STARVED:
-        causes = t.starved_by_cause
-        cause = max(causes, key=causes.__getitem__, default=Cause.UNKNOWN)
+    # Peers that hang (every GPU spinning, none computing) wait on whatever this node does:
+    # idle, gone, or computing alone in another phase.  Peers that only busy-wait wait on a
+    # slower node: it must be slow (starved or idle) to be the one.
+    hung = all(_hang_share(merged[n]) >= HUNG_SHARE for n in peers)
+    slow = (State.STARVED, State.IDLE)
+    if not hung and any(_share(g, slow, _CLASSIFIED) < SLOW_SHARE for g in nodes[cand]):
+        return None
+    if hung:
+        state, cause = t.verdict()
+    else:
+        state = State.STARVED if t.seconds[State.STARVED] >= t.seconds[State.IDLE] else State.IDLE
+        cause = None
+        if state is State.STARVED:
+            causes = t.starved_by_cause
+            cause = max(causes, key=causes.__getitem__, default=Cause.UNKNOWN)
     return Straggler(
         cand,
         None,
@@ -257,7 +282,14 @@ def straggler_node(nodes: Mapping[str, Sequence[Tally]]) -> Straggler | None:
         round(wait[cand], 4),
         state,
         cause,
+        hung,
     )
+
+
+def _hang_share(t: Tally) -> float:
+    """Of a node's sync stall time, the share it hung (no GPU of it computing)."""
+    stall = t.seconds.get(State.SYNC_STALL, 0.0)
+    return 0.0 if stall <= 0 else t.reason_s(State.SYNC_STALL, Reason.HANG) / stall
 
 
 def as_waited_on(t: Tally) -> Tally:
@@ -367,6 +399,14 @@ def _weigh(w: AdviceWeights, s: State, c: Cause | None, texts: Iterable[str], se
 def _straggler_advice(s: Straggler, peers: Sequence[str], node_advice: Sequence[str]) -> list[str]:
     what = s.state.value + (f" (cause: {s.cause.value})" if s.cause is not None else "")
     others = ", ".join(peers)
+    if s.hung_peers:
+        return [
+            f"node {s.instance} is what the job waits on: every GPU of {others} spins in a "
+            f"collective with none computing (a hang) while its GPUs are {what}; look at its "
+            "ranks first (`py-spy dump --pid` for where their Python is, NCCL's flight "
+            "recorder for the collective each rank last entered) before NCCL's watchdog "
+            "kills the job"
+        ]
     out = [
         f"node {s.instance} is the straggler: its GPUs are {what} while the GPUs of {others} "
         f"busy-wait on it; fix that node first (its input pipeline, CPU and storage, clocks "
@@ -407,8 +447,10 @@ def judge_job(readings: Sequence[GpuReadings]) -> JobJudged:
         node = next(n for n in nodes if n.instance == strag.instance)
         peers = [n for n in by_node if n != strag.instance]
         row = advice.weights.setdefault((State.SYNC_STALL, None), {})
-        # The peers' "one rank is the straggler" says less than what the node rule knows.
-        for a in [a for a in row if a.startswith("one rank is the straggler")]:
+        # The peers' "one rank is the straggler" (or "the rank is elsewhere", for a hang)
+        # says less than what the node rule knows.
+        vague = ("one rank is the straggler", "no rank on this node computes")
+        for a in [a for a in row if a.startswith(vague)]:
             del row[a]
         # The straggler node's advice comes first, in its own order: what to fix.
         top = 2.0 * sum(row.values()) + len(row) + 1.0

@@ -12,6 +12,9 @@ Each rule reads every working GPU's window and may replace their candidates:
   checkpoint every N steps -- not a starved GPU, even between its gaps.
 - ``all_gpu_pauses``: every GPU pausing together for seconds, repeatedly, is a sync stall
   (a checkpoint, an evaluation, a host-side sync).
+- ``hang``: every GPU spinning and none computing for ``hang_after_s`` is no progress at
+  all: the rank they wait on is not here, or stuck (it also applies to a single GPU whose
+  GPM counters show its SMs idle at 100 % utilisation).
 """
 
 from __future__ import annotations
@@ -42,6 +45,9 @@ class RunContext:
     waited_on_s: dict[int, float] = field(default_factory=dict)
     busywait: set[int] = field(default_factory=set)  # out: GPUs spinning on a peer
     straggler: int | None = None  # out: the GPU the others wait on
+    # Since when every working GPU has been spinning with none computing (in and out:
+    # kept across evals by the detector); None while some GPU computes.
+    spinning_since: float | None = None
 
     def working(self) -> list[int]:
         """GPUs past start-up, with data, and not known to be free of processes."""
@@ -207,7 +213,45 @@ def all_gpu_pauses(c: RunContext) -> None:
         )
 
 
-RUN_RULES: tuple[RunRule, ...] = (busy_wait, pinned_peers, waited_on_rhythm, all_gpu_pauses)
+def hang(c: RunContext) -> None:
+    """Every GPU spinning in a collective and none computing, for longer than
+    ``hang_after_s``: no progress.  A long wait that recovers before then is a stall."""
+    cfg, t = c.cfg, c.t
+    working = c.working()
+    if len(c.tracks) >= 2:
+        spinning = c.busywait if c.straggler is None else set()
+    else:  # one GPU: only GPM can tell a spin from light work at full utilisation
+        peak = sm_active_peak(c.tracks.values())
+        spinning = {
+            i
+            for i in working
+            if c.tracks[i].sm_active_ratio is not None and _spinning(c, i, cfg, t, peak)
+        }
+    if not working or not set(working) <= spinning:
+        c.spinning_since = None
+        return
+    if c.spinning_since is None:
+        c.spinning_since = t - cfg.busywait_window_s  # it was seen spinning over that long
+    stuck = t - c.spinning_since
+    if stuck < cfg.hang_after_s:
+        return
+    detail = f"no GPU has computed for {_minutes(stuck)}"
+    for i in working:
+        c.cands[i] = Candidate(State.SYNC_STALL, None, Reason.HANG, detail, t, stuck, True)
+
+
+def _minutes(seconds: float) -> str:
+    m = seconds / 60.0
+    return f"{m:.0f} min" if m >= 10 else f"{m:.1f} min"
+
+
+RUN_RULES: tuple[RunRule, ...] = (
+    busy_wait,
+    pinned_peers,
+    waited_on_rhythm,
+    all_gpu_pauses,
+    hang,
+)
 
 
 def apply_run_rules(c: RunContext) -> None:

@@ -145,8 +145,11 @@ class AdviceWeights:
                 weight[lever] = weight.get(lever, 0.0) + w + bonus
                 if lever not in best or w > best[lever][0]:
                     best[lever] = (w, text)
-        # The remedies of the causes first, then what helps whatever the cause.
-        order = sorted(weight, key=lambda lv: (lv in GENERAL_LEVERS, -weight[lv]))
+        # A remedy behind a tenth of the time of the main one is noise (a moment's
+        # straggler before a long hang); the causes' remedies first, then the general ones.
+        top = max(weight.values(), default=0.0)
+        kept = [lv for lv in weight if weight[lv] >= PROBLEM_SHARE * top]
+        order = sorted(kept, key=lambda lv: (lv in GENERAL_LEVERS, -weight[lv]))
         return tuple(best[lv][1] for lv in order)
 
 

@@ -282,6 +282,8 @@ class JobQueries:
         over = f"[{window}]"
         causes = per_gpu_label(f"sum_over_time(gpumon_gpu_cause{{{n}}}{over})", "cause")
         strag = per_gpu(f"avg_over_time(gpumon_gpu_straggler{{{n}}}{over})")
+        # gpumon_gpu_reason exists only while its reason holds: count its scrapes.
+        hung = per_gpu(f'count_over_time(gpumon_gpu_reason{{{n},reason="hang"}}{over})')
         lost = per_gpu(f"avg_over_time(gpumon_gpu_lost{{{n}}}{over})")
         duty = per_gpu(f"avg_over_time(gpumon_gpu_utilization_ratio{{{n}}}{over})")
         count = per_gpu(f"count_over_time(gpumon_gpu_utilization_ratio{{{n}}}{over})")
@@ -352,6 +354,7 @@ class JobQueries:
                     seconds=seconds.get(k, {}),
                     cause_samples=_enum_keys(causes.get(k, {}), Cause),
                     straggler_share=strag.get(k),
+                    hang_share=hung[k] / count[k] if k in hung and count.get(k) else None,
                     lost_share=lost.get(k),
                     util_by_state=_enum_keys(by_state[k], State) if k in by_state else None,
                     state_share=_enum_keys(shares[k], State) if k in shares else None,

@@ -40,6 +40,8 @@ def _spent(seconds: Mapping[State, float]) -> str:
 
 
 def straggler_text(s: Straggler) -> str:
+    if s.hung_peers:
+        return f"hung: the job waits on {s.name()}"
     return f"straggler {s.name()} (skew {s.skew * 100:.0f} %)"
 
 
@@ -97,6 +99,13 @@ def render_text(f: Fetched, j: JobJudged, url: str) -> str:
 
 
 def straggler_note(s: Straggler) -> str:
+    if s.gpu is None and s.hung_peers:
+        did = s.state.value + (f" (cause: {s.cause.value})" if s.cause is not None else "")
+        return (
+            f"every GPU of the other nodes spins with none computing (a hang) "
+            f"{s.peers_wait * 100:.0f} % of their working time, node {s.instance}'s "
+            f"{s.own_wait * 100:.0f} %: its GPUs are {did}; the job waits on it"
+        )
     if s.gpu is None:
         did = s.state.value + (f" (cause: {s.cause.value})" if s.cause is not None else "")
         return (
@@ -160,6 +169,7 @@ def _straggler_json(s: Straggler | None) -> dict | None:
         "own_wait_share": s.own_wait,
         "state": s.state.value,
         "cause": s.cause.value if s.cause is not None else None,
+        "hung_peers": s.hung_peers,
         "note": straggler_note(s),
     }
 

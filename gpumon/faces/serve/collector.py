@@ -68,6 +68,7 @@ METRIC_NAMES = (
     "gpumon_node_state_seconds_total",
     "gpumon_lost_gpu_seconds_total",
     "gpumon_job_state",
+    "gpumon_job_reason",
     "gpumon_job_gpus",
     "gpumon_jobs_untracked_total",
     "gpumon_host_cpu_ratio",
@@ -359,6 +360,13 @@ class GpumonCollector(Collector):
             "Each job's state over its GPUs on this node: 1 for the current state.",
             labels=[*JOB[:3], "state"],
         )
+        reason = GaugeMetricFamily(
+            "gpumon_job_reason",
+            "Why the job has its state, where the state alone does not say (hang: every "
+            "GPU of the job on this node spins and none computes; straggler, ...): 1 for "
+            "the current reason; absent when there is none.",
+            labels=[*JOB[:3], "reason"],
+        )
         gpus = GaugeMetricFamily(
             "gpumon_job_gpus", "GPUs of this node the job uses.", labels=JOB[:3]
         )
@@ -369,13 +377,15 @@ class GpumonCollector(Collector):
             cur = State.UNKNOWN if ep is None else ep.state
             for s in STATES:
                 state.add_metric([*lv, s], 1.0 if s == str(cur) else 0.0)
+            if ep is not None and ep.reason is not None:
+                reason.add_metric([*lv, REASON_LABELS[ep.reason]], 1.0)
             gpus.add_metric(lv, float(len(job.gpus)))
         dropped = CounterMetricFamily(
             "gpumon_jobs_untracked",
             "Jobs not given a state because max_jobs were already tracked.",
             value=st.jobs_dropped_total,
         )
-        return [state, gpus, dropped]
+        return [state, reason, gpus, dropped]
 
     def _host(self) -> list[Metric]:
         h = self.state.host

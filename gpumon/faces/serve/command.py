@@ -153,7 +153,7 @@ def _serve(args: argparse.Namespace) -> int:
     from prometheus_client import disable_created_metrics
 
     from gpumon.faces.serve.collector import make_registry
-    from gpumon.faces.serve.daemon import ServeState, job_options
+    from gpumon.faces.serve.daemon import ServeState, detector_config, job_options
     from gpumon.faces.serve.http import (
         ConnectionStats,
         MetricsServer,
@@ -167,7 +167,9 @@ def _serve(args: argparse.Namespace) -> int:
     say = logging.getLogger("gpumon.serve")
     cfg = load_config(args)
     disable_created_metrics()
-    session = Session.live(interval_s=cfg.interval_s, jobs=job_options(cfg))  # no driver: 3
+    session = Session.live(  # no driver: status 3
+        interval_s=cfg.interval_s, jobs=job_options(cfg), config=detector_config(cfg)
+    )
     log = EventLog(None)
     state = ServeState(session, cfg, log)
     stats = ConnectionStats()

@@ -63,6 +63,9 @@ class ServeConfig:
     # Sample each job's process tree (its lowest GPU pid and descendants: DataLoader
     # workers hold no CUDA context) so a starved GPU's cause can be named.
     process_trees: bool = True
+    # A job whose every GPU spins in a collective with none computing this long is hung
+    # (the detector's hang_after_s; PyTorch's NCCL watchdog aborts at 10 minutes).
+    hang_after_s: float = 300.0
     source: str | None = field(default=None, compare=False)  # the file it came from
 
     @property
@@ -169,6 +172,9 @@ SCHEMA: dict[str, dict[str, tuple[str, Callable[[Any], Any]]]] = {
         "linger_s": ("job_linger_s", _seconds(0.0, 86400.0)),
         "max_jobs": ("max_jobs", _count(0, 4096)),
         "process_trees": ("process_trees", _bool),
+    },
+    "detector": {
+        "hang_after_s": ("hang_after_s", _seconds(10.0, 86400.0)),
     },
 }
 

@@ -20,12 +20,17 @@ from collections.abc import Callable
 from typing import Any
 
 from gpumon import __version__
-from gpumon.engine import JobOptions, Reading, Session, Tick
+from gpumon.engine import DetectorConfig, JobOptions, Reading, Session, Tick
 from gpumon.engine.jobs import Job, JobTracker, job_name
 from gpumon.engine.memory import GpuEvent, GpuEventKind, GpuMemory, RunMemory
 from gpumon.faces.serve.config import ServeConfig
 from gpumon.faces.serve.log import EventLog
 from gpumon.model import Episode, HostSample, JobLabels
+
+
+def detector_config(cfg: ServeConfig) -> DetectorConfig:
+    """The detector's thresholds the daemon's configuration sets (the rest as shipped)."""
+    return DetectorConfig(hang_after_s=cfg.hang_after_s)
 
 
 def job_options(cfg: ServeConfig) -> JobOptions:

@@ -34,7 +34,7 @@ from gpumon.faces.watch.view import (
     tick_duty,
     timeline,
 )
-from gpumon.model import GpuVerdict, ProcessSample, State, Verdict
+from gpumon.model import GpuVerdict, ProcessSample, Reason, State, Verdict
 
 MIN_WIDTH = 80
 LABEL_WIDTH = 6  # "GPU 10": the label column of GPU rows and evidence lines
@@ -262,6 +262,9 @@ def _top_line(st: WatchState, width: int, paused: bool) -> Text:
     if v is not None and v.cause is not None:
         core.append("  cause: ", style="bold")
         core.append(v.cause.value, style="bold")
+    stuck = no_progress_s(v)
+    if stuck is not None:  # a hang says how long, always (the job will be killed)
+        core.append(f"  no progress for {duration(stuck)}", style="bold red")
     clock = Text(f"  elapsed {duration(st.elapsed_s)}")
     if paused:
         clock.append("  ")
@@ -287,6 +290,14 @@ def _top_line(st: WatchState, width: int, paused: bool) -> Text:
     line.append_text(core)
     line.append_text(clock)
     return _crop(line, width)
+
+
+def no_progress_s(v: Verdict | None) -> float | None:
+    """How long the run has made no progress, when it hangs: since its GPUs last computed."""
+    if v is None or v.reason is not Reason.HANG or v.t_s is None:
+        return None
+    since = [g.since_s for g in v.gpus if g.reason is Reason.HANG and g.since_s is not None]
+    return v.t_s - min(since) if since else None
 
 
 def _footer(controls: ViewControls | None, st: WatchState, width: int, page_note: str = "") -> Text:
@@ -707,7 +718,7 @@ def _help_lines(width: int, cmd_mode: bool) -> list[Text]:
             (State.HEALTHY, "kept busy"),
             (
                 State.STARVED,
-                "bursts and idle gaps: the host cannot feed it (cause cpu, gil, io, contention)",
+                "bursts and gaps: the host cannot feed it (cpu, gil, io, contention)",
             ),
             (State.SYNC_STALL, "GPUs wait on each other"),
             (State.IDLE, "nothing runs, or memory held with no work"),
