@@ -50,6 +50,10 @@ JobKey = tuple[str, str, str]
 # Jobs left untracked (max_jobs reached) are remembered so that each is counted once.
 MAX_UNTRACKED_REMEMBERED = 4096
 
+# Distinct XID codes counted per GPU under their own label; any further code counts as
+# "other" (a flapping driver must not grow the series without bound).
+MAX_XID_LABELS = 32
+
 
 class Histogram:
     """A fixed-bucket Prometheus histogram kept as plain counts (no list grows)."""
@@ -101,6 +105,9 @@ class GpuRuntime:
     processes: int | None = None
     pids: frozenset[int] = frozenset()
     lost_since_s: float | None = None  # when its samples started saying lost
+    # XID errors seen since the daemon started, by code (None: the GPU's are not watched).
+    xid_counts: dict[str, int] | None = None
+    last_xid: int | None = None
 
 
 @dataclass(slots=True)
@@ -244,6 +251,7 @@ class ServeState:
         snap = tick.snapshot
         self.host = snap.host
         gpu_records = [self._gpu_change(g, snap.t_s) for g in snap.gpus]
+        gpu_records += self._count_xids(snap)
         self._attribute(snap, prepared)
         job_updates = self._update_job_table(snap, prepared)
         if tick.update is not None:
@@ -309,6 +317,34 @@ class ServeState:
             record["lost_s"] = round(t - rt.lost_since_s, 3)
             rt.lost_since_s = None
         return record
+
+    def _count_xids(self, snap: Snapshot) -> list[dict[str, Any]]:
+        """Count each GPU's XID errors (kept while it is lost: XID 79 is how a GPU goes);
+        a log line per error."""
+        out: list[dict[str, Any]] = []
+        for g in snap.gpus:
+            rt = self.gpus[g.gpu]
+            counts = rt.xid_counts
+            if counts is None:
+                if not g.xid_errors and (g.lost or "xid_events" in g.unsupported):
+                    continue
+                counts = rt.xid_counts = {}
+            for code in g.xid_errors:
+                label = str(code)
+                if label not in counts and len(counts) >= MAX_XID_LABELS:
+                    label = "other"
+                counts[label] = counts.get(label, 0) + 1
+                rt.last_xid = code
+                out.append(
+                    {
+                        "time": self.wall_of(g.t_s),
+                        "event": "xid",
+                        "gpu": g.gpu,
+                        "uuid": rt.identity.uuid,
+                        "xid": code,
+                    }
+                )
+        return out
 
     def _identity_of(self, g: GpuSample) -> GpuIdentity:
         """The sampler's identity of the GPU (name, bus id, ...), else index and UUID."""
