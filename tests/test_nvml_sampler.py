@@ -282,6 +282,22 @@ def test_xid_errors_arrive_once_each_from_one_event_wait_per_tick(nvml) -> None:
     assert sampler.errors == {}
 
 
+def test_a_burst_of_xid_errors_is_taken_over_ticks_none_lost(nvml) -> None:
+    nvml.set(Scenario.uniform(2))
+    sampler = NvmlSampler()
+    time.sleep(0.05)
+    now = time.monotonic()
+    burst = [XidError(100 + k, now - 0.001 * k) for k in range(35)]
+    nvml.set(Scenario.uniform(2, xid_errors=burst))
+    first, second = sampler.sample(), sampler.sample()
+    taken = [len(g.xid_errors) for g in first]
+    assert sum(taken) == nvml_module._XidEvents.MAX_PER_TICK  # bounded per tick...
+    assert sum(len(g.xid_errors) for g in second) == 70 - sum(taken)  # ...the rest next
+    for gpu in (0, 1):
+        codes = [*first[gpu].xid_errors, *second[gpu].xid_errors]
+        assert codes == list(range(134, 99, -1))  # each once, oldest first
+
+
 def test_an_xid_that_comes_with_the_gpu_falling_off_the_bus_is_kept(nvml) -> None:
     nvml.set(Scenario.uniform(2))
     sampler = NvmlSampler()

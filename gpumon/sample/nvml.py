@@ -42,7 +42,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import pynvml
 
@@ -249,6 +249,7 @@ def _left_alone(exc: pynvml.NVMLError) -> bool:
 # nvmlFieldValue_t: unsigned int fieldId, scopeId; long long timestamp, latencyUsec;
 # nvmlValueType_t valueType; nvmlReturn_t nvmlReturn; nvmlValue_t value (an 8-byte union).
 _FIELD_VALUE = struct.Struct("@IIqqii8s")
+_FIELD_ANSWER = "24xii8s"  # what is read of it: valueType, nvmlReturn, value
 # nvmlValue_t's member for each nvmlValueType_t (double, unsigned int, unsigned long,
 # unsigned long long, signed long long, signed int, unsigned short), all at its start.
 _VALUE_TYPES = tuple(struct.Struct(f) for f in ("@d", "@I", "@L", "@Q", "@q", "@i", "@H"))
@@ -292,6 +293,8 @@ class _FieldValues:
         for entry, i in zip(self._buf, self._asked, strict=False):
             entry.fieldId, entry.scopeId = self.FIELDS[i][1], self.FIELDS[i][2]
         self._view = memoryview(self._buf).cast("B")[: n * _FIELD_VALUE.size]
+        # Every entry's answer in one unpack: (valueType, nvmlReturn, value) n times.
+        self._answers = struct.Struct("@" + _FIELD_ANSWER * n)
         self._count = ctypes.c_int32(n)
         self._ref = ctypes.byref(self._buf)
 
@@ -318,17 +321,17 @@ class _FieldValues:
         values: list[int | float | None] = list(self.NONE)
         dropped: set[str] = set()
         failed: list[tuple[str, int]] = []
-        for i, (_, _, _, _, kind, code, raw) in zip(
-            self._asked, _FIELD_VALUE.iter_unpack(self._view), strict=False
-        ):
-            name, _, _, scale = self.FIELDS[i]
-            if code == pynvml.NVML_SUCCESS and 0 <= kind < len(_VALUE_TYPES):
-                (value,) = _VALUE_TYPES[kind].unpack_from(raw)
+        flat = self._answers.unpack(self._view)
+        fields = self.FIELDS
+        for i, kind, code, raw in zip(self._asked, flat[0::3], flat[1::3], flat[2::3], strict=True):
+            if code == 0 and 0 <= kind < 7:  # NVML_SUCCESS, a known nvmlValueType_t
+                value = _VALUE_TYPES[kind].unpack_from(raw)[0]
+                scale = fields[i][3]
                 values[i] = value if scale is None else value * scale
             elif code in (pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_FUNCTION_NOT_FOUND):
-                dropped.add(name)
-            elif code != pynvml.NVML_SUCCESS:
-                failed.append((name, code))
+                dropped.add(fields[i][0])
+            elif code:
+                failed.append((fields[i][0], code))
         if dropped:
             self._asked = [i for i in self._asked if self.FIELDS[i][0] not in dropped]
             self._build()
@@ -341,14 +344,6 @@ Health = tuple[
     int | None, int | None, int | None, int | None, int | None, int | None, int | None,
 ]  # fmt: skip
 NO_HEALTH: Health = (None, None, None, None, None, None, None, None, None, None, None, None)
-
-
-def _int(value: float | None) -> int | None:
-    return None if value is None else int(value)
-
-
-def _float(value: float | None) -> float | None:
-    return None if value is None else float(value)
 
 
 def _address(handle: Any) -> int | None:
@@ -390,17 +385,26 @@ class _XidEvents:
         return _address(handle)
 
     def drain(self) -> list[tuple[int | None, int]]:
-        """(GPU key, XID code) of the errors pending, oldest first; raises NVMLError."""
+        """(GPU key, XID code) of the errors pending, oldest first; raises NVMLError (after
+        handing over what was taken, on the next call)."""
+        wait, event_set, data_ref, no_wait = self._wait, self._set, self._data_ref, self._no_wait
+        ret = wait(event_set, data_ref, no_wait)
+        if ret == pynvml.NVML_ERROR_TIMEOUT:  # nothing pending: the common case
+            return []
         out: list[tuple[int | None, int]] = []
         data = self._data
-        for _ in range(self.MAX_PER_TICK):
-            ret = self._wait(self._set, self._data_ref, self._no_wait)
-            if ret == pynvml.NVML_ERROR_TIMEOUT:
-                break
+        for taken in range(1, self.MAX_PER_TICK + 1):
             if ret:
+                if out:
+                    break
                 raise pynvml.NVMLError(ret)
             if data.eventType & self.XID:
                 out.append((_address(data.device), int(data.eventData)))
+            if taken == self.MAX_PER_TICK:
+                break  # the rest on the next tick
+            ret = wait(event_set, data_ref, no_wait)
+            if ret == pynvml.NVML_ERROR_TIMEOUT:
+                break
         return out
 
 
@@ -904,15 +908,16 @@ class NvmlSampler:
         mem_clock = self._health_call(st, "mem_clock", pynvml.nvmlDeviceGetClockInfo, h, _CLOCK_MEM)
         fan = self._health_call(st, "fan", pynvml.nvmlDeviceGetFanSpeed, h)
         pstate = self._health_call(st, "pstate", pynvml.nvmlDeviceGetPerformanceState, h)
-        temp, energy, sbe, dbe, sbe_life, dbe_life, replays, tx, rx = fields
-        st.health = (
-            _int(mem_clock),
-            _float(temp),
-            _float(fan),
-            None if pstate is None or not 0 <= pstate <= 15 else int(pstate),  # 32: unknown
-            _float(energy),
-            *(_int(sbe), _int(dbe), _int(sbe_life), _int(dbe_life), _int(replays)),
-            *(_int(tx), _int(rx)),
+        # The fields come in their types already (FIELDS' scales: float or int).
+        st.health = cast(
+            Health,
+            (
+                mem_clock,
+                fields[0],
+                None if fan is None else float(fan),
+                None if pstate is None or not 0 <= pstate <= 15 else pstate,  # 32: unknown
+                *fields[1:],
+            ),
         )
         return st.health
 
