@@ -9,7 +9,7 @@ sample), the GPM sample and metrics calls (two C calls into kept buffers, as gpu
 makes them), and pynvml's own functions for the rest (utilisation, memory, power, power
 limit, SM clock, clock-event reasons, temperature, PCIe every 5th tick, the compute
 processes and their SM utilisation), the XID event wait (one non-blocking call for all
-GPUs, into a kept struct) and, every 5th tick, the slow health readings (the counters in
+GPUs, into a kept struct) and, every 10th tick, the slow health readings (the counters in
 one field-values call into a kept buffer, then memory clock, fan and P-state); each
 result's values are read out, nothing more.
 gpumon's NVML part is ``NvmlSampler.sample()``; the whole tick is what ``gpumon watch``
@@ -132,7 +132,8 @@ def make_floor(n_gpus: int, gpm: bool) -> tuple[Callable[[], None], Callable[[],
         # Like gpumon's (OneHertz), its cursors move back 1 s: each call reads a second's
         # samples, and every 5th call reads PCIe throughput (gpumon: every 5 s).
         calls[0] += 1
-        pcie = health = calls[0] % 5 == 0
+        pcie = calls[0] % 5 == 0
+        health = calls[0] % 10 == 0  # gpumon: every 10 s
         while wait(events, event_ref, no_wait) == 0:
             event.eventType, event.eventData  # noqa: B018
         for i, h in enumerate(handles):

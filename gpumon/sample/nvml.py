@@ -251,8 +251,10 @@ def _left_alone(exc: pynvml.NVMLError) -> bool:
 _FIELD_VALUE = struct.Struct("@IIqqii8s")
 _FIELD_ANSWER = "24xii8s"  # what is read of it: valueType, nvmlReturn, value
 # nvmlValue_t's member for each nvmlValueType_t (double, unsigned int, unsigned long,
-# unsigned long long, signed long long, signed int, unsigned short), all at its start.
-_VALUE_TYPES = tuple(struct.Struct(f) for f in ("@d", "@I", "@L", "@Q", "@q", "@i", "@H"))
+# unsigned long long, signed long long, signed int, unsigned short), all at its start:
+# its format, padded to the union's 8 bytes.
+_VALUE_FORMATS = ("d", "I4x", "L", "Q", "q", "i4x", "H6x")
+_VALUE_TYPES = tuple(struct.Struct("@" + f) for f in _VALUE_FORMATS)
 _ALL_LINKS = 0xFFFFFFFF  # scopeId: the NVLink counters summed over every link
 FieldReading = tuple[int | float | None, ...]
 
@@ -295,6 +297,13 @@ class _FieldValues:
         self._view = memoryview(self._buf).cast("B")[: n * _FIELD_VALUE.size]
         # Every entry's answer in one unpack: (valueType, nvmlReturn, value) n times.
         self._answers = struct.Struct("@" + _FIELD_ANSWER * n)
+        # Once every field has answered, the value types it gave, and one unpack that
+        # reads each value in its type: the common case, a GPU answering as it did.
+        self._kinds: tuple[int, ...] = ()
+        self._typed: struct.Struct | None = None
+        # Where the values go in FIELDS' order, and those scaled to gpumon's unit.
+        self._scaled = [(j, self.FIELDS[i][3]) for j, i in enumerate(self._asked)]
+        self._scaled = [(j, scale) for j, scale in self._scaled if scale is not None]
         self._count = ctypes.c_int32(n)
         self._ref = ctypes.byref(self._buf)
 
@@ -312,30 +321,59 @@ class _FieldValues:
     def empty(self) -> bool:
         return not self._asked
 
-    def read(self, handle: Any) -> tuple[FieldReading, set[str], list[tuple[str, int]]]:
+    def read(
+        self, handle: Any
+    ) -> tuple[FieldReading, tuple[str, ...], tuple[tuple[str, int], ...]]:
         """The values in FIELDS' order, the names newly found unsupported, and the other
         failures as (name, NVML error code); raises NVMLError when the call fails."""
         ret = self._fn(handle, self._count, self._ref)
         if ret:
             raise pynvml.NVMLError(ret)
-        values: list[int | float | None] = list(self.NONE)
+        typed = self._typed
+        if typed is not None:
+            flat = typed.unpack(self._view)
+            if flat[0::3] == self._kinds and not any(flat[1::3]):
+                values = list(flat[2::3])
+                for j, scale in self._scaled:
+                    values[j] *= scale
+                return self._placed(values), (), ()
+        return self._read_each()
+
+    def _placed(self, values: list[int | float | None]) -> FieldReading:
+        """Values of the fields asked, in FIELDS' order with None for the others."""
+        if len(values) == len(self.FIELDS):
+            return tuple(values)
+        out: list[int | float | None] = list(self.NONE)
+        for i, value in zip(self._asked, values, strict=True):
+            out[i] = value
+        return tuple(out)
+
+    def _read_each(self) -> tuple[FieldReading, tuple[str, ...], tuple[tuple[str, int], ...]]:
+        """The answers entry by entry: what failed, what NVML does not support here."""
+        values: list[int | float | None] = []
         dropped: set[str] = set()
         failed: list[tuple[str, int]] = []
         flat = self._answers.unpack(self._view)
-        fields = self.FIELDS
-        for i, kind, code, raw in zip(self._asked, flat[0::3], flat[1::3], flat[2::3], strict=True):
-            if code == 0 and 0 <= kind < 7:  # NVML_SUCCESS, a known nvmlValueType_t
+        kinds = flat[0::3]
+        for i, kind, code, raw in zip(self._asked, kinds, flat[1::3], flat[2::3], strict=True):
+            name, _, _, scale = self.FIELDS[i]
+            value = None
+            if code == 0 and 0 <= kind < len(_VALUE_TYPES):  # NVML_SUCCESS, a known type
                 value = _VALUE_TYPES[kind].unpack_from(raw)[0]
-                scale = fields[i][3]
-                values[i] = value if scale is None else value * scale
+                value = value if scale is None else value * scale
             elif code in (pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_FUNCTION_NOT_FOUND):
-                dropped.add(fields[i][0])
-            elif code:
-                failed.append((fields[i][0], code))
+                dropped.add(name)
+            else:
+                failed.append((name, code))
+            values.append(value)
+        reading = self._placed(values)
         if dropped:
             self._asked = [i for i in self._asked if self.FIELDS[i][0] not in dropped]
             self._build()
-        return tuple(values), dropped, failed
+        elif not failed:  # every field answered: read them in their types from now on
+            self._kinds = kinds
+            self._typed = struct.Struct("@" + "".join("24xii" + _VALUE_FORMATS[k] for k in kinds))
+        return reading, tuple(sorted(dropped)), tuple(failed)
 
 
 # GpuSample's health fields, mem_clock_mhz to nvlink_rx_bytes, in its order.
@@ -553,12 +591,14 @@ class NvmlSampler:
         pcie_every_s: float = 5.0,
         start_s: float | None = None,
         rediscover_every_s: float = 10.0,
-        hardware_every_s: float = 5.0,
+        hardware_every_s: float = 10.0,
     ) -> None:
         nvml_init()
         self.retry_unsupported_s = retry_unsupported_s
         # Clocks and temperatures of memory, fan, P-state and the health counters change
-        # slowly (dcgm-exporter reads them every 30 s): read every hardware_every_s.
+        # slowly (dcgm-exporter reads them every 30 s): read every hardware_every_s, so a
+        # scrape every 15 s finds them at most 10 s old.  They cost a tick's NVML part 8 %
+        # at 5 s, 4 % at 10 s (benchmarks/bench_tick.py, 8 GPUs).
         self.hardware_every_s = hardware_every_s
         # Lost GPUs asked again and new GPUs looked for this often (see _rediscover).
         self.rediscover_every_s = rediscover_every_s
@@ -901,7 +941,7 @@ class NvmlSampler:
                 else:
                     self._fault(st, "field_values", exc)
             else:
-                for name in sorted(dropped):
+                for name in dropped:
                     self._leave_alone(st, name)
                 for name, code in failed:
                     self._fault(st, name, pynvml.NVMLError(code))
