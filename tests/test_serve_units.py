@@ -456,10 +456,12 @@ def test_xid_errors_are_counted_by_code_and_kept_while_lost(tmp_path: Path) -> N
 
 def test_xid_series_are_absent_where_xid_events_are_not_watched(tmp_path: Path) -> None:
     state, _ = make_state(tmp_path)
-    ident = IDENTS[0]
-    state.ingest(Tick(Snapshot(1.0, (GpuSample(1.0, 0, ident.uuid, unsupported=("xid_events",)),))))
+    unwatched = GpuSample(1.0, 0, IDENTS[0].uuid, unsupported=("xid_events",))
+    watched = GpuSample(1.0, 1, IDENTS[1].uuid)
+    state.ingest(Tick(Snapshot(1.0, (unwatched, watched))))
     m = metrics(state)
-    assert not [k for k in m if "xid" in k]
+    assert not [k for k in m if "xid" in k and 'gpu="0"' in k]  # unknown, not 0
+    assert value(m, "gpumon_gpu_xid_errors_total", gpu="1", xid="48") == 0
 
 
 def test_the_reason_is_exported_while_the_episode_has_one(tmp_path: Path) -> None:
