@@ -301,9 +301,9 @@ class _FieldValues:
         # reads each value in its type: the common case, a GPU answering as it did.
         self._kinds: tuple[int, ...] = ()
         self._typed: struct.Struct | None = None
-        # Where the values go in FIELDS' order, and those scaled to gpumon's unit.
-        self._scaled = [(j, self.FIELDS[i][3]) for j, i in enumerate(self._asked)]
-        self._scaled = [(j, scale) for j, scale in self._scaled if scale is not None]
+        # The values (by their place in the request) scaled to gpumon's unit, and how.
+        scales = [self.FIELDS[i][3] for i in self._asked]
+        self._scaled = [(j, scale) for j, scale in enumerate(scales) if scale is not None]
         self._count = ctypes.c_int32(n)
         self._ref = ctypes.byref(self._buf)
 
