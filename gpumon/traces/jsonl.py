@@ -30,8 +30,9 @@ from gpumon.model import (
 
 FORMAT_NAME = "gpumon-trace"
 # 2: GPM fields (sm_active_ratio, sm_occupancy_ratio, tensor_active_ratio, mig_activity).
+# 3: hardware health (mem_clock_mhz ... nvlink_rx_bytes) and xid_errors.
 # A reader reads every version up to its own.
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 
 
 # --- encoding ---------------------------------------------------------------------------
@@ -184,6 +185,9 @@ def decode_gpu(obj: dict[str, Any], t_s: float) -> GpuSample:
     unsupported = obj.get("unsupported")
     if unsupported is not None:
         obj["unsupported"] = tuple(unsupported)
+    xids = obj.get("xid_errors")
+    if xids is not None:
+        obj["xid_errors"] = tuple(xids)
     mig = obj.get("mig_activity")
     if mig is not None:
         obj["mig_activity"] = tuple([MigActivity(**m) for m in mig])
