@@ -479,7 +479,8 @@ class _Gpm:
         self._sample_fn = pynvml._nvmlGetFunctionPointer(name)
         self._metrics_fn = pynvml._nvmlGetFunctionPointer("nvmlGpmMetricsGet")
         self._gi = None if gpu_instance_id is None else ctypes.c_uint(gpu_instance_id)
-        self._buffers = (pynvml.nvmlGpmSampleAlloc(), pynvml.nvmlGpmSampleAlloc())
+        # Two GPM sample buffers (NVML's memory), freed by close(): then none.
+        self._buffers: tuple[Any, ...] = (pynvml.nvmlGpmSampleAlloc(), pynvml.nvmlGpmSampleAlloc())
         self._requests = []
         self._views = []
         ids = [getattr(pynvml, m) for m in self.METRICS]
