@@ -7,13 +7,13 @@ only local floats and appends a tuple per completed burst or gap, never per poin
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
 
 from gpumon.detect.config import DetectorConfig
 from gpumon.detect.rings import History, Ring, quantile
-from gpumon.model import Cause, GpuSample, Reason, State
+from gpumon.model import Cause, GpuSample, Point, Reason, State
 
 # Not held, and less memory in use than any CUDA context takes (see GpuTrack._holding).
 _NO_CONTEXT = "no context"
@@ -232,7 +232,12 @@ class GpuTrack:
         return bool(refs) and p < 0.3 * max(refs)
 
     def _fold(
-        self, pts, cfg: DetectorConfig, out_bursts: list, out_gaps: list, stand_in: bool = False
+        self,
+        pts: Sequence[Point],
+        cfg: DetectorConfig,
+        out_bursts: list[tuple[int, float]],
+        out_gaps: list[tuple[int, float]],
+        stand_in: bool = False,
     ) -> None:
         thr = cfg.busy_util_pct
         last_t = self.last_t

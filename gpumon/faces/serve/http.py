@@ -338,8 +338,8 @@ class MetricsServer:
             )
         except OSError as exc:
             raise GpumonError(_bind_error(cfg, exc)) from None
-        self.httpd.ssl_context = ctx  # type: ignore[attr-defined]
-        self.httpd.stats = self.stats  # type: ignore[attr-defined]
+        self.httpd.ssl_context = ctx
+        self.httpd.stats = self.stats
         self.port = self.httpd.server_address[1]
         self.thread = threading.Thread(
             target=self.httpd.serve_forever, name="gpumon-http", daemon=True
