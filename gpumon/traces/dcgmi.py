@@ -17,6 +17,7 @@ from itertools import chain
 from gpumon.errors import TraceFormatError
 from gpumon.model import GpuIdentity, GpuSample, Point, Snapshot, TraceHeader
 from gpumon.traces._common import MIB, Assembler, add_note, bad_line, cut_short_warning, num
+from gpumon.traces.reader import Reader
 from gpumon.traces.source import Source, numbered_lines
 
 FORMAT = "dcgmi"
@@ -247,3 +248,6 @@ def _snapshots(
     snap = asm.flush()
     if snap is not None:
         yield snap
+
+
+READER = Reader(FORMAT, "dcgmi dmon output ('#Entity ...' header, 'GPU 0 ...' rows)", sniff, read)

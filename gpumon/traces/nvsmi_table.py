@@ -32,6 +32,7 @@ from gpumon.traces._common import (
     mib_bytes,
     num,
 )
+from gpumon.traces.reader import Reader
 from gpumon.traces.source import Source, numbered_lines
 from gpumon.traces.timefmt import ctime_words
 
@@ -288,3 +289,8 @@ def _snapshots(
     snap = asm.flush()
     if snap is not None:
         yield snap
+
+
+READER = Reader(
+    FORMAT, "plain nvidia-smi tables ('| N/A 34C P0 61W / 400W | ...' rows)", sniff, read
+)

@@ -25,6 +25,7 @@ from gpumon.errors import TraceFormatError
 from gpumon.model import GpuIdentity, GpuSample, HostSample, Snapshot, TraceHeader
 from gpumon.traces._common import MIB, add_note, median_interval
 from gpumon.traces.jsonstream import Buffer
+from gpumon.traces.reader import Reader
 from gpumon.traces.source import Source, as_source
 
 FORMAT = "prometheus"
@@ -296,3 +297,11 @@ def _sample(gpu: int, t: float, f: dict[str, float], uuid: str) -> GpuSample:
         sm_occupancy_ratio=f.get("sm_occupancy"),
         tensor_active_ratio=f.get("tensor_active"),
     )
+
+
+READER = Reader(
+    FORMAT,
+    "Prometheus api/v1/query_range JSON (dcgm-exporter, nvidia_gpu_exporter, gpumon series)",
+    sniff,
+    read,
+)

@@ -14,7 +14,6 @@ then the reader takes bounded lines (or chunks) from a ``Source``; every reader 
 from __future__ import annotations
 
 import io
-import json
 import os
 import sys
 import zlib
@@ -28,65 +27,31 @@ from gpumon.traces import (
     dmon,
     gpustat,
     gpustat_json,
+    jsonl,
     nvsmi_table,
     prometheus,
     tabular,
     wandb,
 )
 from gpumon.traces._common import shown
-from gpumon.traces.jsonl import FORMAT_NAME, TraceReader
+from gpumon.traces.reader import Reader
 from gpumon.traces.source import Source
 
-# Names accepted by ``--format``, in the order content detection tries them.
-FORMATS: tuple[str, ...] = (
-    "gpumon",
-    "prometheus",
-    "gpustat-json",
-    "wandb",
-    "dcgmi",
-    "dmon",
-    "gpustat",
-    "nvidia-smi-table",
-    "nvidia-smi-csv",
-    "wandb-csv",
-    "csv",
+# Every format gpumon reads, in the order content detection asks them: the specific
+# before the general (a gpustat --json or W&B file is JSON too; any table is a CSV).
+READERS: tuple[Reader, ...] = (
+    jsonl.READER,
+    prometheus.READER,
+    gpustat_json.READER,
+    wandb.READER,
+    dcgmi.READER,
+    dmon.READER,
+    gpustat.READER,
+    nvsmi_table.READER,
+    *tabular.READERS,
 )
-_DESCRIPTIONS = {
-    "gpumon": 'gpumon trace (JSON lines with a "format": "gpumon-trace" header)',
-    "prometheus": "Prometheus api/v1/query_range JSON (dcgm-exporter, nvidia_gpu_exporter, "
-    "gpumon series)",
-    "gpustat-json": "gpustat --json output",
-    "wandb": "W&B system metrics (wandb-events.jsonl with system.gpu.N.* keys)",
-    "dcgmi": "dcgmi dmon output ('#Entity ...' header, 'GPU 0 ...' rows)",
-    "dmon": "nvidia-smi dmon output ('# gpu ...' and '# Idx ...' header lines)",
-    "gpustat": "gpustat text ('[0] NVIDIA ... | 45'C,  30 % | 7564 / 7982 MB | ...')",
-    "nvidia-smi-table": "plain nvidia-smi tables ('| N/A 34C P0 61W / 400W | ...' rows)",
-    "nvidia-smi-csv": "nvidia-smi --query-gpu CSV (a header of query names, or rows "
-    "starting with a 'YYYY/MM/DD hh:mm:ss' timestamp)",
-    "wandb-csv": "a W&B CSV export of system metrics (system/gpu.N.* columns)",
-    "csv": "CSV or tab/space-separated table with GPU columns named in its header "
-    "(gpu_util, utilization, power, memory, time, ...)",
-}
-Reader = Callable[..., tuple[TraceHeader, Iterator[Snapshot]]]
-Sniffer = Callable[[list[str]], bool]
-
-
-def _tab_sniffer(label: str) -> Sniffer:
-    return lambda head: tabular.sniff_format(head) == label
-
-
-_READERS: dict[str, tuple[Sniffer, Reader]] = {
-    "prometheus": (prometheus.sniff, prometheus.read),
-    "gpustat-json": (gpustat_json.sniff, gpustat_json.read),
-    "wandb": (wandb.sniff, wandb.read),
-    "dcgmi": (dcgmi.sniff, dcgmi.read),
-    "dmon": (dmon.sniff, dmon.read),
-    "gpustat": (gpustat.sniff, gpustat.read),
-    "nvidia-smi-table": (nvsmi_table.sniff, nvsmi_table.read),
-    "nvidia-smi-csv": (_tab_sniffer(tabular.NVSMI), tabular.read),
-    "wandb-csv": (_tab_sniffer(tabular.WANDB), tabular.read),
-    "csv": (_tab_sniffer(tabular.FORMAT), tabular.read),
-}
+BY_NAME: dict[str, Reader] = {r.name: r for r in READERS}
+FORMATS: tuple[str, ...] = tuple(BY_NAME)  # the names ``--format`` accepts
 SNIFF_LINE = 4096  # sniffers see at most this much of each head line
 
 
@@ -210,13 +175,7 @@ def open_text(path: str) -> IO[str]:
 def sniff(head: list[str]) -> str | None:
     """The format these first lines are in, or None."""
     lines = [ln[:SNIFF_LINE] for ln in head]
-    first = next((ln for ln in lines if ln.strip()), "")
-    if first.lstrip("\ufeff").startswith("{") and FORMAT_NAME in first:
-        return "gpumon"
-    for name, (test, _read) in _READERS.items():
-        if test(lines):
-            return name
-    return None
+    return next((r.name for r in READERS if r.sniff(lines)), None)
 
 
 def read_source(
@@ -241,29 +200,24 @@ def _read(
         fmt = found
         if fmt == "nvidia-smi-table":
             fmt = _skip_preamble(src, fmt, warnings)
-    if fmt == "gpumon":
-        _check_gpumon(src.head, path)
-        reader = TraceReader.from_lines(src.lines(), path)
-        if warnings is not None:
-            reader.warnings = warnings
-        return fmt, reader.header, iter(reader), lambda: reader.line
-    if fmt not in _READERS:
+    reader = BY_NAME.get(fmt)
+    if reader is None:
         raise TraceFormatError(f"unknown format {fmt!r}; one of {', '.join(FORMATS)}", path=path)
-    test, read = _READERS[fmt]
-    if not test([ln[:SNIFF_LINE] for ln in src.head]):
+    if not reader.checks_own_header and not reader.sniff([ln[:SNIFF_LINE] for ln in src.head]):
         found = sniff(src.head)
         hint = f" (it looks like {found})" if found else ""
         first = next((ln for ln in src.head if ln.strip()), "")
         raise TraceFormatError(
-            f"not {_DESCRIPTIONS[fmt]}{hint}: it starts {shown(first.strip())!r}; leave out "
+            f"not {reader.description}{hint}: it starts {shown(first.strip())!r}; leave out "
             "--format to let gpumon detect the format",
             path=path,
             line=1,
         )
-    header, snapshots = read(src, path=path, warnings=warnings, interval_s=interval_s)
-    if warnings is not None:
+    header, snapshots = reader.read(src, path=path, warnings=warnings, interval_s=interval_s)
+    tracked = snapshots
+    if warnings is not None and not reader.own_clock:
         snapshots = _frozen_clock(snapshots, path, warnings)
-    return fmt, header, snapshots, lambda: None
+    return fmt, header, snapshots, lambda: getattr(tracked, "line", None)
 
 
 def _skip_preamble(src: Source, fmt: str, warnings: list[str] | None) -> str:
@@ -306,26 +260,6 @@ def read_lines(
     """Parse log lines already in memory or on a stream (tests, pipes); lines keep their
     line endings."""
     return read_source(Source.from_lines(lines, path), fmt, warnings, interval_s)
-
-
-def _check_gpumon(head: list[str], path: str) -> None:
-    first = next((ln for ln in head if ln.strip()), "")
-    try:
-        obj = json.loads(first)
-    except (ValueError, RecursionError):
-        raise TraceFormatError(
-            f"not a gpumon trace: its first line is not JSON ({shown(first.strip())!r}); "
-            "leave out --format to let gpumon detect the format",
-            path=path,
-            line=1,
-        ) from None
-    if not isinstance(obj, dict) or obj.get("format") != FORMAT_NAME:
-        raise TraceFormatError(
-            f'not a gpumon trace: its first line lacks "format": "{FORMAT_NAME}"; leave out '
-            "--format to let gpumon detect the format",
-            path=path,
-            line=1,
-        )
 
 
 def open_trace(
@@ -404,7 +338,7 @@ def _close(text: IO[str], name: str) -> None:
 def _unrecognised(head: list[str], path: str) -> TraceFormatError:
     first_no, first = next(((i, ln) for i, ln in enumerate(head, 1) if ln.strip()), (1, ""))
     text = first.strip().lstrip("\ufeff")
-    tried = "; ".join(_DESCRIPTIONS[f] for f in FORMATS)
+    tried = "; ".join(r.description for r in READERS)
     found = f"found {shown(text)!r}" if text else "the file is empty"
     return TraceFormatError(
         f"not a format gpumon reads ({found}). Tried: {tried}", path=path, line=first_no

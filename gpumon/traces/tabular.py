@@ -39,6 +39,7 @@ from gpumon.traces._common import (
     split_number,
 )
 from gpumon.traces.columns import Layout, is_nvsmi_name, resolve
+from gpumon.traces.reader import Reader
 from gpumon.traces.source import MAX_LINE, Source, as_source, too_long
 from gpumon.traces.table import (
     WS,
@@ -1252,3 +1253,36 @@ class _RowState:
                     "(a tick with more or fewer rows than GPUs, or a GPU's values turning up "
                     "in another's row); each time the next row was re-synced"
                 )
+
+
+def _sniff_nvsmi(head: list[str]) -> bool:
+    return sniff_format(head) == NVSMI
+
+
+def _sniff_wandb(head: list[str]) -> bool:
+    return sniff_format(head) == WANDB
+
+
+def _sniff_csv(head: list[str]) -> bool:
+    return sniff_format(head) == FORMAT
+
+
+READERS = (
+    Reader(
+        NVSMI,
+        "nvidia-smi --query-gpu CSV (a header of query names, or rows starting with a "
+        "'YYYY/MM/DD hh:mm:ss' timestamp)",
+        _sniff_nvsmi,
+        read,
+    ),
+    Reader(
+        WANDB, "a W&B CSV export of system metrics (system/gpu.N.* columns)", _sniff_wandb, read
+    ),
+    Reader(
+        FORMAT,
+        "CSV or tab/space-separated table with GPU columns named in its header "
+        "(gpu_util, utilization, power, memory, time, ...)",
+        _sniff_csv,
+        read,
+    ),
+)

@@ -21,6 +21,7 @@ from gpumon.errors import TraceFormatError
 from gpumon.model import GpuIdentity, GpuSample, HostSample, Snapshot, TraceHeader
 from gpumon.traces._common import add_note, cut_short_warning, is_cut_short, median_interval
 from gpumon.traces.columns import WANDB_GPU_FIELDS
+from gpumon.traces.reader import Reader
 from gpumon.traces.source import Source, numbered_lines
 
 FORMAT = "wandb"
@@ -185,3 +186,8 @@ def _snapshots(
         if cpu is not None and 0 <= cpu <= 100:
             host = HostSample(t_s=t, cpu_pct=cpu)
         yield Snapshot(t_s=t, gpus=samples, host=host)
+
+
+READER = Reader(
+    FORMAT, "W&B system metrics (wandb-events.jsonl with system.gpu.N.* keys)", sniff, read
+)
