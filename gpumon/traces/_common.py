@@ -133,6 +133,14 @@ def fnum(cell: str) -> float | None:
     return v if isfinite(v) else num(cell)  # "nan" is no reading, "inf" an error
 
 
+def cell_text(cells: list[str], i: int | None) -> str | None:
+    """The text of cell ``i`` (a name, a uuid), None where it is missing or no reading."""
+    if i is None or i >= len(cells):
+        return None
+    value = cells[i].strip().strip('"').strip()
+    return None if not value or value.startswith("[") or value.upper() == "N/A" else value
+
+
 def mem_mib(cell: str, default_scale: float = 1.0) -> float | None:
     """A memory cell in MiB, whatever unit it carries (``24 GiB``, ``7982 MB``, ``512``);
     a bare number is scaled by ``default_scale`` (the unit named in the header)."""

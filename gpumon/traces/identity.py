@@ -19,10 +19,10 @@ counts where it breaks (a tick with too few or too many rows), re-syncing at the
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from gpumon.traces._common import split_threshold, tick_runs
+from gpumon.traces._common import cell_text, fnum, split_threshold, tick_runs
 
 # Fingerprint fields, in the order of trust: constant per GPU first.
 FP_FIELDS = ("name", "mem_total", "power_limit", "mem_used", "temp", "power")
@@ -36,6 +36,23 @@ FP_LABELS = {
 }
 STATIC = ("name", "mem_total", "power_limit")
 Fingerprint = tuple[object, ...]  # one value per FP_FIELDS entry (None: not logged)
+
+
+def fingerprint(at: Mapping[str, int], cells: list[str]) -> Fingerprint:
+    """A row's fingerprint from the columns ``at`` names (a value it cannot read: None)."""
+
+    def val(fld: str) -> object:
+        i = at.get(fld)
+        if i is None or i >= len(cells):
+            return None
+        if fld == "name":
+            return cell_text(cells, i)
+        try:
+            return fnum(cells[i])
+        except ValueError:
+            return None
+
+    return tuple(val(f) for f in FP_FIELDS)
 
 
 @dataclass(frozen=True)
@@ -294,3 +311,49 @@ class Assigner:
 def runs_of_equal(times: Sequence[float]) -> list[int]:
     """Lengths of the runs of identical times (several ticks under one whole second)."""
     return tick_runs(times, 0.0)
+
+
+def tick_times(
+    times: Sequence[float], keys: Sequence[str] | None, cycle: Cycle | None
+) -> list[float]:
+    """One time per tick: rows of a multi-GPU tick collapse into its first row's time.
+
+    ``keys``: each row's GPU key (index, uuid, bus id) where the log has one; a tick ends
+    where a GPU turns up again.  Without, the ``cycle`` says how rows make ticks."""
+    if keys is not None and len(keys) == len(times):
+        out: list[float] = []
+        seen: set[str] = set()
+        for k, t in zip(keys, times, strict=True):
+            if k in seen or not seen:
+                seen.clear()
+                out.append(t)
+            seen.add(k)
+        return out
+    if cycle is None or cycle.n <= 1:
+        return list(times)
+    if cycle.split is not None:
+        out, last = [], float("-inf")
+        for t in times:
+            if t - last > cycle.split or t < last:
+                out.append(t)
+                last = t
+        return out
+    return list(times[:: cycle.n])
+
+
+def whole_second_spacing(ticks: Sequence[float]) -> float | None:
+    """The spacing to give ticks that share one whole-second timestamp (a logger at ~4
+    rows a second stamping ``%H:%M:%S``), or None when ticks do not share them."""
+    if len(ticks) < 6 or any(abs(t - round(t)) > 1e-6 for t in ticks):
+        return None
+    if len(set(ticks)) < 3:
+        return None  # a clock that does not advance is not one of whole seconds
+    runs = runs_of_equal(ticks)
+    inner = runs[1:-1] if len(runs) > 3 else runs
+    if not inner:
+        return None
+    inner.sort()
+    typical = inner[len(inner) // 2]
+    if typical < 2:
+        return None
+    return 1.0 / typical
