@@ -348,6 +348,38 @@ def cut_short_warning(path: str, line_no: int) -> str:
     return f"{path}:{line_no}: last line is incomplete (the logger stopped mid-write); ignored"
 
 
+class Tally:
+    """Lines skipped (or readings dropped) for one reason: counted as they come, the first
+    one named, said once in a warning when the reading ends -- never one warning a line."""
+
+    __slots__ = ("count", "first_line", "first_text", "why")
+
+    def __init__(self, why: str):
+        self.why = why  # e.g. "row(s) whose time is not a finite number; skipped"
+        self.count = 0
+        self.first_line: int | None = None
+        self.first_text = ""
+
+    def note(self, line_no: int | None, text: str) -> None:
+        self.count += 1
+        if self.count == 1:
+            self.first_line, self.first_text = line_no, text
+
+    def say(self, path: str, warns: list[str]) -> None:
+        if not self.count:
+            return
+        where = path if self.first_line is None else f"{path}:{self.first_line}"
+        warns.append(f"{where}: {self.count:,} {self.why} (the first: {shown(self.first_text)!r})")
+
+
+def non_finite_times() -> Tally:
+    return Tally("row(s) whose time is not a finite number (NaN, inf): skipped, the rest read")
+
+
+def out_of_range_utils() -> Tally:
+    return Tally("utilisation reading(s) outside 0-100 %: read as no reading")
+
+
 def add_note(extra: dict[str, object], note: str) -> None:
     """A sentence ``gpumon analyze`` prints as ``gpumon: note: ...`` (header ``extra``)."""
     notes = extra.setdefault("notes", [])

@@ -27,14 +27,16 @@ from gpumon.model import (
     Snapshot,
     TraceHeader,
 )
-from gpumon.traces._common import shown
+from gpumon.traces._common import non_finite_times, shown
 from gpumon.traces.reader import Reader
 from gpumon.traces.source import Source, as_source
+from gpumon.traces.timefmt import NonFiniteTime
 
 FORMAT_NAME = "gpumon-trace"
 # 2: GPM fields (sm_active_ratio, sm_occupancy_ratio, tensor_active_ratio, mig_activity).
 # A reader reads every version up to its own.
 FORMAT_VERSION = 2
+_INF = float("inf")
 
 
 # --- encoding ---------------------------------------------------------------------------
@@ -197,6 +199,8 @@ def decode_snapshot(obj: dict[str, Any]) -> Snapshot:
     t_s = obj["t"]
     if not isinstance(t_s, int | float):
         raise ValueError("'t' must be a number")
+    if not -_INF < t_s < _INF:
+        raise NonFiniteTime(f"'t' is {t_s!r}, not a finite time")
     gpus = obj.get("gpus")
     samples = tuple([decode_gpu(g, t_s) for g in gpus]) if gpus is not None else ()
     host = obj.get("host")
@@ -305,6 +309,7 @@ class TraceReader:
 
     def __iter__(self) -> Iterator[Snapshot]:
         line_no = 1
+        non_finite = non_finite_times()  # a NaN or inf time: the tick is skipped, not fatal
         try:
             for line in self._lines:
                 line_no += 1
@@ -316,6 +321,9 @@ class TraceReader:
                         self.events.append(obj)
                         continue
                     snapshot = decode_snapshot(obj)
+                except NonFiniteTime:
+                    non_finite.note(line_no, line)
+                    continue
                 except (
                     ValueError,
                     TypeError,
@@ -336,6 +344,7 @@ class TraceReader:
                 self.line = line_no
                 yield snapshot
         finally:
+            non_finite.say(self.path, self.warnings)
             self.close()
 
 

@@ -69,7 +69,8 @@ def _is_data(cell: str) -> bool:
 
 def is_header(cells: list[str]) -> bool:
     """A row of names: no cell reads as a value, and its names are ours -- every one
-    nvidia-smi's, or at least two (a quarter of them) fields we know."""
+    nvidia-smi's, or at least two fields we know, of which a GPU's utilisation or a
+    quarter of the names (a trainer's log may add any number of its own columns)."""
     named = [c for c in cells if c.strip()]
     if not named or any(_unnamed(c) for c in named):
         return False
@@ -77,7 +78,14 @@ def is_header(cells: list[str]) -> bool:
         return True
     lay = resolve(cells)
     known = sum(1 for col in lay.columns if col.field is not None)
-    return known >= min(2, len(named)) and known >= 0.25 * len(named)
+    if known < min(2, len(named)):
+        return False
+    return known >= 0.25 * len(named) or names_utilisation(lay)
+
+
+def names_utilisation(lay: Layout) -> bool:
+    """Whether a layout has a GPU utilisation column (long, wide or a series of its own)."""
+    return "util" in lay.at or bool(lay.series) or any("util" in f for f in lay.wide.values())
 
 
 def gpu_fields(lay: Layout) -> bool:

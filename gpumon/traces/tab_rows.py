@@ -21,7 +21,9 @@ from gpumon.traces._common import (
     cut_short_warning,
     fnum,
     is_cut_short,
+    non_finite_times,
     num,
+    out_of_range_utils,
     shown,
 )
 from gpumon.traces.columns import resolve
@@ -29,7 +31,7 @@ from gpumon.traces.source import MAX_LINE, too_long
 from gpumon.traces.tab_header import is_header
 from gpumon.traces.tab_samples import Table, compile_builder, host_sample
 from gpumon.traces.table import WS, join_quoted, open_quote, split_quoted
-from gpumon.traces.timefmt import rolling
+from gpumon.traces.timefmt import NonFiniteTime, rolling
 
 MAX_GPUS = 1024  # a GPU index beyond this is a malformed cell, not a machine
 
@@ -73,10 +75,27 @@ def snapshots(
     path: str,
     warns: list[str],
 ) -> Iterator[Snapshot]:
-    """The snapshots of the rows ``lines`` hold, read with what ``tab`` fixed."""
+    """The snapshots of the rows ``lines`` hold, read with what ``tab`` fixed; what was
+    skipped is said once the reading ends, however it ends."""
     interval = header.interval_s or 1.0
     rows = RowReader(tab, t0, sub_stamp, interval, path, delim, warns)
     asm = Assembler(None, interval, path, host_sample)
+    try:
+        yield from _read_rows(lines, rows, delim, t0, asm)
+    except TraceFormatError:
+        # A row that cannot be read ends the reading: the tick the rows before it were
+        # gathering is still theirs.
+        snap = asm.flush()
+        if snap is not None:
+            yield snap
+        raise
+    finally:
+        rows.finish()
+
+
+def _read_rows(
+    lines: Numbered, rows: RowReader, delim: str, t0: float, asm: Assembler
+) -> Iterator[Snapshot]:
     add = asm.add
     max_gpus = MAX_GPUS
     fast, count, frac, builder = rows.loop_state()
@@ -102,8 +121,8 @@ def snapshots(
                         util = None
                     else:
                         util = float(cells[u_at].rstrip(" %\r\n"))
-                        if not -1e300 < util < 1e300 or frac:
-                            raise ValueError  # nan, inf, a fraction: the general path
+                        if not 0.0 <= util <= 100.0 or frac:
+                            raise ValueError  # nan, inf, out of range, a fraction: the general path
                 except (ValueError, IndexError):
                     pass
                 else:
@@ -131,7 +150,6 @@ def snapshots(
     snap = asm.flush()
     if snap is not None:
         yield snap
-    rows.finish()
 
 
 class RowReader:
@@ -159,6 +177,9 @@ class RowReader:
         self.text = ""  # the record the last line began (quoted fields may span lines)
         self.stopped = False  # the last line was cut short: nothing after it to read
         self.switched = False  # the last line was a new header
+        self.no = 0  # the line of the row being read
+        self.non_finite = non_finite_times()
+        self.out_of_range = out_of_range_utils()
         self.skipped: list[int] = []  # the garbled first row skipped, if any
         self.tick = -1
         self.last_stamp = ""
@@ -240,6 +261,8 @@ class RowReader:
         """The cells of a line the fast path did not take, or SKIP, SWITCHED or STOP."""
         if len(line) > MAX_LINE:
             raise too_long(self.path, no)
+        if not line.strip():
+            return SKIP  # a blank line is no row, even in a table of one column
         self.text = line
         if '"' in line:
             cells, line = self._quoted(no, line, lines)
@@ -359,6 +382,9 @@ class RowReader:
         raises the error naming it."""
         try:
             got = self.row(cells, no)
+        except NonFiniteTime:
+            self.non_finite.note(no, line)
+            return None
         except (ValueError, IndexError, TypeError, OverflowError) as exc:
             err = bad_line(self.path, no, line, f"malformed value ({exc})")
             self.stopped = self._unreadable(no, line, f"is malformed ({exc})", err)
@@ -379,6 +405,9 @@ class RowReader:
                 raise ValueError(f"column {self.tab.lay.columns[i].label!r}: {exc}") from None
         if util is not None and self.tab.fraction:
             util *= 100.0
+        if util is not None and not 0.0 <= util <= 100.0:
+            self.out_of_range.note(self.no, cell.strip())
+            return None
         return util
 
     def _time(self, cells: list[str]) -> float | None:
@@ -468,6 +497,7 @@ class RowReader:
         return t, out
 
     def row(self, cells: list[str], no: int) -> tuple[float, list[tuple[int, float | None]]]:
+        self.no = no
         t = self._time(cells)
         if self.wide or self.series:
             return self._all_gpus(cells, t)
@@ -477,6 +507,8 @@ class RowReader:
         return t, [(gpu, util)]
 
     def finish(self) -> None:
+        self.non_finite.say(self.path, self.warns)
+        self.out_of_range.say(self.path, self.warns)
         for a in self.assigners:
             if a.breaks:
                 self.warns.append(

@@ -51,7 +51,7 @@ from gpumon.traces.tab_header import (
 from gpumon.traces.tab_rows import MAX_GPUS, Numbered, fit, snapshots
 from gpumon.traces.tab_samples import Table, scale_of
 from gpumon.traces.table import join_quoted, open_quote, sniff_delimiter, split_plain, split_quoted
-from gpumon.traces.timefmt import TimeParser, date_column, pick, rolling
+from gpumon.traces.timefmt import TimeParser, date_column, pick, pick_most, rolling
 
 __all__ = ["FORMAT", "NVSMI", "PREFIX_LINES", "READERS", "WANDB", "read", "sniff_format"]
 
@@ -87,7 +87,7 @@ def read(
     rows = [f for _, c, _ in data if (f := fit(c, lay.count, tab)) is not None]
     index_that_names(lay, rows)
     over = [c for _, c, _ in data if len(c) == lay.count + 1 and c[-1].strip()]
-    _pick_time(tab, rows, path, extra, over)
+    _pick_time(tab, rows, path, extra, over, data)
     if tab.time is not None:  # now an ISO time split by its comma fraction can be mended
         rows = [f for _, c, _ in data if (f := fit(c, lay.count, tab)) is not None]
 
@@ -119,19 +119,43 @@ def read(
 
 
 def _read_prefix(src: Source, path: str) -> tuple[list[tuple[int, str]], Numbered]:
-    """The first ``PREFIX_LINES`` numbered lines, and the numbered lines after them."""
+    """The first ``PREFIX_LINES`` numbered lines that can say something, and the numbered
+    lines after them.  Blank lines, comments and a header repeated line after line say
+    nothing and are passed over (the row loop would skip them too): however many there
+    are, the prefix reaches the rows and memory stays bounded."""
     numbered: Numbered = enumerate(src.lines(checked=False), 1)  # the row loop checks lengths
     prefix: list[tuple[int, str]] = []
+    last = ""  # the last line kept
+    quoted = False  # a quoted field is open at the end of the lines kept
     for no, line in numbered:
         if len(line) > MAX_LINE:
             if not prefix:
                 raise too_long(path, no)
             numbered = _raising(too_long(path, no))  # after the rows before it
             break
+        if not quoted and _says_nothing(line, last):
+            continue
         prefix.append((no, line))
+        last = line
+        if '"' in line and open_quote(line):
+            quoted = not quoted
         if len(prefix) >= PREFIX_LINES:
             break
     return prefix, numbered
+
+
+_NUMBER_START = frozenset("0123456789+-.")
+
+
+def _says_nothing(line: str, last: str) -> bool:
+    """Blank, a ``#`` comment, or the line of names just kept, again."""
+    s = line.strip()
+    if not s or s[0] == "#":
+        return True
+    if line != last or not (s[0].isalpha() or s[0] == '"'):
+        return False
+    words = s.replace(",", " ").replace(";", " ").split()
+    return not any(w[0] in _NUMBER_START for w in words)
 
 
 def _prefix_records(prefix: list[tuple[int, str]], delim: str, path: str) -> list[Record]:
@@ -394,12 +418,17 @@ def _time_samples(rows: list[list[str]], i: int) -> list[str]:
 
 
 def _pick_time(
-    tab: Table, rows: list[list[str]], path: str, extra: dict[str, object], split: list[list[str]]
+    tab: Table,
+    rows: list[list[str]],
+    path: str,
+    extra: dict[str, object],
+    split: list[list[str]],
+    data: list[Record],
 ) -> None:
     """How the log writes its times: one time column, or a date and a time-of-day column."""
     lay = tab.lay
     if lay.time_at is not None:
-        tab.time = _time_column(lay, rows, split, path)
+        tab.time = _time_column(lay, rows, split, path, data)
     elif lay.clock_at is not None:
         dates = _time_samples(rows, lay.date_at) if lay.date_at is not None else []
         tab.date, note = date_column(dates)
@@ -409,7 +438,7 @@ def _pick_time(
 
 
 def _time_column(
-    lay: Layout, rows: list[list[str]], split: list[list[str]], path: str
+    lay: Layout, rows: list[list[str]], split: list[list[str]], path: str, data: list[Record]
 ) -> TimeParser | None:
     """The parser of the time column, from its first cells (None: they are all empty)."""
     i = lay.time_at
@@ -420,14 +449,18 @@ def _time_column(
         if pick(joined) is not None:
             samples = joined
     name = lay.columns[i].label.lower() if lay.columns else ""
-    # The first row may be garbled (a log copied from mid-line): the rest decide.
-    got = pick(samples, name) or (pick(samples[1:], name) if len(samples) > 2 else None)
+    # A garbled cell (the first row of a log copied from mid-line, a typo) does not decide:
+    # most of them do, and the row loop names the row that holds it.
+    got, bad = pick_most(samples, name)
     if got is None and samples:
+        cell = samples[bad or 0]
+        line = next((no for no, c, _ in data if i < len(c) and c[i] == cell), None)
         raise TraceFormatError(
             f"the time column {lay.columns[i].label!r} holds "
-            f"{samples[0].strip()!r}, not a time gpumon reads (nvidia-smi's "
+            f"{cell.strip()!r}, not a time gpumon reads (nvidia-smi's "
             "2024/05/01 12:00:00.123, ISO 8601, epoch seconds or ms, seconds since start)",
             path=path,
+            line=line,
         )
     return got
 
@@ -437,6 +470,12 @@ def _sniffs(fmt: str) -> Sniff:
         return sniff_format(head) == fmt
 
     return sniff
+
+
+def _any_table(head: list[str]) -> bool:
+    """``--format csv`` reads every table this reader does (nvidia-smi's and W&B's are
+    tables too); detection asks the more particular readers first."""
+    return sniff_format(head) is not None
 
 
 READERS = (
@@ -454,7 +493,7 @@ READERS = (
         FORMAT,
         "CSV or tab/space-separated table with GPU columns named in its header "
         "(gpu_util, utilization, power, memory, time, ...)",
-        _sniffs(FORMAT),
+        _any_table,
         read,
     ),
 )

@@ -17,6 +17,12 @@ import calendar
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+
+class NonFiniteTime(ValueError):
+    """A time cell that is a number but not a finite one (``nan``, ``inf``, ``1e999``): the
+    row is skipped, not taken for a malformed one."""
+
+
 _day_cache: dict[tuple[int, int, int], int] = {}
 _DIGITS = frozenset("0123456789")
 
@@ -155,7 +161,7 @@ def _elapsed(cell: str) -> float:
         return total
     v = float(s)
     if v != v or v in (float("inf"), float("-inf")):
-        raise ValueError(f"{cell.strip()!r} is not a time")
+        raise NonFiniteTime(f"{cell.strip()!r} is not a finite time")
     return v
 
 
@@ -178,7 +184,7 @@ def _epoch(scale: float) -> Callable[[str], float]:
     def parse(cell: str) -> float:
         v = float(cell.strip().strip('"'))
         if v != v or v in (float("inf"), float("-inf")):
-            raise ValueError(f"{cell.strip()!r} is not a time")
+            raise NonFiniteTime(f"{cell.strip()!r} is not a finite time")
         return v * scale
 
     return parse
@@ -287,6 +293,32 @@ def pick(samples: Sequence[str], name: str = "") -> TimeParser | None:
     elif all(_is_elapsed(c) for c in cells):
         candidates.append(_ELAPSED)
     return next((c for c in candidates if c is not None and _reads_all(c, cells)), None)
+
+
+def pick_most(samples: Sequence[str], name: str = "") -> tuple[TimeParser | None, int | None]:
+    """The parser that reads more than half of ``samples``, and the index of the first cell
+    it cannot read (None when it reads them all).  A garbled cell -- the first row of a log
+    copied from mid-line, a typo, a NaN -- does not decide how a column writes its times;
+    the row holding it is named when it is read.  Without such a parser: (None, the index
+    of the first cell the likeliest parser cannot read)."""
+    got = pick(samples, name)
+    if got is not None:
+        return got, None
+    best: tuple[int, TimeParser | None, int] = (0, None, 0)
+    kinds: set[str] = set()
+    for cell in samples[:8]:  # the forms single cells suggest
+        cand = pick([cell], name)
+        if cand is None or cand.kind in kinds:
+            continue
+        kinds.add(cand.kind)
+        reads = [_reads_all(cand, [c]) for c in samples]
+        good = [c for c, ok in zip(samples, reads, strict=True) if ok]
+        if len(good) > best[0]:
+            best = (len(good), pick(good, name) or cand, reads.index(False))
+    count, parser, first_bad = best
+    if parser is not None and count * 2 > len(samples):
+        return parser, first_bad
+    return None, first_bad
 
 
 def _is_elapsed(c: str) -> bool:
