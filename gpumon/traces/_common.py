@@ -181,17 +181,23 @@ def split_threshold(times: Sequence[float]) -> tuple[int, float] | None:
     """From row times of a log without a GPU column: (rows per tick, split threshold).
 
     The rows of one tick are close together (often equal); ticks are one interval apart.
-    The threshold sits in the widest ratio gap of the sorted deltas.  None when every delta
+    The threshold sits in the widest ratio gap of the sorted deltas (a gap that a twentieth
+    of them, rows come late, may fall into).  None when every delta
     looks the same (one GPU) or there are too few rows to tell.
     """
     deltas = sorted(b - a for a, b in itertools.pairwise(times))
     if len(deltas) < 2:
         return None
     best_ratio, split = 0.0, None
-    # 1 ms of slack: nvidia-smi stamps have ms resolution, so 0 and 2 ms apart are alike.
-    for a, b in itertools.pairwise(deltas):
+    # A few rows of a tick come late (nvidia-smi waits on a busy GPU: 8, 30, 90 ms where
+    # the others take 1-4) and would fill the gap between rows and ticks: the widest gap
+    # may hold up to one delta in twenty.
+    w = max(1, len(deltas) // 20)
+    for i in range(len(deltas) - w):
+        a, b = deltas[i], deltas[i + w]
         if a < 0:
             continue
+        # 1 ms of slack: nvidia-smi stamps have ms resolution, so 0 and 2 ms apart are alike.
         ratio = (b + 1e-3) / (a + 1e-3)
         if ratio > best_ratio:
             best_ratio, split = ratio, (a + b) / 2

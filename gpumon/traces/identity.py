@@ -7,7 +7,9 @@ The evidence, from a prefix of the log:
 * times: the rows of one tick share one timestamp (nvidia-smi stamps them together), or
   come a few ms apart while ticks are an interval apart (``split_threshold``);
 * fingerprints: each GPU's own values recur every n rows -- memory.total, name and power
-  limit are constant per GPU, memory.used and temperature nearly so (``cycle_period``).
+  limit are constant per GPU, memory.used nearly so, temperature and an idle GPU's power
+  too, but only where utilisation does not move with them (``cycle_period``): a starving
+  GPU's temperature and power follow its bursts, which is no second GPU.
 
 Strong time evidence (sub-second stamps) decides alone; whole-second stamps shared by runs
 of rows are also what one GPU sampled faster than its clock looks like, so they need the
@@ -24,8 +26,13 @@ from dataclasses import dataclass
 
 from gpumon.traces._common import cell_text, fnum, split_threshold, tick_runs
 
-# Fingerprint fields, in the order of trust: constant per GPU first.
-FP_FIELDS = ("name", "mem_total", "power_limit", "mem_used", "temp", "power")
+# Fingerprint fields, in the order of trust: constant per GPU first; utilisation last, never
+# evidence itself (it is what the log measures) but what temperature and power are checked
+# against.
+FP_FIELDS = ("name", "mem_total", "power_limit", "mem_used", "temp", "power", "util")
+EVIDENCE = FP_FIELDS[:6]
+FOLLOWS_LOAD = ("temp", "power")  # rise and fall with a GPU's own bursts
+_UTIL = FP_FIELDS.index("util")
 FP_LABELS = {
     "name": "name",
     "mem_total": "memory.total",
@@ -33,6 +40,7 @@ FP_LABELS = {
     "mem_used": "memory.used",
     "temp": "temperature",
     "power": "power",
+    "util": "utilisation",
 }
 STATIC = ("name", "mem_total", "power_limit")
 Fingerprint = tuple[object, ...]  # one value per FP_FIELDS entry (None: not logged)
@@ -113,13 +121,15 @@ def _vote(d: list[float]) -> int | None:
 
 
 def cycle_period(
-    fps: Sequence[Fingerprint], max_gpus: int = 16, trusted: tuple[str, ...] = FP_FIELDS[:5]
+    fps: Sequence[Fingerprint], max_gpus: int = 16, trusted: tuple[str, ...] = EVIDENCE
 ) -> tuple[int | None, str]:
     """The row cycle the values show: (n, field that showed it); n None when none can tell.
 
     Fields are asked in order of trust; the first that shows a clear cycle decides.  Only
-    ``trusted`` fields are asked: power never (a periodic workload makes one GPU's power
-    cycle too), temperature only where no row times say otherwise.
+    ``trusted`` fields are asked.  Temperature and power count only where the GPUs they
+    would make work alike (power also needs utilisation to be logged): one GPU whose
+    bursts come every n rows heats and draws every n rows too, while idle GPUs each keep
+    their own draw to the hundredth of a watt.
     """
     max_lag = min(max_gpus, len(fps) // 3)
     if max_lag < 2:
@@ -127,14 +137,39 @@ def cycle_period(
     for f, name in enumerate(FP_FIELDS):
         if name not in trusted:
             continue
-        values = [fp[f] for fp in fps]
+        values = [fp[f] if f < len(fp) else None for fp in fps]
         d = _distances(values, max_lag, numeric=name != "name")
         if d is None:
             continue
         vote = _vote(d)
-        if vote is not None:
-            return vote, name
+        if vote is None:
+            continue
+        if name in FOLLOWS_LOAD and vote > 1 and not _apart_from_load(fps, name, vote):
+            continue
+        return vote, name
     return None, ""
+
+
+LOAD_APART = 10.0  # percentage points of utilisation between GPUs that work alike
+
+
+def _apart_from_load(fps: Sequence[Fingerprint], name: str, n: int) -> bool:
+    """Whether a cycle of n rows in temperature or power can be n GPUs of their own: the
+    GPUs it would make work alike (their mean utilisations within ``LOAD_APART``).  If it
+    would make one busy and another idle, it is one GPU heating and drawing with its
+    bursts.  Without utilisation logged, temperature is taken (as before utilisation was
+    asked) and power is not."""
+    sums = [0.0] * n
+    counts = [0] * n
+    for i, fp in enumerate(fps):
+        u = fp[_UTIL] if len(fp) > _UTIL else None
+        if isinstance(u, float):
+            sums[i % n] += u
+            counts[i % n] += 1
+    if sum(counts) < len(fps) * 3 // 4 or not all(counts):
+        return name == "temp"
+    means = [s / c for s, c in zip(sums, counts, strict=True)]
+    return max(means) - min(means) < LOAD_APART
 
 
 def _positions(n: int, times: Sequence[float] | None, split: float | None) -> list[int]:
@@ -193,7 +228,7 @@ def infer(
     # Rows a regular interval apart, each with its own time, are one GPU's unless a value
     # that belongs to one GPU (not the workload's rhythm) says otherwise.
     regular = times is not None and len(times) >= 4 and n_t is None
-    trusted = ("name", "mem_total", "power_limit", "mem_used") if regular else FP_FIELDS[:5]
+    trusted = ("name", "mem_total", "power_limit", "mem_used", "power") if regular else EVIDENCE
     n_f, by = cycle_period(fps, trusted=trusted)
     if n_t is not None:
         weak = equal and not fine

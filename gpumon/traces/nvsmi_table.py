@@ -154,7 +154,15 @@ def _fingerprint(stats: Stats) -> ident.Fingerprint:
         except ValueError:
             return None
 
-    return (None, val(stats[6]), val(stats[4]), val(stats[5]), val(stats[1]), val(stats[3]))
+    return (
+        None,
+        val(stats[6]),
+        val(stats[4]),
+        val(stats[5]),
+        val(stats[1]),
+        val(stats[3]),
+        val(stats[7]),
+    )
 
 
 def read(

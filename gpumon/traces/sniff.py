@@ -28,6 +28,7 @@ from gpumon.traces import (
     gpustat,
     gpustat_json,
     jsonl,
+    keyvalue,
     nvsmi_table,
     prometheus,
     tabular,
@@ -48,6 +49,7 @@ READERS: tuple[Reader, ...] = (
     dmon.READER,
     gpustat.READER,
     nvsmi_table.READER,
+    keyvalue.READER,
     *tabular.READERS,
 )
 BY_NAME: dict[str, Reader] = {r.name: r for r in READERS}

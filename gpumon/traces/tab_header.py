@@ -11,7 +11,7 @@ from gpumon.traces._common import split_number
 from gpumon.traces.columns import Layout, is_nvsmi_name, resolve
 from gpumon.traces.tab_guess import guess_layout
 from gpumon.traces.table import WS, sniff_delimiter, split_plain, split_quoted
-from gpumon.traces.timefmt import pick
+from gpumon.traces.timefmt import line_time, pick
 
 FORMAT = "csv"
 NVSMI = "nvidia-smi-csv"
@@ -34,9 +34,33 @@ GPU_FIELDS = (
 )
 
 
+SEPARATOR_CHARS = frozenset("-=*_~+. \t\r\n")
+
+
+BANNER_FRAME = frozenset("=-*~#")
+
+
+def between_rows(line: str) -> bool:
+    """A line a logger prints between rows that is no row: a separator (``----``), a
+    banner framed like one (``=== epoch 3 ===``) or a time alone (``Thu Oct 31 18:47:06
+    UTC 2024``, printed by ``date`` before each sample)."""
+    s = line.strip()
+    if not s:
+        return False
+    if all(c in SEPARATOR_CHARS for c in s):
+        return True
+    framed = len(s) > 4 and set(s[:2]) <= BANNER_FRAME and set(s[-2:]) <= BANNER_FRAME
+    return framed or line_time(s) is not None
+
+
 def content(lines: Iterable[str]) -> list[str]:
-    """The lines that can be a header or a row: not blank, not a ``#`` comment."""
-    return [ln for ln in lines if ln.strip() and not ln.lstrip().startswith("#")]
+    """The lines that can be a header or a row: not blank, not a ``#`` comment, not a
+    separator or a time line between rows."""
+    return [
+        ln
+        for ln in lines
+        if ln.strip() and not ln.lstrip().startswith("#") and not between_rows(ln)
+    ]
 
 
 def cells_of(line: str, delim: str) -> list[str]:

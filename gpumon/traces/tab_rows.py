@@ -17,6 +17,7 @@ from gpumon.model import Snapshot, TraceHeader
 from gpumon.traces import identity as ident
 from gpumon.traces._common import (
     Assembler,
+    Tally,
     bad_line,
     cut_short_warning,
     fnum,
@@ -28,10 +29,10 @@ from gpumon.traces._common import (
 )
 from gpumon.traces.columns import resolve
 from gpumon.traces.source import MAX_LINE, too_long
-from gpumon.traces.tab_header import is_header
+from gpumon.traces.tab_header import between_rows, is_header
 from gpumon.traces.tab_samples import Table, compile_builder, host_sample
 from gpumon.traces.table import WS, join_quoted, open_quote, split_quoted
-from gpumon.traces.timefmt import NonFiniteTime, rolling
+from gpumon.traces.timefmt import NonFiniteTime, line_time, rolling
 
 MAX_GPUS = 1024  # a GPU index beyond this is a malformed cell, not a machine
 
@@ -179,6 +180,10 @@ class RowReader:
         self.switched = False  # the last line was a new header
         self.no = 0  # the line of the row being read
         self.non_finite = non_finite_times()
+        self.not_rows = Tally(
+            "line(s) between rows that are no rows (separators, time lines, banners): skipped"
+        )
+        self.marker_t: float | None = None  # the time line last seen
         self.out_of_range = out_of_range_utils()
         self.skipped: list[int] = []  # the garbled first row skipped, if any
         self.tick = -1
@@ -308,9 +313,12 @@ class RowReader:
         return out
 
     def _misfit(self, no: int, line: str, cells: list[str]) -> list[str]:
-        """A line whose cells do not fit the header: blank, a comment, nearly fitting, the
-        header again or a new one, or a row that cannot be read."""
+        """A line whose cells do not fit the header: blank, a comment, a line between rows
+        (a separator, a time line, a banner), nearly fitting, the header again or a new one,
+        or a row that cannot be read."""
         if not line.strip() or line.lstrip().startswith("#"):
+            return SKIP
+        if self._between_rows(no, line):
             return SKIP
         tab = self.tab
         fitted = fit([c.rstrip("\r\n") for c in cells], tab.count, tab)
@@ -323,6 +331,18 @@ class RowReader:
             return SWITCHED
         err = bad_line(self.path, no, line, f"expected {tab.count} columns, found {len(cells)}")
         return STOP if self._unreadable(no, line, "does not fit the header", err) else SKIP
+
+    def _between_rows(self, no: int, line: str) -> bool:
+        """A line a logger printed between rows -- a separator, a framed banner, a time
+        line (its time is the rows' after it, in a table without a time column) -- is
+        skipped and counted."""
+        if not between_rows(line):
+            return False
+        t = line_time(line)
+        if t is not None:
+            self.marker_t = t
+        self.not_rows.note(no, line.strip())
+        return True
 
     def _header_again(self, cells: list[str]) -> list[str] | None:
         """SKIP for the header repeated, SWITCHED for a new one, None for a row."""
@@ -420,6 +440,8 @@ class RowReader:
                 self.last_t = round(self.parse_time(stamp) - self.t0, 6)  # type: ignore[misc]
                 self._new_stamp(stamp)
             return self.last_t
+        if tab.marker_times:
+            return None if self.marker_t is None else round(self.marker_t - self.t0, 6)
         if tab.clock is not None:
             stamp = cells[tab.lay.clock_at] + cells[tab.lay.date_at]  # type: ignore[index]
             if stamp != self.last_stamp:
@@ -507,6 +529,7 @@ class RowReader:
         return t, [(gpu, util)]
 
     def finish(self) -> None:
+        self.not_rows.say(self.path, self.warns)
         self.non_finite.say(self.path, self.warns)
         self.out_of_range.say(self.path, self.warns)
         for a in self.assigners:

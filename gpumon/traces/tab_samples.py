@@ -140,6 +140,7 @@ class Table:
         self.builders: dict[int, Build] = {}
         self.series_gpus: dict[int, int] = {}  # column -> GPU index of an extra series
         self.multiline_said = False
+        self.marker_times = False  # no time column: rows take the time line above them
 
     def gpu_columns(self) -> dict[int, dict[str, int]]:
         """GPU index -> its fields' columns (one entry for a long layout: key -1)."""

@@ -42,6 +42,8 @@ from gpumon.traces.tab_header import (
     NVSMI,
     PREAMBLE,
     WANDB,
+    between_rows,
+    content,
     gpu_fields,
     header_index,
     is_header,
@@ -51,7 +53,7 @@ from gpumon.traces.tab_header import (
 from gpumon.traces.tab_rows import MAX_GPUS, Numbered, fit, snapshots
 from gpumon.traces.tab_samples import Table, scale_of
 from gpumon.traces.table import join_quoted, open_quote, sniff_delimiter, split_plain, split_quoted
-from gpumon.traces.timefmt import TimeParser, date_column, pick, pick_most, rolling
+from gpumon.traces.timefmt import TimeParser, date_column, line_time, pick, pick_most, rolling
 
 __all__ = ["FORMAT", "NVSMI", "PREFIX_LINES", "READERS", "WANDB", "read", "sniff_format"]
 
@@ -75,11 +77,11 @@ def read(
     """
     warns = warnings if warnings is not None else []
     prefix, numbered = _read_prefix(as_source(lines, path), path)
-    content = [ln for _, ln in prefix if ln.strip() and not ln.lstrip().startswith("#")]
-    if not content:
+    rows_text = content(ln for _, ln in prefix)
+    if not rows_text:
         raise TraceFormatError("no rows found", path=path)
-    delim = sniff_delimiter(content) or ","
-    records = _prefix_records(prefix, delim, path)
+    delim = sniff_delimiter(rows_text) or ","
+    records, markers = _prefix_records(prefix, delim, path)
     extra: dict[str, object] = {}
     lay, fmt, tab, data, header_no = _layout_of(records, path, warns, extra)
     if lay.ignored:
@@ -100,11 +102,15 @@ def read(
         )
     _read_fractions(tab, rows, extra)
     times, rows = _prefix_times(tab, rows, extra)
+    if times is None and any(t is not None for _, t in markers):
+        times, rows = _marker_times(tab, data, markers, extra)
     gpu_ids = _gpu_ids(tab, rows, times, extra)
     identities = _identities(tab, gpu_ids, _first_rows(tab, rows, gpu_ids), extra)
     interval, sub_stamp = _interval(tab, rows, times, interval_s, extra)
     t0 = times[0] if times else 0.0
-    absolute = tab.time.absolute if tab.time is not None else tab.clock is not None
+    absolute = (
+        tab.time.absolute if tab.time is not None else (tab.clock is not None or tab.marker_times)
+    )
     header = TraceHeader(
         version=1,
         source=fmt,
@@ -158,13 +164,20 @@ def _says_nothing(line: str, last: str) -> bool:
     return not any(w[0] in _NUMBER_START for w in words)
 
 
-def _prefix_records(prefix: list[tuple[int, str]], delim: str, path: str) -> list[Record]:
+def _prefix_records(
+    prefix: list[tuple[int, str]], delim: str, path: str
+) -> tuple[list[Record], list[tuple[int, float | None]]]:
     """The prefix as records (a quoted field may span lines); blank and comment lines and
-    empty records left out."""
+    empty records left out; and the lines between rows (separators, time lines), with the
+    time each gives."""
     records: list[Record] = []
+    markers: list[tuple[int, float | None]] = []
     pit = iter(prefix)
     for no, line in pit:
         if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        if between_rows(line):
+            markers.append((no, line_time(line)))
             continue
         text = line
         if '"' in line and open_quote(line):
@@ -181,7 +194,36 @@ def _prefix_records(prefix: list[tuple[int, str]], delim: str, path: str) -> lis
     if not records:
         raise TraceFormatError("no rows found", path=path)
     records[0][1][0] = records[0][1][0].lstrip("\ufeff")
-    return records
+    return records, markers
+
+
+def _marker_times(
+    tab: Table,
+    data: list[Record],
+    markers: list[tuple[int, float | None]],
+    extra: dict[str, object],
+) -> tuple[list[float] | None, list[list[str]]]:
+    """A table without a time column whose rows come under time lines (``date`` printed
+    before each sample): each row takes the time of the line above it."""
+    stamps = iter(sorted((no, t) for no, t in markers if t is not None))
+    nxt = next(stamps, None)
+    now: float | None = None
+    times: list[float] = []
+    rows: list[list[str]] = []
+    for no, cells, _ in data:
+        while nxt is not None and nxt[0] < no:
+            now = nxt[1]
+            nxt = next(stamps, None)
+        fitted = fit(cells, tab.lay.count, tab)
+        if now is not None and fitted is not None:
+            times.append(now)
+            rows.append(fitted)
+    if not times:
+        return None, rows
+    tab.marker_times = True
+    extra["timestamps"] = "local time of the logging machine, read as UTC"
+    add_note(extra, "the rows take their time from the date line printed above them")
+    return times, rows
 
 
 def _layout_of(
@@ -371,7 +413,7 @@ def _interval(
     """The seconds between ticks (measured, else ``--interval``, else 1 s, said so), and
     the spacing given to ticks that share one whole-second timestamp (None: they do not)."""
     interval = median_interval(_tick_times(times, tab, rows)) if times else None
-    if tab.time is None and tab.clock is None:
+    if tab.time is None and tab.clock is None and not tab.marker_times:
         interval = interval_s or 1.0
         extra["interval_assumed"] = f"no time column: rows assumed {interval:g} s apart" + (
             "" if interval_s else " (say otherwise with --interval)"

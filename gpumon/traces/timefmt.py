@@ -370,3 +370,26 @@ def ctime_words(words: Sequence[str]) -> float | None:
     if not (1 <= int(day) <= 31 and h < 24 and mi < 60 and sec < 61):
         return None
     return float(calendar.timegm((int(year), _MONTHS[words[1]], int(day), h, mi, sec, 0, 0, 0)))
+
+
+FRAME = "=-*#[]<>|~ \t"  # what loggers frame a time line with (``=== 18:47:06 ===``)
+
+
+def line_time(line: str) -> float | None:
+    """The Unix time of a line that holds only a date and time, as loggers print one
+    above each sample (``=== 2024-10-31 18:47:06 ===``, ``Thu Oct 31 18:47:06 UTC 2024``,
+    ``[2024/10/31 18:47:06]``), or None."""
+    text = line.strip().strip(FRAME)
+    if not text or len(text) > 64 or not text[0].isalnum():
+        return None
+    words = [w for w in text.split() if w not in ("UTC", "GMT")]
+    got = ctime_words(words) if len(words) == 5 else None
+    if got is not None:
+        return got
+    parser = pick([text])
+    if parser is None or not parser.absolute:
+        return None
+    try:
+        return parser.parse(text)
+    except ValueError:
+        return None
