@@ -380,3 +380,16 @@ def test_a_trainers_own_columns_do_not_hide_ours() -> None:
     assert fmt == "csv" and len(snaps) == 240
     assert "loss" in header.extra["ignored_columns"]
     assert [s.gpus[0].util_pct is not None for s in snaps] == [True] * 240
+
+
+def test_a_sample_on_one_line_of_key_value_pairs() -> None:
+    """``[04-03-2021 @ 13:32:39] >  Temp: 58C  Power: 1/250 W  Fan: 0%  Utilization: 0%
+    Memory: 0/11019 MiB``: was "not a format gpumon reads"."""
+    fmt, header, snaps, _ = load("keyvalue_inline.log")
+    assert fmt == "key-value" and len(snaps) == 90
+    g = snaps[0].gpus[0]
+    assert g.util_pct == 92.0 and g.power_watts == 214.0 and g.power_limit_watts == 250.0
+    assert g.mem_used_bytes == 9012 * MIB and g.mem_total_bytes == 11019 * MIB
+    assert g.temperature_c == 71.0
+    assert "blocks assumed 1 s apart" in notes(header)
+    assert header.extra["ignored_columns"] == ["Fan"]

@@ -55,18 +55,32 @@ def _key_value(line: str) -> tuple[str, str] | None:
     return key, value
 
 
+def _pairs(line: str) -> tuple[str, list[tuple[str, str]]]:
+    """A line's ``Key: value`` pairs -- one, or several two spaces apart (``Temp: 58C  Power:
+    1/250 W  Utilization: 0%``) -- and the text before the first (a time, a prompt)."""
+    one = _key_value(line)
+    chunks = [c for c in line.strip().split("  ") if c.strip()]
+    if len(chunks) < 2:
+        return "", [one] if one is not None else []
+    pairs = [kv for c in chunks if (kv := _key_value(c)) is not None]
+    if len(pairs) < 2:
+        return "", [one] if one is not None else []
+    first = next(i for i, c in enumerate(chunks) if _key_value(c) is not None)
+    return " ".join(chunks[:first]), pairs
+
+
 def sniff(head: list[str]) -> bool:
-    """Mostly ``Key: value`` lines with numbers, a GPU's utilisation among the keys, and
-    nothing else but time lines and blank ones."""
+    """Mostly lines of ``Key: value`` pairs with numbers, a GPU's utilisation among the
+    keys, and nothing else but time lines and blank ones."""
     lines = [ln for ln in head[:200] if ln.strip()]
     if len(lines) < 3:
         return False
-    pairs = [kv for ln in lines if (kv := _key_value(ln)) is not None]
-    if len(pairs) < 0.6 * len(lines):
+    found = [_pairs(ln)[1] for ln in lines]
+    if sum(1 for p in found if p) < 0.6 * len(lines):
         return False
-    if not any(classify(k).field == "util" for k, _ in pairs):
+    if not any(classify(k).field == "util" for p in found for k, _ in p):
         return False
-    others = [ln for ln in lines if _key_value(ln) is None]
+    others = [ln for ln, p in zip(lines, found, strict=True) if not p]
     return all(line_time(ln) is not None or not ln.strip(FRAME + "\r\n") for ln in others)
 
 
@@ -112,15 +126,25 @@ class _Blocks:
         """Take one line; the block it closed, if any."""
         if not line.strip():
             return None
-        kv = _key_value(line)
-        if kv is None:
+        before, pairs = _pairs(line)
+        if not pairs:
             t = line_time(line)
             if t is None:
                 self.skipped += 1
                 return None
             self.has_times = True
             return self._start(_Block(t=t, line=no))
-        key, value = kv
+        if len(pairs) > 1:  # a whole sample on one line: a block of its own
+            t = line_time(before.strip(FRAME + ">:"))
+            self.has_times = self.has_times or t is not None
+            done = self._start(_Block(t=t, line=no))
+            for key, value in pairs:
+                self._take(key, value, no, line)
+            return done
+        return self._take(*pairs[0], no, line)
+
+    def _take(self, key: str, value: str, no: int, line: str) -> _Block | None:
+        """One reading into the block; the block a key seen again closed, if any."""
         col = classify(key)
         fld = col.field
         if fld not in _GPU_FIELDS and fld != "host_cpu":

@@ -904,6 +904,25 @@ def keyvalue_blocks() -> str:
     return lines(out)
 
 
+def keyvalue_inline() -> str:
+    """A logger printing a whole sample on one line, ``Key: value`` pairs two spaces apart
+    after a ``[DD-MM-YYYY @ HH:MM:SS] >`` prompt gpumon does not read as a time: one GPU
+    busy three samples in six, its memory held throughout."""
+    rng = random.Random(308)
+    out = []
+    for k in range(90):
+        g = time.gmtime(START + k)
+        stamp = time.strftime("%d-%m-%Y @ %H:%M:%S", g)
+        busy = k % 6 < 3
+        util = rng.randint(90, 99) if busy else 0
+        power = rng.randint(210, 240) if busy else rng.randint(55, 60)
+        out.append(
+            f"[{stamp}] >  Temp: {71 if busy else 64}C  Power: {power}/250 W  Fan: 41%  "
+            f"Utilization: {util}%  Memory: 9012/11019 MiB"
+        )
+    return lines(out)
+
+
 def date_rows_separator() -> str:
     """``while true; do date; nvidia-smi --query-gpu=index,name,utilization.gpu,memory.used,
     memory.total --format=csv,noheader; echo ----; sleep 2; done``: a date line, one
@@ -978,6 +997,7 @@ FILES = {
     "dmon_8_samples_one_dip.txt": dmon_8_samples_one_dip,
     "nvsmi_2gpu_slow_start.csv": nvsmi_2gpu_slow_start,
     "keyvalue_blocks.log": keyvalue_blocks,
+    "keyvalue_inline.log": keyvalue_inline,
     "date_rows_separator.log": date_rows_separator,
     "trainer_13_columns.csv": trainer_13_columns,
 }
