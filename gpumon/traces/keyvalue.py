@@ -99,6 +99,8 @@ def _value(fld: str, value: str) -> dict[str, float | None]:
     """A key's reading(s): memory and power may carry their total after a ``/``."""
     first, _, rest = value.partition("/")
     second = rest.split("(", 1)[0].strip()
+    if fld in ("mem_used", "mem_total") and first.strip().endswith("%"):
+        return {}  # memory as a share of the card ("GPU Memory Usage: 45%"): no amount
     if fld == "mem_used":
         got = {"mem_used": mem_mib(first)}
         if second:
