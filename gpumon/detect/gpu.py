@@ -153,6 +153,9 @@ class GpuTrack:
                 # unknown: "no reading" must never pass for 0 %.
                 u = 0.0
             pts = () if u is None else ((g.t_s, u),)
+        v = g.mem_used_bytes
+        if v is not None:  # before the samples: the memory a tick's work began with is its own
+            self.mem_used_bytes = v
         if pts:
             # A stand-in point for a quiet buffer says nothing about the driver's period.
             self._fold(pts, self.cfg, out_bursts, out_gaps, pts is not g.util_samples)
@@ -176,9 +179,6 @@ class GpuTrack:
         v = g.sm_active_ratio
         if v is not None and (self.sm_active_peak is None or v > self.sm_active_peak):
             self.sm_active_peak = v
-        v = g.mem_used_bytes
-        if v is not None:
-            self.mem_used_bytes = v
         v = g.mem_total_bytes
         if v is not None:
             self.mem_total_bytes = v
