@@ -153,9 +153,9 @@ class GpuTrack:
                 # unknown: "no reading" must never pass for 0 %.
                 u = 0.0
             pts = () if u is None else ((g.t_s, u),)
-        v = g.mem_used_bytes
-        if v is not None:  # before the samples: the memory a tick's work began with is its own
-            self.mem_used_bytes = v
+        mem = g.mem_used_bytes
+        if mem is not None:  # before the samples: the memory a tick's work began with is its own
+            self.mem_used_bytes = mem
         if pts:
             # A stand-in point for a quiet buffer says nothing about the driver's period.
             self._fold(pts, self.cfg, out_bursts, out_gaps, pts is not g.util_samples)
