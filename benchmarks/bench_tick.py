@@ -8,7 +8,10 @@ no processing: the driver's utilisation sample buffer in ONE C call into a kept 
 sample), the GPM sample and metrics calls (two C calls into kept buffers, as gpumon
 makes them), and pynvml's own functions for the rest (utilisation, memory, power, power
 limit, SM clock, clock-event reasons, temperature, PCIe every 5th tick, the compute
-processes and their SM utilisation); each result's values are read out, nothing more.
+processes and their SM utilisation), the XID event wait (one non-blocking call for all
+GPUs, into a kept struct) and, every 10th tick, the slow health readings (the counters in
+one field-values call into a kept buffer, then memory clock, fan and P-state); each
+result's values are read out, nothing more.
 gpumon's NVML part is ``NvmlSampler.sample()``; the whole tick is what ``gpumon watch``
 runs, ``Session.live(pid=...).tick()``: NVML + host + the process tree + the detector.
 All run in this process against the same fake GPUs (H100s with GPM, as the fake
@@ -104,12 +107,39 @@ def make_floor(n_gpus: int, gpm: bool) -> tuple[Callable[[], None], Callable[[],
     count_ref, value_type_ref = ctypes.byref(count), ctypes.byref(value_type)
     util_type = ctypes.c_uint(n.NVML_GPU_UTILIZATION_SAMPLES)
     gpms = [_FloorGpm(h) for h in handles] if gpm else []
+    # XID events: one event set for every GPU, waited on without blocking.
+    xid = n.nvmlEventTypeXidCriticalError
+    events = n.nvmlEventSetCreate()
+    for h in handles:
+        n.nvmlDeviceRegisterEvents(h, xid, events)
+    wait = n._nvmlGetFunctionPointer("nvmlEventSetWait_v2")
+    event = n.c_nvmlEventData_t()
+    event_ref, no_wait = ctypes.byref(event), ctypes.c_uint(0)
+    # The slow health counters: one field-values request per GPU, built once.
+    get_fields = n._nvmlGetFunctionPointer("nvmlDeviceGetFieldValues")
+    ids = [(n.NVML_FI_DEV_MEMORY_TEMP, 0), (n.NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION, 0),
+           (n.NVML_FI_DEV_ECC_SBE_VOL_TOTAL, 0), (n.NVML_FI_DEV_ECC_DBE_VOL_TOTAL, 0),
+           (n.NVML_FI_DEV_ECC_SBE_AGG_TOTAL, 0), (n.NVML_FI_DEV_ECC_DBE_AGG_TOTAL, 0),
+           (n.NVML_FI_DEV_PCIE_REPLAY_COUNTER, 0),
+           (n.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, 0xFFFFFFFF),
+           (n.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, 0xFFFFFFFF)]  # fmt: skip
+    field_layout = struct.Struct("@IIqqii8s")
+    field_bufs = []
+    for _ in handles:
+        fbuf = (n.c_nvmlFieldValue_t * len(ids))()
+        for entry, (fid, scope) in zip(fbuf, ids, strict=True):
+            entry.fieldId, entry.scopeId = fid, scope
+        field_bufs.append((ctypes.byref(fbuf), memoryview(fbuf).cast("B")))
+    n_fields = ctypes.c_int32(len(ids))
 
     def floor() -> None:
         # Like gpumon's (OneHertz), its cursors move back 1 s: each call reads a second's
         # samples, and every 5th call reads PCIe throughput (gpumon: every 5 s).
         calls[0] += 1
         pcie = calls[0] % 5 == 0
+        health = calls[0] % 10 == 0  # gpumon: every 10 s
+        while wait(events, event_ref, no_wait) == 0:
+            event.eventType, event.eventData  # noqa: B018
         for i, h in enumerate(handles):
             last[i] = max(0, last[i] - 1_000_000)
             last_proc[i] = max(0, last_proc[i] - 1_000_000)
@@ -145,6 +175,13 @@ def make_floor(n_gpus: int, gpm: bool) -> tuple[Callable[[], None], Callable[[],
                     pass
             if gpm:
                 gpms[i].read()
+            if health:
+                fields_ref, fields_raw = field_bufs[i]
+                get_fields(h, n_fields, fields_ref)
+                list(field_layout.iter_unpack(fields_raw))
+                n.nvmlDeviceGetClockInfo(h, n.NVML_CLOCK_MEM)
+                n.nvmlDeviceGetFanSpeed(h)
+                n.nvmlDeviceGetPerformanceState(h)
 
     def gpm_floor() -> None:
         for g in gpms:

@@ -206,7 +206,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     _warnings_to_stderr()
     given = sys.stdout
     out = _Stdout(given)
-    sys.stdout = out  # type: ignore[assignment]
+    sys.stdout = out
     try:
         status = _run(argv)
         out.flush()  # buffered output fails here, not at exit

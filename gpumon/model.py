@@ -148,6 +148,25 @@ class GpuSample:
     sm_occupancy_ratio: float | None = None  # warps resident vs the maximum (SM_OCCUPANCY)
     tensor_active_ratio: float | None = None  # SMs busy in tensor ops (ANY_TENSOR_UTIL)
     mig_activity: tuple[MigActivity, ...] = ()  # per MIG GPU instance, where MIG is on
+    # Hardware health, read every few seconds (they change slowly); None where the GPU does
+    # not report it (its name then in ``unsupported``) or before the first read.
+    mem_clock_mhz: int | None = None  # clocks.mem (nvmlDeviceGetClockInfo, NVML_CLOCK_MEM)
+    memory_temperature_c: float | None = None  # temperature.memory (NVML_FI_DEV_MEMORY_TEMP)
+    fan_speed_pct: float | None = None  # fan.speed (nvmlDeviceGetFanSpeed)
+    pstate: int | None = None  # pstate, 0 (P0, fastest) to 15 (nvmlDeviceGetPerformanceState)
+    # Counters since the driver loaded (aggregate ECC: over the GPU's life), read with the
+    # memory temperature in one nvmlDeviceGetFieldValues call:
+    energy_joules: float | None = None  # NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION (mJ / 1000)
+    ecc_corrected_errors: int | None = None  # ecc.errors.corrected.volatile.total
+    ecc_uncorrected_errors: int | None = None  # ecc.errors.uncorrected.volatile.total
+    ecc_corrected_errors_aggregate: int | None = None  # ...corrected.aggregate.total (lifetime)
+    ecc_uncorrected_errors_aggregate: int | None = None  # ...uncorrected.aggregate.total
+    pcie_replays: int | None = None  # NVML_FI_DEV_PCIE_REPLAY_COUNTER
+    nvlink_tx_bytes: int | None = None  # NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, all links
+    nvlink_rx_bytes: int | None = None  # NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, all links
+    # XID codes of the critical errors NVML reported since the previous tick (an event set,
+    # nvmlEventSetWait_v2), oldest first; "xid_events" in ``unsupported`` where not watched.
+    xid_errors: tuple[int, ...] = ()
 
 
 @dataclass(slots=True, unsafe_hash=True)  # immutable by convention (docstring)

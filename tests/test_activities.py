@@ -33,6 +33,7 @@ from gpumon.detect.rules import Candidate
 from gpumon.engine.memory import RunMemory
 from gpumon.engine.stacks import StackOptions, plan, roles, waiting
 from gpumon.engine.words import stacks_json, stacks_line
+from gpumon.errors import TraceFormatError
 from gpumon.model import (
     Cause,
     Episode,
@@ -487,3 +488,19 @@ def test_the_memory_shows_the_detectors_stacks() -> None:
     assert mem.stacks_run() is track.run
     got = mem.stacks_window(60.0)
     assert got is not None and got.main.top() == (Activity.CHECKPOINT, 1.0)
+
+
+def test_a_malformed_stacks_line_is_named_by_its_line(tmp_path: Path) -> None:
+    path = tmp_path / "t.jsonl"
+    path.write_text(
+        '{"format":"gpumon-trace","version":2,"header":{"source":"gpumon","gpus":[]}}\n'
+        '{"t":1.0}\n'
+        '{"t":2.0,"event":"stacks","version":1,"frames":[["f","a.py",1]],'
+        '"samples":[[1.0,0.5,10,"main",[0,3]]]}\n'
+        '{"t":2.0}\n'
+    )
+    got: list[Snapshot] = []
+    with pytest.raises(TraceFormatError, match=r":3: malformed trace line \(a stack sample"):
+        for snap in TraceReader(path):
+            got.append(snap)
+    assert got == [Snapshot(1.0)]  # every valid tick before it

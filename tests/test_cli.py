@@ -248,3 +248,16 @@ def test_stdout_that_cannot_be_written_is_one_sentence_and_status_1(
         assert said[0].startswith("gpumon: cannot write to standard output: ")
         assert ("closed" if how == "closed" else "No space left") in said[0]
     assert not failed, "\n".join(failed)
+
+
+def test_ci_runs_the_readmes_test_command() -> None:
+    """The README's second line is the test suite; .ci/run must run the same checks (after
+    installing what they need), or CI and a user's checkout disagree."""
+    root = Path(__file__).resolve().parent.parent
+    first_block = (root / "README.md").read_text().split("```sh\n", 1)[1].split("```", 1)[0]
+    line = first_block.splitlines()[1].split("#", 1)[0].strip()
+    install, _, checks = line.partition(" && ")
+    ci = (root / ".ci" / "run").read_text()
+    assert install.replace("pip", "python3 -m pip", 1) in ci
+    assert checks.replace("python -m", "python3 -m") in ci
+    assert "mypy" in checks and "pytest" in checks

@@ -17,12 +17,14 @@ from pathlib import Path
 
 import pytest
 
-from gpumon.faces.serve.collector import METRIC_NAMES
+from gpumon.faces.serve.collector import HARDWARE_SERIES, METRIC_NAMES
 from gpumon.faces.serve.config import DEFAULT_PORT, ServeConfig, parse
 
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
 UNIT = DEPLOY / "systemd" / "gpumon.service"
 RULES = DEPLOY / "prometheus" / "gpumon-rules.yml"
+DCGM_RULES = DEPLOY / "prometheus" / "gpumon-dcgm-rules.yml"
+RULE_FILES = sorted((DEPLOY / "prometheus").glob("gpumon-*rules.yml"))
 RULE_TESTS = DEPLOY / "prometheus" / "tests"
 SCRAPE = DEPLOY / "prometheus" / "prometheus-scrape.yml"
 DASHBOARD = DEPLOY / "grafana" / "gpumon-dashboard.json"
@@ -107,7 +109,10 @@ def test_example_config_parses_to_the_documented_defaults() -> None:
 # --------------------------------------------------------------------------- Prometheus
 def test_rules_pass_promtool_check() -> None:
     promtool = tool("promtool", "prometheus")
-    res = subprocess.run([promtool, "check", "rules", str(RULES)], capture_output=True, text=True)
+    assert {RULES, DCGM_RULES} <= set(RULE_FILES)
+    res = subprocess.run(
+        [promtool, "check", "rules", *map(str, RULE_FILES)], capture_output=True, text=True
+    )
     assert res.returncode == 0, res.stdout + res.stderr
 
 
@@ -128,6 +133,33 @@ def test_rules_pass_their_unit_tests() -> None:
     tested = "\n".join(p.read_text() for p in tests)
     for a in alerts:
         assert re.search(rf"alertname: {a}\n\s+exp_alerts:\n\s+- ", tested), f"{a} untested"
+    # Every rules file has its tests.
+    for rules in RULE_FILES:
+        assert f"../{rules.name}" in tested, f"{rules.name} has no promtool tests"
+
+
+def test_the_hardware_alerts_people_page_on_are_there() -> None:
+    """XID errors, uncorrectable ECC, sustained thermal or power throttling, a GPU off the
+    bus: each an alert on gpumon's own series."""
+    (rules,) = load_yaml_all(RULES)
+    alerts = {
+        r["alert"]: r["expr"]
+        for g in rules["groups"]  # type: ignore[index]
+        for r in g["rules"]
+        if "alert" in r
+    }
+    needed = {
+        "GpumonGpuXidCritical": "gpumon_gpu_xid_errors_total",
+        "GpumonGpuXidError": "gpumon_gpu_xid_errors_total",
+        "GpumonGpuEccUncorrectable": "gpumon_gpu_ecc_errors_total",
+        "GpumonGpuThermalThrottling": "gpumon_gpu_clock_event_reason",
+        "GpumonGpuPowerBrake": "gpumon_gpu_clock_event_reason",
+        "GpumonGpuLost": "gpumon_gpu_lost",
+    }
+    for alert, series in needed.items():
+        assert series in alerts[alert], alert
+    for xid in ("48", "63", "64", "74", "79", "94", "95"):  # the codes people page on
+        assert xid in alerts["GpumonGpuXidCritical"]
 
 
 def test_scrape_config_passes_promtool(tmp_path: Path) -> None:
@@ -145,8 +177,12 @@ def test_scrape_config_passes_promtool(tmp_path: Path) -> None:
     assert res.returncode == 0, res.stdout + res.stderr
 
 
-def recorded_names() -> set[str]:
-    return set(re.findall(r"^\s*- record:\s*(\S+)", RULES.read_text(), re.M))
+def recorded_names(*files: Path) -> set[str]:
+    return {
+        name
+        for f in files or RULE_FILES
+        for name in re.findall(r"^\s*- record:\s*(\S+)", f.read_text(), re.M)
+    }
 
 
 def exported_series_names() -> set[str]:
@@ -164,10 +200,11 @@ def metric_names_in(expr: str) -> set[str]:
     return set(re.findall(r"\b[a-z_]*:?gpumon_[a-z0-9_:]+", expr))
 
 
-def test_rules_use_only_exported_metrics() -> None:
+@pytest.mark.parametrize("path", RULE_FILES, ids=lambda p: p.name)
+def test_rules_use_only_exported_metrics(path: Path) -> None:
     known = exported_series_names() | recorded_names()
-    (rules,) = load_yaml_all(RULES)
-    assert recorded_names() == {
+    (rules,) = load_yaml_all(path)
+    assert recorded_names(path) == {
         r["record"]
         for g in rules["groups"]  # type: ignore[index]
         for r in g["rules"]
@@ -177,6 +214,37 @@ def test_rules_use_only_exported_metrics() -> None:
         for r in g["rules"]:
             unknown = metric_names_in(r["expr"]) - known
             assert not unknown, f"{r.get('record') or r.get('alert')}: {unknown}"
+
+
+# dcgm-exporter's default counters (its etc/default-counters.csv) that NVML alone can give,
+# and the others its dashboards query (profiling ratios, fan, P-state, ECC, FB total).
+DCGM_NAMES = (
+    "DCGM_FI_DEV_SM_CLOCK", "DCGM_FI_DEV_MEM_CLOCK", "DCGM_FI_DEV_MEMORY_TEMP",
+    "DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
+    "DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_MEM_COPY_UTIL",
+    "DCGM_FI_DEV_XID_ERRORS", "DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_FB_USED",
+    "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL",
+    "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "DCGM_FI_DEV_ECC_SBE_AGG_TOTAL",
+    "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL", "DCGM_FI_DEV_FB_TOTAL", "DCGM_FI_DEV_POWER_MGMT_LIMIT",
+    "DCGM_FI_DEV_FAN_SPEED", "DCGM_FI_DEV_PSTATE", "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
+    "DCGM_FI_PROF_SM_ACTIVE", "DCGM_FI_PROF_SM_OCCUPANCY", "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
+)  # fmt: skip
+
+
+def test_dcgm_rules_record_dcgm_exporters_names_with_its_labels() -> None:
+    (rules,) = load_yaml_all(DCGM_RULES)
+    records = {
+        r["record"]: " ".join(r["expr"].split())
+        for g in rules["groups"]  # type: ignore[index]
+        for r in g["rules"]
+        if "record" in r
+    }
+    assert set(DCGM_NAMES) <= set(records)
+    for name in DCGM_NAMES:  # each joins the GPU's dcgm-exporter labels
+        assert records[name].endswith(
+            "* on (job, instance, gpu) group_left (UUID, device, modelName, Hostname, "
+            "pci_bus_id) instance_gpu:gpumon_gpu_info:dcgm_labels"
+        ), name
 
 
 # --------------------------------------------------------------------------- Grafana
@@ -218,6 +286,15 @@ def test_dashboard_is_valid_and_queries_only_exported_metrics() -> None:
         "hpc_job:gpumon_gpu_waiting:ratio_rate5m",
     ):
         assert needed in used, needed
+    # ...and the hardware series.
+    hardware = [n + ("_total" if counter else "") for n, _, counter, _ in HARDWARE_SERIES]
+    for name in (
+        *hardware,
+        "gpumon_gpu_clock_event_reason",
+        "gpumon_gpu_ecc_errors_total",
+        "gpumon_gpu_xid_errors_total",
+    ):
+        assert name in used, name
     for p in panels:
         if p["type"] != "row":
             assert p["datasource"]["uid"] == "${datasource}", p["title"]

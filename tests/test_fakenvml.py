@@ -13,7 +13,16 @@ import time
 
 import pynvml
 import pytest
-from fakenvml import CALL_NAMES, FakeGPU, GiB, MigInstance, Pattern, Process, Scenario
+from fakenvml import (
+    CALL_NAMES,
+    FakeGPU,
+    GiB,
+    MigInstance,
+    Pattern,
+    Process,
+    Scenario,
+    XidError,
+)
 
 NVML_SUCCESS = 0
 NVML_ERROR_INSUFFICIENT_SIZE = 7
@@ -67,6 +76,7 @@ def _run_child(code: str, env: dict[str, str]) -> dict:
         ("nvmlTemperature_t", pynvml.c_nvmlTemperature_v1_t, 12),
         ("nvmlBAR1Memory_t", pynvml.c_nvmlBAR1Memory_t, 24),
         ("nvmlGpmSupport_t", pynvml.c_nvmlGpmSupport_t, 8),
+        ("nvmlEventData_t", pynvml.c_nvmlEventData_t, 32),
     ],
 )
 def test_struct_sizes_match_pynvml(fake_nvml_lib, c_name, py_struct, expected):
@@ -205,12 +215,12 @@ def test_energy_integrates_power(fake_nvml):
     mean_mw = (e1 - e0) / (t1 - t0)
     assert 500_000 * 0.9 < mean_mw <= 500_000 * 1.01
     fields = pynvml.nvmlDeviceGetFieldValues(
-        h, [pynvml.NVML_FI_DEV_POWER_INSTANT, pynvml.NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION, 1]
+        h, [pynvml.NVML_FI_DEV_POWER_INSTANT, pynvml.NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION, 74]
     )
     assert fields[0].nvmlReturn == 0
     assert fields[0].value.uiVal == 500_000
     assert fields[1].value.ullVal >= e1
-    assert fields[2].nvmlReturn == pynvml.NVML_ERROR_NOT_SUPPORTED
+    assert fields[2].nvmlReturn == pynvml.NVML_ERROR_NOT_SUPPORTED  # a field the fake lacks
 
 
 # --------------------------------------------------------------------------- driver samples
@@ -465,6 +475,101 @@ def test_mig_instances_and_their_gpm_samples(fake_nvml):
     pynvml.nvmlGpmMigSampleGet(h, 9, b)
     req = pynvml.nvmlGpmMetricsGet(_metrics_request([pynvml.NVML_GPM_METRIC_SM_UTIL], a, b))
     assert (req.metrics[0].nvmlReturn, req.metrics[0].value) == (0, pytest.approx(10.0))
+
+
+# --------------------------------------------------------------------------- hardware health
+UINT_MAX = 0xFFFFFFFF
+
+
+def test_ecc_replay_memory_temperature_and_nvlink_fields(fake_nvml):
+    """The slowly changing health fields, each alone in nvmlDeviceGetFieldValues (which
+    answers SUCCESS when any field was filled) and through their own calls."""
+    scn = Scenario(
+        gpus=[
+            FakeGPU(ecc_corrected=3, ecc_uncorrected=1, ecc_corrected_aggregate=30,
+                    ecc_uncorrected_aggregate=2, pcie_replays=7, memory_temperature_c=61,
+                    nvlink_links=4, nvlink_tx_kbps=4000, nvlink_rx_kbps=2000),
+            FakeGPU(nvlink_links=0, unsupported={"ecc"}, errors={"pcie_replay": "UNKNOWN"}),
+        ]
+    )  # fmt: skip
+    _init(fake_nvml, scn)
+    h0, h1 = (pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(2))
+    ids = [
+        pynvml.NVML_FI_DEV_ECC_SBE_VOL_TOTAL, pynvml.NVML_FI_DEV_ECC_DBE_VOL_TOTAL,
+        pynvml.NVML_FI_DEV_ECC_SBE_AGG_TOTAL, pynvml.NVML_FI_DEV_ECC_DBE_AGG_TOTAL,
+        pynvml.NVML_FI_DEV_MEMORY_TEMP, pynvml.NVML_FI_DEV_PCIE_REPLAY_COUNTER,
+        (pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, UINT_MAX),
+        (pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, UINT_MAX),
+        (pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, 1),
+        (pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, 4),
+    ]  # fmt: skip
+    time.sleep(0.1)
+    v = pynvml.nvmlDeviceGetFieldValues(h0, ids)
+    assert [f.nvmlReturn for f in v[:9]] == [0] * 9
+    assert [f.value.ullVal for f in v[:4]] == [3, 1, 30, 2]
+    assert (v[4].value.uiVal, v[5].value.uiVal) == (61, 7)
+    tx, rx, link1 = v[6].value.ullVal, v[7].value.ullVal, v[8].value.ullVal
+    assert tx > 0 and rx == pytest.approx(tx / 2, rel=0.01)  # KiB since the library loaded
+    assert link1 == pytest.approx(tx / 4, rel=0.01)  # one of four links
+    assert v[9].nvmlReturn == pynvml.NVML_ERROR_INVALID_ARGUMENT  # no fifth link
+    assert pynvml.nvmlDeviceGetFieldValues(h0, ids[6:7])[0].value.ullVal >= tx  # a counter
+    assert pynvml.nvmlDeviceGetTotalEccErrors(h0, 1, 0) == 1  # uncorrected, volatile
+    assert pynvml.nvmlDeviceGetTotalEccErrors(h0, 0, 1) == 30  # corrected, aggregate
+    assert pynvml.nvmlDeviceGetEccMode(h0) == [1, 1]
+    assert pynvml.nvmlDeviceGetPcieReplayCounter(h0) == 7
+    # Each field fails alone: ECC off, no NVLink, a failing replay counter.
+    v = pynvml.nvmlDeviceGetFieldValues(h1, ids[:8])
+    assert [f.nvmlReturn for f in v] == [pynvml.NVML_ERROR_NOT_SUPPORTED] * 4 + [
+        0, pynvml.NVML_ERROR_UNKNOWN, pynvml.NVML_ERROR_NOT_SUPPORTED,
+        pynvml.NVML_ERROR_NOT_SUPPORTED,
+    ]  # fmt: skip
+    with pytest.raises(pynvml.NVMLError_NotSupported):
+        pynvml.nvmlDeviceGetTotalEccErrors(h1, 1, 0)
+
+
+def test_xid_errors_arrive_as_events(fake_nvml):
+    """An event set delivers each XID of a registered GPU once, oldest first, only those
+    after the registration; waiting with timeout 0 never blocks."""
+    before = XidError(13, time.monotonic() - 1.0)
+    scn = Scenario(gpus=[FakeGPU(xid_errors=[before]), FakeGPU(), FakeGPU(unsupported={"events"})])
+    _init(fake_nvml, scn)
+    h0, h1, h2 = (pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(3))
+    xid = pynvml.nvmlEventTypeXidCriticalError
+    assert pynvml.nvmlDeviceGetSupportedEventTypes(h0) & xid
+    with pytest.raises(pynvml.NVMLError_NotSupported):
+        pynvml.nvmlDeviceGetSupportedEventTypes(h2)
+    es = pynvml.nvmlEventSetCreate()
+    for h in (h0, h1):
+        pynvml.nvmlDeviceRegisterEvents(h, xid, es)
+    with pytest.raises(pynvml.NVMLError_NotSupported):
+        pynvml.nvmlDeviceRegisterEvents(h2, xid, es)
+    with pytest.raises(pynvml.NVMLError_Timeout):  # the XID before registering is not sent
+        pynvml.nvmlEventSetWait_v2(es, 0)
+    time.sleep(0.05)
+    now = time.monotonic()  # errors at now - 0.01 and now: both after the registration
+    later = scn.with_gpu(0, xid_errors=[before, XidError(79, now), XidError(48, now - 0.01)])
+    fake_nvml.set(later.with_gpu(1, xid_errors=[XidError(94, now + 0.2)]))
+    got = []
+    for _ in range(2):
+        data = pynvml.nvmlEventSetWait_v2(es, 0)
+        assert data.eventType == xid and data.gpuInstanceId == UINT_MAX
+        assert pynvml.nvmlDeviceGetIndex(data.device) == 0
+        got.append(data.eventData)
+    assert got == [48, 79]  # oldest first
+    fake_nvml.set(fake_nvml.scenario)  # the same errors again: nothing twice
+    with pytest.raises(pynvml.NVMLError_Timeout):
+        pynvml.nvmlEventSetWait_v2(es, 0)
+    data = pynvml.nvmlEventSetWait_v2(es, 5000)  # waits for GPU 1's error, due in 0.2 s
+    assert (pynvml.nvmlDeviceGetIndex(data.device), data.eventData) == (1, 94)
+    pynvml.nvmlEventSetFree(es)
+    with pytest.raises(pynvml.NVMLError_InvalidArgument):  # freed: stale
+        pynvml.nvmlEventSetWait_v2(es, 0)
+
+
+def test_xid_validation():
+    t = time.monotonic()
+    with pytest.raises(ValueError, match="same time"):
+        Scenario(gpus=[FakeGPU(xid_errors=[XidError(79, t), XidError(48, t)])]).to_text()
 
 
 # --------------------------------------------------------------------------- versions, errors

@@ -36,6 +36,7 @@ SAMPLES = {
     "wandb": QUIRKS / "wandb-events.jsonl",
     "prometheus": QUIRKS / "prom_gpumon.json",
     "nvidia-smi-table": LOGS / "table_535.txt",
+    "key-value": QUIRKS / "keyvalue_blocks.log",
 }
 HEADS = {
     fmt: "".join(path.read_text(encoding="utf-8").splitlines(keepends=True)[:40])

@@ -300,3 +300,33 @@ def test_a_short_coarse_log_is_judged_on_what_it_shows_and_says_how_sure() -> No
     assert any("too few to be sure" in n for n in res.summary.notes), res.summary.notes
     flat = analyze(TraceHeader(1, "dmon"), log([5, 6, 5, 4, 5, 6, 5, 5]))
     assert flat.summary.verdict is State.UNKNOWN
+
+
+def test_work_that_begins_with_its_memory_is_not_taken_for_a_warm_up() -> None:
+    """nvidia-smi once a minute: GPU 0's job allocates 1.5 GB and works at 11-16 % from its
+    second sample on.  The memory came with the work's first sample, so it is no warm-up
+    still filling memory (read before the samples: the work began with it)."""
+    snaps = []
+    for k, u in enumerate((0.0, 11.0, 16.0, 13.0)):
+        t = T0 + 60 * k
+        mem = (1 << 20) if k == 0 else 1527 << 20
+        g = GpuSample(t, 0, "GPU-0", ((t, u),), util_pct=u, mem_used_bytes=mem)
+        snaps.append(Snapshot(t, (g,)))
+    res = analyze(TraceHeader(1, "nvidia-smi-csv"), snaps)
+    assert res.summary.verdict is State.STARVED, res.summary
+
+
+def test_a_short_log_of_nothing_but_idleness_is_idle() -> None:
+    """Nine nvidia-smi tables in one second, 0 % with 1.6 GB held (a job starting, or
+    stuck): idle with memory held, judged on all the log shows, not 'unknown'."""
+    snaps = [
+        Snapshot(
+            T0 + k / 8,
+            (GpuSample(T0 + k / 8, 0, "GPU-0", ((T0 + k / 8, 0.0),), util_pct=0.0,
+                       mem_used_bytes=1638 << 20, mem_total_bytes=6 << 30),),
+        )
+        for k in range(9)
+    ]  # fmt: skip
+    res = analyze(TraceHeader(1, "nvidia-smi-table"), snaps)
+    assert res.summary.verdict is State.IDLE
+    assert res.summary.gpus[0].seconds[State.IDLE] > 0.9

@@ -10,10 +10,11 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from fakenvml import FakeGPU, GiB, Pattern, Process, Scenario
+from fakenvml import FakeGPU, GiB, Pattern, Process, Scenario, XidError, call_count
 
 import gpumon.sample.nvml as nvml_module
 from gpumon.sample.nvml import NvmlSampler
@@ -195,6 +196,147 @@ def test_errors_leave_a_field_none_and_are_counted(nvml) -> None:
     assert s.power_watts is None
     assert s.mem_used_bytes is not None
     assert sampler.errors["unknown"] >= 1
+
+
+HEALTHY_H100 = FakeGPU(
+    ecc_corrected=5, ecc_uncorrected=1, ecc_corrected_aggregate=50, ecc_uncorrected_aggregate=3,
+    pcie_replays=12, memory_temperature_c=64, fan_pct=42, nvlink_tx_kbps=1 << 20,
+    nvlink_rx_kbps=1 << 19, mem_clock_mhz=2619,
+)  # fmt: skip
+
+
+def test_hardware_health_is_read_every_few_seconds_in_one_field_call(nvml) -> None:
+    nvml.set(Scenario(gpus=[HEALTHY_H100, HEALTHY_H100]))
+    sampler = NvmlSampler(hardware_every_s=3600.0)
+    fields, fans = call_count("field_values"), call_count("fan")
+    first = sampler.sample()
+    assert call_count("field_values") - fields == 2  # one call per GPU for every counter
+    for g in first:
+        assert (g.mem_clock_mhz, g.memory_temperature_c, g.fan_speed_pct, g.pstate) == (
+            2619, 64.0, 42.0, 0,
+        )  # fmt: skip
+        assert (g.ecc_corrected_errors, g.ecc_uncorrected_errors) == (5, 1)
+        assert (g.ecc_corrected_errors_aggregate, g.ecc_uncorrected_errors_aggregate) == (50, 3)
+        assert g.pcie_replays == 12 and g.energy_joules is not None and g.energy_joules > 0
+        # KiB counters since the driver loaded, in bytes: TX at twice RX's rate.
+        assert g.nvlink_tx_bytes is not None and g.nvlink_rx_bytes is not None
+        assert g.nvlink_tx_bytes % 1024 == 0
+        assert g.nvlink_tx_bytes == pytest.approx(2 * g.nvlink_rx_bytes, rel=0.05)
+        assert g.unsupported == ()
+    nvml.set(Scenario(gpus=[replace(HEALTHY_H100, ecc_corrected=6)] * 2))
+    again = sampler.sample()
+    assert call_count("field_values") - fields == 2 and call_count("fan") - fans == 2
+    assert again[0].ecc_corrected_errors == 5  # not read again before hardware_every_s
+    sampler.hardware_every_s = 0.0
+    assert sampler.sample()[0].ecc_corrected_errors == 6
+    assert sampler.errors == {}
+
+
+def test_health_fields_not_supported_are_left_alone_on_the_fast_path(nvml) -> None:
+    """A PCIe card without fan, NVLink or ECC: those are asked once and not again, and the
+    GPU keeps the tick's fast path (nothing in unsupported_until)."""
+    pcie_card = FakeGPU(nvlink_links=0, unsupported={"fan", "ecc", "events"})
+    nvml.set(Scenario(gpus=[pcie_card]))
+    sampler = NvmlSampler(hardware_every_s=0.0)
+    (g,) = sampler.sample()
+    assert g.fan_speed_pct is None and g.nvlink_tx_bytes is None
+    assert g.ecc_corrected_errors is None and g.ecc_uncorrected_errors_aggregate is None
+    assert g.pcie_replays == 0 and g.memory_temperature_c == 50.0  # the rest still read
+    assert set(g.unsupported) == {"fan", "ecc_volatile", "ecc_aggregate", "nvlink", "xid_events"}
+    fans, waits = call_count("fan"), call_count("events")
+    for _ in range(3):
+        (g,) = sampler.sample()
+    assert call_count("fan") == fans and call_count("events") == waits  # left alone
+    assert sampler._gpus[0].unsupported_until == {}  # the fast path is kept
+    assert sampler._gpus[0].fields is not None and len(sampler._gpus[0].fields._asked) == 3
+    assert sampler.errors == {}
+
+
+def test_health_errors_leave_that_field_none_and_are_counted(nvml) -> None:
+    nvml.set(Scenario(gpus=[FakeGPU(errors={"pcie_replay": "UNKNOWN", "pstate": "TIMEOUT"})]))
+    sampler = NvmlSampler(hardware_every_s=0.0)
+    (g,) = sampler.sample()
+    assert g.pcie_replays is None and g.pstate is None
+    assert g.ecc_corrected_errors == 0 and g.fan_speed_pct == 30.0  # the rest still read
+    assert sampler.errors["unknown"] == 1 and sampler.errors["timeout"] == 1
+    assert g.unsupported == ()  # failing is not unsupported: asked again next time
+    sampler.sample()
+    assert sampler.errors["unknown"] == 2
+
+
+def test_xid_errors_arrive_once_each_from_one_event_wait_per_tick(nvml) -> None:
+    nvml.set(Scenario.uniform(8))
+    sampler = NvmlSampler()
+    waits = call_count("events")
+    sampler.sample()
+    assert call_count("events") - waits == 1  # one non-blocking wait for all eight GPUs
+    time.sleep(0.05)
+    now = time.monotonic()
+    scn = Scenario.uniform(8).with_gpu(2, xid_errors=[XidError(13, now - 0.02), XidError(48, now)])
+    nvml.set(scn.with_gpu(5, xid_errors=[XidError(94, now - 0.01)]))
+    samples = sampler.sample()
+    assert [g.xid_errors for g in samples] == [(), (), (13, 48), (), (), (94,), (), ()]
+    assert call_count("events") - waits == 1 + 4  # three errors, then the empty answer
+    nvml.set(nvml.scenario)  # rewritten with the same errors
+    assert all(g.xid_errors == () for g in sampler.sample())  # each arrives once
+    assert sampler.errors == {}
+
+
+def test_a_burst_of_xid_errors_is_taken_over_ticks_none_lost(nvml) -> None:
+    nvml.set(Scenario.uniform(2))
+    sampler = NvmlSampler()
+    time.sleep(0.05)
+    now = time.monotonic()
+    burst = [XidError(100 + k, now - 0.001 * k) for k in range(35)]
+    nvml.set(Scenario.uniform(2, xid_errors=burst))
+    first, second = sampler.sample(), sampler.sample()
+    taken = [len(g.xid_errors) for g in first]
+    assert sum(taken) == nvml_module._XidEvents.MAX_PER_TICK  # bounded per tick...
+    assert sum(len(g.xid_errors) for g in second) == 70 - sum(taken)  # ...the rest next
+    for gpu in (0, 1):
+        codes = [*first[gpu].xid_errors, *second[gpu].xid_errors]
+        assert codes == list(range(134, 99, -1))  # each once, oldest first
+
+
+def test_an_xid_that_comes_with_the_gpu_falling_off_the_bus_is_kept(nvml) -> None:
+    nvml.set(Scenario.uniform(2))
+    sampler = NvmlSampler()
+    sampler.sample()
+    time.sleep(0.05)
+    nvml.set(Scenario.uniform(2).with_gpu(1, lost=True, xid_errors=[XidError(79)]))
+    time.sleep(0.02)
+    g0, g1 = sampler.sample()
+    assert g1.lost and g1.xid_errors == (79,)
+    assert g0.xid_errors == ()
+
+
+def test_a_failing_event_wait_is_counted_and_never_blocks(nvml) -> None:
+    nvml.set(Scenario())
+    sampler = NvmlSampler()
+    nvml.set(Scenario(errors={"events": "UNKNOWN"}))  # registered; now every wait fails
+    for _ in range(3):
+        (g,) = sampler.sample()
+        assert g.xid_errors == () and "xid_events" not in g.unsupported
+    assert sampler.errors["unknown"] == 3
+
+
+def test_record_keeps_the_hardware_fields_and_xid_errors(fake_nvml, tmp_path: Path) -> None:
+    gpu = replace(HEALTHY_H100, xid_errors=[XidError(63, time.monotonic() + 1.5)])
+    fake_nvml.set(Scenario(gpus=[gpu, FakeGPU(nvlink_links=0)]))
+    out = tmp_path / "t.jsonl"
+    result = run_gpumon(
+        "record", "-o", str(out), "--duration", "2.5", "--interval", "0.5", env=fake_nvml.env
+    )
+    assert result.returncode == 0, result.stderr
+    from gpumon.traces.jsonl import FORMAT_VERSION, read_trace
+
+    header, snaps = read_trace(out)
+    assert header.version == FORMAT_VERSION == 3
+    first = snaps[0].gpus
+    assert first[0].ecc_uncorrected_errors == 1 and first[0].memory_temperature_c == 64.0
+    assert first[0].nvlink_rx_bytes is not None and first[1].nvlink_rx_bytes is None
+    assert "nvlink" in first[1].unsupported
+    assert [x for s in snaps for x in s.gpus[0].xid_errors] == [63]
 
 
 def test_gpu_lost_mid_run_is_marked_and_others_continue(nvml) -> None:

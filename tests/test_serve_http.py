@@ -553,16 +553,20 @@ def test_web_config_tls_and_mtls_policy(fake_nvml, tmp_path, daemons) -> None:
 
 # --------------------------------------------------------------------------- Prometheus
 class Prometheus:
-    """A real Prometheus scraping one target every second."""
+    """A real Prometheus scraping one target every second (and evaluating ``rules``)."""
 
-    def __init__(self, tmp: Path, job: str) -> None:
+    def __init__(self, tmp: Path, job: str, rules: tuple[Path, ...] = ()) -> None:
         exe = shutil.which("prometheus")
         if exe is None:
             pytest.skip("prometheus not installed (apt-get install prometheus)")
         self.port = free_port()
         conf = tmp / "prometheus.yml"
+        rule_files = "".join(f"  - {r}\n" for r in rules)
         conf.write_text(
-            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n" + job
+            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
+            + (f"rule_files:\n{rule_files}" if rules else "")
+            + "scrape_configs:\n"
+            + job
         )
         self.proc = subprocess.Popen(
             [

@@ -185,6 +185,7 @@ class Feeder:
         self.t = 100.0
         self.next_point = self.t
         self.via_step = via_step  # through step() (the loop's path), not ingest()
+        self.xids: dict[int, tuple[int, ...]] = {}  # XID errors in the next tick, by GPU
 
     def run(
         self, seconds: float, patterns: dict[int, str], lost: frozenset[int] = frozenset()
@@ -195,7 +196,10 @@ class Feeder:
             gpus = []
             for g in IDENTS:
                 if g.index in lost:
-                    gpus.append(GpuSample(t_s=self.t, gpu=g.index, uuid=g.uuid, lost=True))
+                    xids = self.xids.pop(g.index, ())  # XID 79: how a GPU goes
+                    gpus.append(
+                        GpuSample(t_s=self.t, gpu=g.index, uuid=g.uuid, lost=True, xid_errors=xids)
+                    )
                     continue
                 pts = []
                 tp = self.next_point
@@ -220,6 +224,25 @@ class Feeder:
                         sm_active_ratio=None if g.index == 0 else 0.8,
                         sm_occupancy_ratio=None if g.index == 0 else 0.4,
                         tensor_active_ratio=None if g.index == 0 else 0.5,
+                        mem_util_pct=40.0,
+                        sm_clock_mhz=1980,
+                        clock_event_reasons=0x4 | 0x40,  # power cap, hardware thermal
+                        temperature_c=71.0,
+                        # GPU 0 is passively cooled, without NVLink, with ECC off.
+                        unsupported=("fan", "nvlink", "ecc_volatile") if g.index == 0 else (),
+                        mem_clock_mhz=2619,
+                        memory_temperature_c=80.0,
+                        fan_speed_pct=None if g.index == 0 else 55.0,
+                        pstate=0,
+                        energy_joules=600.0 * self.t,
+                        ecc_corrected_errors=None if g.index == 0 else 4,
+                        ecc_uncorrected_errors=None if g.index == 0 else 1,
+                        ecc_corrected_errors_aggregate=40,
+                        ecc_uncorrected_errors_aggregate=2,
+                        pcie_replays=9,
+                        nvlink_tx_bytes=None if g.index == 0 else 1 << 40,
+                        nvlink_rx_bytes=None if g.index == 0 else 1 << 39,
+                        xid_errors=self.xids.pop(g.index, ()),
                     )
                 )
             while self.next_point + PERIOD <= self.t + 1e-9:
@@ -371,6 +394,84 @@ def test_lost_gpu_is_marked_and_its_values_absent(tmp_path: Path) -> None:
     assert value(m, "gpumon_gpu_lost", gpu="0") == 0
     assert not [k for k in m if k.startswith("gpumon_gpu_power_watts") and 'gpu="1"' in k]
     assert value(m, "gpumon_gpu_info", gpu="1") == 1
+
+
+def steady_for(tmp_path: Path, seconds: float) -> tuple[ServeState, Path, Feeder]:
+    """A state fed ``seconds`` of two steady GPUs, GPU 0 held by job 65."""
+    state, log = make_state(tmp_path)
+    feeder = Feeder(state, {0: (101,)})
+    feeder.run(seconds, {0: "steady", 1: "steady"})
+    return state, log, feeder
+
+
+def keys_of(m: dict[str, float], name: str, gpu: int) -> list[str]:
+    return [k for k in m if k.startswith(name + "{") and f'gpu="{gpu}"' in k]
+
+
+def test_hardware_series_follow_the_samples_in_base_units(tmp_path: Path) -> None:
+    state, _, f = steady_for(tmp_path, 2)
+    m = metrics(state)
+    assert value(m, "gpumon_gpu_temperature_celsius", gpu="1") == 71.0
+    assert value(m, "gpumon_gpu_memory_temperature_celsius", gpu="1") == 80.0
+    assert value(m, "gpumon_gpu_sm_clock_hertz", gpu="1") == 1980e6
+    assert value(m, "gpumon_gpu_memory_clock_hertz", gpu="1") == 2619e6
+    reasons = {
+        k.split('reason="')[1].split('"')[0]: m[k]
+        for k in keys_of(m, "gpumon_gpu_clock_event_reason", 1)
+    }
+    assert len(reasons) == 9 and {r for r, v in reasons.items() if v} == {
+        "sw_power_cap",
+        "hw_thermal_slowdown",
+    }
+    assert value(m, "gpumon_gpu_fan_speed_ratio", gpu="1") == 0.55
+    assert value(m, "gpumon_gpu_performance_state", gpu="1") == 0
+    assert value(m, "gpumon_gpu_memory_utilization_ratio", gpu="1") == 0.4
+    assert value(m, "gpumon_gpu_energy_joules_total", gpu="1") == 600.0 * f.t
+    assert value(m, "gpumon_gpu_ecc_errors_total", gpu="1", type="uncorrected") == 1
+    assert value(m, "gpumon_gpu_ecc_aggregate_errors_total", gpu="0", type="corrected") == 40
+    assert value(m, "gpumon_gpu_pcie_replays_total", gpu="0") == 9
+    assert value(m, "gpumon_gpu_nvlink_transmit_bytes_total", gpu="1") == 1 << 40
+    assert value(m, "gpumon_gpu_nvlink_receive_bytes_total", gpu="1") == 1 << 39
+    # What GPU 0 does not report is absent, never 0.
+    for name in ("fan_speed_ratio", "ecc_errors_total", "nvlink_transmit_bytes_total"):
+        assert not keys_of(m, f"gpumon_gpu_{name}", 0)
+
+
+def test_xid_errors_are_counted_by_code_and_kept_while_lost(tmp_path: Path) -> None:
+    state, log, f = steady_for(tmp_path, 1)
+    m = metrics(state)
+    # The codes people page on are there at 0 before any error, so the first is an increase.
+    assert value(m, "gpumon_gpu_xid_errors_total", gpu="1", xid="79") == 0
+    assert value(m, "gpumon_gpu_last_xid", gpu="1") == 0
+    f.xids = {1: (13, 13, 48)}
+    f.run(0.5, {0: "steady", 1: "steady"})
+    f.xids = {1: (79,)}
+    f.run(0.5, {0: "steady", 1: "steady"}, lost=frozenset({1}))
+    m = metrics(state)
+    assert value(m, "gpumon_gpu_xid_errors_total", gpu="1", xid="13") == 2
+    assert value(m, "gpumon_gpu_xid_errors_total", gpu="1", xid="48") == 1
+    assert value(m, "gpumon_gpu_xid_errors_total", gpu="1", xid="79") == 1  # lost: still here
+    assert value(m, "gpumon_gpu_last_xid", gpu="1") == 79
+    assert value(m, "gpumon_gpu_xid_errors_total", gpu="0", xid="79") == 0
+    records = [json.loads(x) for x in log.read_text().splitlines()]
+    assert [r["xid"] for r in records if r["event"] == "xid"] == [13, 13, 48, 79]
+    # Bounded: codes beyond MAX_XID_LABELS distinct ones per GPU count as "other".
+    f.xids = {0: tuple(range(100, 140))}
+    f.run(0.5, {0: "steady", 1: "steady"})
+    m = metrics(state)
+    assert len(keys_of(m, "gpumon_gpu_xid_errors_total", 0)) == 7 + 32 + 1
+    assert value(m, "gpumon_gpu_xid_errors_total", gpu="0", xid="other") == 40 - 32
+    assert value(m, "gpumon_gpu_last_xid", gpu="0") == 139
+
+
+def test_xid_series_are_absent_where_xid_events_are_not_watched(tmp_path: Path) -> None:
+    state, _ = make_state(tmp_path)
+    unwatched = GpuSample(1.0, 0, IDENTS[0].uuid, unsupported=("xid_events",))
+    watched = GpuSample(1.0, 1, IDENTS[1].uuid)
+    ingest(state, Snapshot(1.0, (unwatched, watched)))
+    m = metrics(state)
+    assert not [k for k in m if "xid" in k and 'gpu="0"' in k]  # unknown, not 0
+    assert value(m, "gpumon_gpu_xid_errors_total", gpu="1", xid="48") == 0
 
 
 def test_the_reason_is_exported_while_the_episode_has_one(tmp_path: Path) -> None:

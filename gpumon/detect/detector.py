@@ -596,7 +596,8 @@ class Detector:
             return
         start = min(switched) if switched else t
         if cur is not None:
-            start = max(start, cur.start_s)
+            if cur.reason not in _PHASES:  # a start-up may be judged over from its start
+                start = max(start, cur.start_s)
             self._close(None, start)
         else:
             start = min(ep.start_s for ep in states)
@@ -631,6 +632,10 @@ class Detector:
         for idx, tr in self._tracks.items():
             ep = self._episodes.get(idx)
             if ep is None or ep.reason not in _PHASES:
+                continue
+            idle_from = self._short_and_idle(idx, tr, ep, t)
+            if idle_from is not None:
+                switched.append(idle_from)
                 continue
             base = tr.first_active_totals
             if base is None or tr.first_active_t is None:
@@ -672,6 +677,28 @@ class Detector:
             switched.append(start)
         if switched:
             self._run_state(t, switched)
+
+    def _short_and_idle(self, idx: int, tr: GpuTrack, ep: Episode, t: float) -> float | None:
+        """A short stream in which a GPU shows nothing but idleness (its whole log below the
+        idle duty cycle) is idle, not starting up: judged on all it shows.  Returns when
+        the idleness began (the stream's start), if so."""
+        cfg = self.cfg
+        if tr.first_t is None or tr.cum_cov <= 0 or ep.reason is not Reason.START_UP:
+            return None
+        per = tr.period_s or 1.0
+        n = max(tr.samples, round(tr.cum_cov / per))
+        if n < 2 or tr.cum_busy / tr.cum_cov >= cfg.idle_duty:
+            return None
+        held = tr.held()
+        reason = (
+            Reason.NO_PROCESS if held is False else Reason.MEMORY_HELD if held else Reason.NO_WORK
+        )
+        detail = f"judged at its end on {n} samples, all idle"
+        start = min(ep.start_s, tr.first_t)  # the whole log (start-up opens at an eval)
+        self._close(idx, start)
+        self._pending.pop(idx, None)
+        self._open(idx, tr.uuid, tr, Candidate(State.IDLE, None, reason, detail, t), start, t)
+        return start
 
     # --- evidence ------------------------------------------------------------------------
 

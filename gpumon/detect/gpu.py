@@ -7,13 +7,13 @@ only local floats and appends a tuple per completed burst or gap, never per poin
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
 
 from gpumon.detect.config import DetectorConfig
 from gpumon.detect.rings import History, Ring, quantile
-from gpumon.model import Cause, GpuSample, Reason, State
+from gpumon.model import Cause, GpuSample, Point, Reason, State
 
 # Not held, and less memory in use than any CUDA context takes (see GpuTrack._holding).
 _NO_CONTEXT = "no context"
@@ -153,6 +153,9 @@ class GpuTrack:
                 # unknown: "no reading" must never pass for 0 %.
                 u = 0.0
             pts = () if u is None else ((g.t_s, u),)
+        mem = g.mem_used_bytes
+        if mem is not None:  # before the samples: the memory a tick's work began with is its own
+            self.mem_used_bytes = mem
         if pts:
             # A stand-in point for a quiet buffer says nothing about the driver's period.
             self._fold(pts, self.cfg, out_bursts, out_gaps, pts is not g.util_samples)
@@ -176,9 +179,6 @@ class GpuTrack:
         v = g.sm_active_ratio
         if v is not None and (self.sm_active_peak is None or v > self.sm_active_peak):
             self.sm_active_peak = v
-        v = g.mem_used_bytes
-        if v is not None:
-            self.mem_used_bytes = v
         v = g.mem_total_bytes
         if v is not None:
             self.mem_total_bytes = v
@@ -232,7 +232,12 @@ class GpuTrack:
         return bool(refs) and p < 0.3 * max(refs)
 
     def _fold(
-        self, pts, cfg: DetectorConfig, out_bursts: list, out_gaps: list, stand_in: bool = False
+        self,
+        pts: Sequence[Point],
+        cfg: DetectorConfig,
+        out_bursts: list[tuple[int, float]],
+        out_gaps: list[tuple[int, float]],
+        stand_in: bool = False,
     ) -> None:
         thr = cfg.busy_util_pct
         last_t = self.last_t

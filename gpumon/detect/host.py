@@ -11,7 +11,7 @@ sign falls well below the line that named it.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, get_args
 
 from gpumon.detect.config import DetectorConfig
 from gpumon.detect.rings import History
@@ -29,16 +29,7 @@ HostKey = Literal[
     "tree_cpu_pct",
 ]
 HostWindow = dict[HostKey, float]  # gap-weighted means over a window; never read: absent
-KEYS: tuple[HostKey, ...] = (
-    "main_cpu_pct",
-    "workers_cpu_pct",
-    "workers",
-    "host_cpu_pct",
-    "iowait_pct",
-    "read_bytes_per_s",
-    "max_core_pct",
-    "tree_cpu_pct",
-)
+KEYS: tuple[HostKey, ...] = get_args(HostKey)
 NK = len(KEYS)
 
 

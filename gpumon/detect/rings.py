@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Sequence
+from typing import Any
 
 
 class Ring(deque):
@@ -14,7 +15,7 @@ class Ring(deque):
 
     push = deque.append
 
-    def __reduce__(self):  # type: ignore[override]  # rebuild with our one-argument init
+    def __reduce__(self) -> tuple[Any, ...]:  # rebuild with our one-argument init
         return (Ring, (self.maxlen,), None, iter(self))
 
     def values(self) -> list[float]:

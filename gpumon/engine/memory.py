@@ -174,22 +174,30 @@ class Durations:
         return out
 
 
+# Distinct XID codes counted per GPU under their own label; any further code counts as
+# "other" (a flapping driver must not grow the series without bound).
+MAX_XID_LABELS = 32
+
+
 class GpuEventKind(StrEnum):
-    """A change in which GPUs there are: found while running, off the bus, back."""
+    """A change in a GPU worth a line of its own: found while running, off the bus, back,
+    an XID error from the driver."""
 
     APPEARED = "gpu_appeared"
     LOST = "gpu_lost"
     RECOVERED = "gpu_recovered"
+    XID = "xid"
 
 
 @dataclass(frozen=True, slots=True)
 class GpuEvent:
-    """One GPU appearing, falling off the bus or coming back, at ``t_s``."""
+    """One GPU appearing, falling off the bus or coming back, or an XID, at ``t_s``."""
 
     kind: GpuEventKind
     identity: GpuIdentity
     t_s: float
     lost_since_s: float | None = None  # when it fell off (for RECOVERED)
+    xid: int | None = None  # the XID's code (for XID)
 
 
 @dataclass(slots=True)
@@ -209,6 +217,9 @@ class GpuMemory:
     covered_s: float = 0.0
     busy_s: float = 0.0  # utilisation-weighted
     lost_since_s: float | None = None  # off the bus since (None: on it)
+    # XID errors seen since the run began, by code (None: the GPU's are not watched).
+    xid_counts: dict[str, int] | None = None
+    last_xid: int | None = None
 
     @property
     def duty_cycle(self) -> float | None:
@@ -381,7 +392,26 @@ class RunMemory:
                 events.append(GpuEvent(GpuEventKind.RECOVERED, mem.identity, t, mem.lost_since_s))
                 mem.lost_since_s = None
             mem.keep_points(g)
+            if g.xid_errors or mem.xid_counts is None:
+                events += self._xids(mem, g)
         return tuple(events)
+
+    def _xids(self, mem: GpuMemory, g: GpuSample) -> list[GpuEvent]:
+        """Count the GPU's XID errors (kept while it is lost: XID 79 is how a GPU goes)."""
+        counts = mem.xid_counts
+        if counts is None:
+            if not g.xid_errors and (g.lost or "xid_events" in g.unsupported):
+                return []
+            counts = mem.xid_counts = {}
+        out = []
+        for code in g.xid_errors:
+            label = str(code)
+            if label not in counts and len(counts) >= MAX_XID_LABELS:
+                label = "other"
+            counts[label] = counts.get(label, 0) + 1
+            mem.last_xid = code
+            out.append(GpuEvent(GpuEventKind.XID, mem.identity, g.t_s, xid=code))
+        return out
 
     def _count(self, dt: float) -> None:
         reported = self.reported

@@ -187,7 +187,33 @@ class LiveSource:
             tree.close()
 
 
-class ReplaySource:
+class _Recorded:
+    """What a source without a machine says of it: no driver errors, no pids; the GPUs the
+    run used are those its snapshots carried."""
+
+    _seen: set[str]
+
+    @property
+    def tree_gpu_uuids(self) -> frozenset[str]:
+        return frozenset(self._seen)
+
+    @property
+    def invisible_gpu_pids(self) -> frozenset[int]:
+        return frozenset()
+
+    @property
+    def nvml_errors(self) -> dict[str, int]:
+        return {}
+
+    @property
+    def known_error_kinds(self) -> tuple[str, ...]:
+        return ()
+
+    def close(self) -> None:
+        pass
+
+
+class ReplaySource(_Recorded):
     """A recorded trace played ``speed`` times faster than it was recorded."""
 
     def __init__(
@@ -234,27 +260,8 @@ class ReplaySource:
     def played_s(self) -> float:
         return self.replay.played_s
 
-    @property
-    def tree_gpu_uuids(self) -> frozenset[str]:
-        return frozenset(self._seen)
 
-    @property
-    def invisible_gpu_pids(self) -> frozenset[int]:
-        return frozenset()
-
-    @property
-    def nvml_errors(self) -> dict[str, int]:
-        return {}
-
-    @property
-    def known_error_kinds(self) -> tuple[str, ...]:
-        return ()
-
-    def close(self) -> None:
-        pass
-
-
-class FedSource:
+class FedSource(_Recorded):
     """No machine and no clock: the caller feeds a trace's snapshots to the session
     (``Session.feed``), or ``push``es them to be polled as a live source's would be."""
 
@@ -306,25 +313,6 @@ class FedSource:
     @property
     def played_s(self) -> float:
         return 0.0
-
-    @property
-    def tree_gpu_uuids(self) -> frozenset[str]:
-        return frozenset(self._seen)
-
-    @property
-    def invisible_gpu_pids(self) -> frozenset[int]:
-        return frozenset()
-
-    @property
-    def nvml_errors(self) -> dict[str, int]:
-        return {}
-
-    @property
-    def known_error_kinds(self) -> tuple[str, ...]:
-        return ()
-
-    def close(self) -> None:
-        pass
 
 
 def live_monitor(

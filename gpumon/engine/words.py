@@ -194,7 +194,7 @@ def evidence_value(value: object, kind: str) -> str:
 
 def evidence_items(evidence: Evidence | Mapping[str, object]) -> list[tuple[str, str]]:
     """(label, value) pairs, most telling first; keys not listed follow as they come."""
-    ev: Mapping[str, object] = evidence  # type: ignore[assignment]
+    ev: Mapping[str, object] = evidence
     out = [
         (label, evidence_value(ev[key], kind))
         for key, label, kind in EVIDENCE
@@ -210,7 +210,7 @@ def evidence_items(evidence: Evidence | Mapping[str, object]) -> list[tuple[str,
 
 def evidence_line(evidence: Evidence | Mapping[str, object]) -> str:
     """The listed evidence on one line: ``duty cycle 41%, gap p50 840ms, ...``."""
-    ev: Mapping[str, object] = evidence  # type: ignore[assignment]
+    ev: Mapping[str, object] = evidence
     return ", ".join(
         f"{label} {evidence_value(ev[key], kind)}"
         for key, label, kind in EVIDENCE

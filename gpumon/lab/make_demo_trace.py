@@ -158,7 +158,9 @@ def rounded(snap: Snapshot, root_pid: int) -> Snapshot:
 def write(path: Path, header: TraceHeader, trace: synth.SynthTrace) -> None:
     text = io.StringIO()
     writer = TraceWriter(text, header)
-    events = [(p["start"], p) for p in header.extra["story"]]  # type: ignore[union-attr]
+    story = header.extra["story"]
+    assert isinstance(story, list)
+    events = [(p["start"], p) for p in story]
     for snap in trace.snapshots:
         while events and events[0][0] <= snap.t_s:
             _, p = events.pop(0)

@@ -532,6 +532,7 @@ def generate(
                     1,
                 )
             )
+            procs: tuple[GpuProcess, ...] | None
             if ph.kind == "idle":
                 mem, procs = 300 * 1024**2, ()
             else:

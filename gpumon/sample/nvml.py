@@ -17,6 +17,14 @@ over the interval since the previous tick (``_Gpm``: two kept sample buffers, tw
 per GPU), and per MIG GPU instance where MIG is on.  A GPU without GPM is never asked
 again; a metric it lacks is ``None``.
 
+Hardware health that changes slowly (memory clock and temperature, fan, P-state, energy,
+ECC and PCIe replay counters, NVLink traffic) is read every ``hardware_every_s``: the
+counters in one ``nvmlDeviceGetFieldValues`` call into a kept buffer (``_FieldValues``),
+the rest in three calls.  Each is asked once and, where NVML says NotSupported (no fan on
+a passively cooled card, no NVLink on a PCIe card), left alone until the GPU is opened
+again, without costing the tick its fast path.  XID critical errors come from one NVML
+event set for all GPUs (``_XidEvents``), drained without blocking once per tick.
+
 Every ``rediscover_every_s`` the sampler looks again, at a bounded cost (one
 ``nvmlDeviceGetCount``, plus one handle and UUID call per lost GPU): a lost GPU that
 answers again (a reset, a flaky riser) is read again, and a GPU that appeared (hot-plug,
@@ -34,7 +42,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import pynvml
 
@@ -46,6 +54,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 _CLOCK_SM = pynvml.NVML_CLOCK_SM
+_CLOCK_MEM = pynvml.NVML_CLOCK_MEM
 _TEMPERATURE_GPU = pynvml.NVML_TEMPERATURE_GPU
 
 _init_lock = threading.Lock()
@@ -232,6 +241,211 @@ class _SampleBuffer:
         return sorted(_SAMPLE.iter_unpack(self._bytes[: n * _SAMPLE.size]))
 
 
+def _left_alone(exc: pynvml.NVMLError) -> bool:
+    """NVML says this GPU (or driver) has no such reading: ask no more until reopened."""
+    return isinstance(exc, pynvml.NVMLError_NotSupported | pynvml.NVMLError_FunctionNotFound)
+
+
+# nvmlFieldValue_t: unsigned int fieldId, scopeId; long long timestamp, latencyUsec;
+# nvmlValueType_t valueType; nvmlReturn_t nvmlReturn; nvmlValue_t value (an 8-byte union).
+_FIELD_VALUE = struct.Struct("@IIqqii8s")
+_FIELD_ANSWER = "24xii8s"  # what is read of it: valueType, nvmlReturn, value
+# nvmlValue_t's member for each nvmlValueType_t (double, unsigned int, unsigned long,
+# unsigned long long, signed long long, signed int, unsigned short), all at its start:
+# its format, padded to the union's 8 bytes.
+_VALUE_FORMATS = ("d", "I4x", "L", "Q", "q", "i4x", "H6x")
+_VALUE_TYPES = tuple(struct.Struct("@" + f) for f in _VALUE_FORMATS)
+_ALL_LINKS = 0xFFFFFFFF  # scopeId: the NVLink counters summed over every link
+FieldReading = tuple[int | float | None, ...]
+
+
+class _FieldValues:
+    """A GPU's slow health fields in one ``nvmlDeviceGetFieldValues`` call.
+
+    The request (field and scope ids) is built once into a kept buffer and the answers
+    unpacked from its bytes; pynvml's wrapper would build a struct array and set each id
+    in Python on every call.  NVML answers SUCCESS when any field was filled, so each
+    entry's own return is read: a field NotSupported on this GPU (ECC off, no NVLink) is
+    dropped from the request for good, a field failing otherwise is None this time.
+    """
+
+    # (name for GpuSample.unsupported, field id, scope id, scale to gpumon's unit), in the
+    # order GpuSample lists them.
+    FIELDS: tuple[tuple[str, int, int, float | None], ...] = (
+        ("memory_temperature", pynvml.NVML_FI_DEV_MEMORY_TEMP, 0, 1.0),
+        ("energy", pynvml.NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION, 0, 1e-3),  # mJ -> J
+        ("ecc_volatile", pynvml.NVML_FI_DEV_ECC_SBE_VOL_TOTAL, 0, None),
+        ("ecc_volatile", pynvml.NVML_FI_DEV_ECC_DBE_VOL_TOTAL, 0, None),
+        ("ecc_aggregate", pynvml.NVML_FI_DEV_ECC_SBE_AGG_TOTAL, 0, None),
+        ("ecc_aggregate", pynvml.NVML_FI_DEV_ECC_DBE_AGG_TOTAL, 0, None),
+        ("pcie_replays", pynvml.NVML_FI_DEV_PCIE_REPLAY_COUNTER, 0, None),
+        ("nvlink", pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, _ALL_LINKS, 1024),  # KiB
+        ("nvlink", pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, _ALL_LINKS, 1024),
+    )
+    NONE: FieldReading = (None,) * len(FIELDS)
+
+    def __init__(self, fn: Callable[..., int]) -> None:
+        self._fn = fn
+        self._asked = list(range(len(self.FIELDS)))  # indexes into FIELDS still asked
+        self._build()
+
+    def _build(self) -> None:
+        n = len(self._asked)
+        self._buf = (pynvml.c_nvmlFieldValue_t * max(n, 1))()
+        for entry, i in zip(self._buf, self._asked, strict=False):
+            entry.fieldId, entry.scopeId = self.FIELDS[i][1], self.FIELDS[i][2]
+        self._view = memoryview(self._buf).cast("B")[: n * _FIELD_VALUE.size]
+        # Every entry's answer in one unpack: (valueType, nvmlReturn, value) n times.
+        self._answers = struct.Struct("@" + _FIELD_ANSWER * n)
+        # Once every field has answered, the value types it gave, and one unpack that
+        # reads each value in its type: the common case, a GPU answering as it did.
+        self._kinds: tuple[int, ...] = ()
+        self._typed: struct.Struct | None = None
+        # The values (by their place in the request) scaled to gpumon's unit, and how.
+        scales = [self.FIELDS[i][3] for i in self._asked]
+        self._scaled = [(j, scale) for j, scale in enumerate(scales) if scale is not None]
+        self._count = ctypes.c_int32(n)
+        self._ref = ctypes.byref(self._buf)
+
+    @classmethod
+    def create(cls) -> _FieldValues | None:
+        """None where the bindings' layout or function lookup differs from what is known."""
+        if ctypes.sizeof(pynvml.c_nvmlFieldValue_t) != _FIELD_VALUE.size:
+            return None
+        try:
+            return cls(pynvml._nvmlGetFunctionPointer("nvmlDeviceGetFieldValues"))
+        except (pynvml.NVMLError, AttributeError):
+            return None
+
+    @property
+    def empty(self) -> bool:
+        return not self._asked
+
+    def read(
+        self, handle: Any
+    ) -> tuple[FieldReading, tuple[str, ...], tuple[tuple[str, int], ...]]:
+        """The values in FIELDS' order, the names newly found unsupported, and the other
+        failures as (name, NVML error code); raises NVMLError when the call fails."""
+        ret = self._fn(handle, self._count, self._ref)
+        if ret:
+            raise pynvml.NVMLError(ret)
+        typed = self._typed
+        if typed is not None:
+            flat = typed.unpack(self._view)
+            if flat[0::3] == self._kinds and not any(flat[1::3]):
+                values = list(flat[2::3])
+                for j, scale in self._scaled:
+                    values[j] *= scale
+                return self._placed(values), (), ()
+        return self._read_each()
+
+    def _placed(self, values: list[int | float | None]) -> FieldReading:
+        """Values of the fields asked, in FIELDS' order with None for the others."""
+        if len(values) == len(self.FIELDS):
+            return tuple(values)
+        out: list[int | float | None] = list(self.NONE)
+        for i, value in zip(self._asked, values, strict=True):
+            out[i] = value
+        return tuple(out)
+
+    def _read_each(self) -> tuple[FieldReading, tuple[str, ...], tuple[tuple[str, int], ...]]:
+        """The answers entry by entry: what failed, what NVML does not support here."""
+        values: list[int | float | None] = []
+        dropped: set[str] = set()
+        failed: list[tuple[str, int]] = []
+        flat = self._answers.unpack(self._view)
+        kinds = flat[0::3]
+        for i, kind, code, raw in zip(self._asked, kinds, flat[1::3], flat[2::3], strict=True):
+            name, _, _, scale = self.FIELDS[i]
+            value = None
+            if code == 0 and 0 <= kind < len(_VALUE_TYPES):  # NVML_SUCCESS, a known type
+                value = _VALUE_TYPES[kind].unpack_from(raw)[0]
+                value = value if scale is None else value * scale
+            elif code in (pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_FUNCTION_NOT_FOUND):
+                dropped.add(name)
+            else:
+                failed.append((name, code))
+            values.append(value)
+        reading = self._placed(values)
+        if dropped:
+            self._asked = [i for i in self._asked if self.FIELDS[i][0] not in dropped]
+            self._build()
+        elif not failed:  # every field answered: read them in their types from now on
+            self._kinds = kinds
+            self._typed = struct.Struct("@" + "".join("24xii" + _VALUE_FORMATS[k] for k in kinds))
+        return reading, tuple(sorted(dropped)), tuple(failed)
+
+
+# GpuSample's health fields, mem_clock_mhz to nvlink_rx_bytes, in its order.
+Health = tuple[
+    int | None, float | None, float | None, int | None, float | None,
+    int | None, int | None, int | None, int | None, int | None, int | None, int | None,
+]  # fmt: skip
+NO_HEALTH: Health = (None, None, None, None, None, None, None, None, None, None, None, None)
+
+
+def _address(handle: Any) -> int | None:
+    """A device handle's address: the key NVML's events name the GPU by."""
+    return ctypes.cast(handle, ctypes.c_void_p).value
+
+
+class _XidEvents:
+    """XID critical errors of every GPU through one NVML event set, read without blocking.
+
+    ``nvmlEventSetWait_v2`` with a timeout of 0 returns at once (NVML_ERROR_TIMEOUT when
+    nothing is pending), so a tick costs one C call for all GPUs, into a kept struct; at
+    most ``MAX_PER_TICK`` errors are taken per tick, the rest on the next.
+    """
+
+    MAX_PER_TICK = 64
+    XID = pynvml.nvmlEventTypeXidCriticalError
+
+    def __init__(self) -> None:
+        self._set = pynvml.nvmlEventSetCreate()
+        self._wait = pynvml._nvmlGetFunctionPointer("nvmlEventSetWait_v2")
+        self._data = pynvml.c_nvmlEventData_t()
+        self._data_ref = ctypes.byref(self._data)
+        self._no_wait = ctypes.c_uint(0)
+
+    @classmethod
+    def create(cls) -> _XidEvents | None:
+        """None where the driver or bindings offer no event sets."""
+        try:
+            return cls()
+        except (pynvml.NVMLError, AttributeError):
+            return None
+
+    def watch(self, handle: Any) -> int | None:
+        """Register the GPU's XID errors (raises NVMLError); its key in ``drain``'s output."""
+        if not pynvml.nvmlDeviceGetSupportedEventTypes(handle) & self.XID:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        pynvml.nvmlDeviceRegisterEvents(handle, self.XID, self._set)
+        return _address(handle)
+
+    def drain(self) -> list[tuple[int | None, int]]:
+        """(GPU key, XID code) of the errors pending, oldest first; raises NVMLError (after
+        handing over what was taken, on the next call)."""
+        wait, event_set, data_ref, no_wait = self._wait, self._set, self._data_ref, self._no_wait
+        ret = wait(event_set, data_ref, no_wait)
+        if ret == pynvml.NVML_ERROR_TIMEOUT:  # nothing pending: the common case
+            return []
+        out: list[tuple[int | None, int]] = []
+        data = self._data
+        for taken in range(1, self.MAX_PER_TICK + 1):
+            if ret:
+                if out:
+                    break
+                raise pynvml.NVMLError(ret)
+            if data.eventType & self.XID:
+                out.append((_address(data.device), int(data.eventData)))
+            if taken == self.MAX_PER_TICK:
+                break  # the rest on the next tick
+            ret = wait(event_set, data_ref, no_wait)
+            if ret == pynvml.NVML_ERROR_TIMEOUT:
+                break
+        return out
+
+
 GpmReading = tuple[float | None, float | None, float | None]
 _NO_GPM: GpmReading = (None, None, None)
 
@@ -265,7 +479,8 @@ class _Gpm:
         self._sample_fn = pynvml._nvmlGetFunctionPointer(name)
         self._metrics_fn = pynvml._nvmlGetFunctionPointer("nvmlGpmMetricsGet")
         self._gi = None if gpu_instance_id is None else ctypes.c_uint(gpu_instance_id)
-        self._buffers = (pynvml.nvmlGpmSampleAlloc(), pynvml.nvmlGpmSampleAlloc())
+        # Two GPM sample buffers (NVML's memory), freed by close(): then none.
+        self._buffers: tuple[Any, ...] = (pynvml.nvmlGpmSampleAlloc(), pynvml.nvmlGpmSampleAlloc())
         self._requests = []
         self._views = []
         ids = [getattr(pynvml, m) for m in self.METRICS]
@@ -354,6 +569,13 @@ class _GpuState:
     sample_buffer: _SampleBuffer | None = field(default_factory=_SampleBuffer.create)
     gpm: _Gpm | None = None  # None: no GPM on this GPU (or not in these bindings)
     mig_gpm: tuple[_Gpm, ...] = ()  # one per MIG GPU instance, where MIG is on
+    # The slow health readings (GpuSample's fields from mem_clock_mhz on), when read, and
+    # the ones NotSupported here (left alone until the GPU is opened again).
+    health: Health = NO_HEALTH
+    health_read_at: float = float("-inf")
+    health_unsupported: tuple[str, ...] = ()
+    fields: _FieldValues | None = field(default_factory=_FieldValues.create)
+    xids: tuple[int, ...] = ()  # XID codes drained for this GPU, not yet in a sample
 
 
 class NvmlSampler:
@@ -370,9 +592,15 @@ class NvmlSampler:
         pcie_every_s: float = 5.0,
         start_s: float | None = None,
         rediscover_every_s: float = 10.0,
+        hardware_every_s: float = 10.0,
     ) -> None:
         nvml_init()
         self.retry_unsupported_s = retry_unsupported_s
+        # Clocks and temperatures of memory, fan, P-state and the health counters change
+        # slowly (dcgm-exporter reads them every 30 s): read every hardware_every_s, so a
+        # scrape every 15 s finds them at most 10 s old.  They cost a tick's NVML part 8 %
+        # at 5 s, 4 % at 10 s (benchmarks/bench_tick.py, 8 GPUs).
+        self.hardware_every_s = hardware_every_s
         # Lost GPUs asked again and new GPUs looked for this often (see _rediscover).
         self.rediscover_every_s = rediscover_every_s
         # nvmlDeviceGetPcieThroughput measures over a 20 ms window per call, so reading it
@@ -385,6 +613,8 @@ class NvmlSampler:
         self.known_error_kinds = KNOWN_ERROR_KINDS
         self.rediscoveries = 0  # how often _rediscover ran (its cost is measured on it)
         self._clock_offsets: dict[int, tuple[float, float]] = {}  # this tick's (SampleClock)
+        self._events = _XidEvents.create()
+        self._xid_gpus: dict[int | None, _GpuState] = {}  # by the handle's address
         self._gpus = self._discover()
         self._rediscover_at = time.monotonic() + rediscover_every_s
 
@@ -419,6 +649,7 @@ class NvmlSampler:
         state = _GpuState(identity=GpuIdentity(index=index, uuid=uuid), handle=handle)
         self._identify(state, index, uuid)
         self._probe_gpm(state)
+        self._watch_xids(state)
         return state
 
     def _identify(self, state: _GpuState, index: int, uuid: str) -> None:
@@ -460,6 +691,25 @@ class NvmlSampler:
         state.gpm = _Gpm.create()
         readers = (_Gpm.create(gi) for gi in self._mig_instances(state.handle))
         state.mig_gpm = tuple(r for r in readers if r is not None)
+
+    def _watch_xids(self, state: _GpuState) -> None:
+        """Register the GPU's XID errors on the event set (asked once per opening)."""
+        events = self._events
+        if events is None or state.handle is None:
+            self._leave_alone(state, "xid_events")
+            return
+        try:
+            self._xid_gpus[events.watch(state.handle)] = state
+        except pynvml.NVMLError as exc:
+            if not _left_alone(exc):
+                self._fault(state, "xid_events", exc)
+            self._leave_alone(state, "xid_events")
+
+    @staticmethod
+    def _leave_alone(state: _GpuState, name: str) -> None:
+        if name not in state.health_unsupported:
+            log.debug("GPU %d: %s is not supported", state.identity.index, name)
+            state.health_unsupported += (name,)
 
     @staticmethod
     def _mig_instances(handle: Any) -> tuple[int, ...]:
@@ -516,10 +766,12 @@ class NvmlSampler:
             return  # still gone: not counted again, it was counted when lost
         state.handle, state.lost = handle, False
         state.unsupported_until.clear()
-        state.pcie_read_at = float("-inf")
+        state.pcie_read_at = state.health_read_at = float("-inf")
+        state.health_unsupported, state.fields = (), _FieldValues.create()
         if not known or uuid != state.identity.uuid:
             self._identify(state, index, uuid)
         self._probe_gpm(state)
+        self._watch_xids(state)
         since = state.lost_since_s
         state.lost_since_s = None
         log.warning(
@@ -591,12 +843,40 @@ class NvmlSampler:
             self._rediscover_at = t_s + self.rediscover_every_s
             self._rediscover(t_s)
         self._clock_offsets.clear()
+        if self._xid_gpus and self._events is not None:  # some GPU's XID errors are watched
+            self._drain_xids()
         return tuple([self._sample_gpu(state, t_s) for state in self._gpus])
+
+    def _drain_xids(self) -> None:
+        """Hand each pending XID error to its GPU's next sample.  Never blocks or raises."""
+        events = self._events
+        assert events is not None
+        try:
+            pending = events.drain()
+        except pynvml.NVMLError as exc:
+            if _left_alone(exc):  # no events after all: every GPU says so
+                self._events = None
+                for state in self._gpus:
+                    self._leave_alone(state, "xid_events")
+                return
+            kind = _error_kind(exc)
+            if self.errors[kind] == 0:
+                log.warning("reading NVML events failed: %s", exc)
+            self.errors[kind] += 1
+            return
+        for key, code in pending:
+            target = self._xid_gpus.get(key)
+            if target is not None:
+                log.warning("GPU %d: XID %d (NVML event)", target.identity.index, code)
+                target.xids += (code,)
 
     def _sample_gpu(self, st: _GpuState, t_s: float) -> GpuSample:
         ident = st.identity
+        xids = st.xids
+        if xids:
+            st.xids = ()
         if st.lost:
-            return GpuSample(t_s, ident.index, ident.uuid, lost=True)
+            return GpuSample(t_s, ident.index, ident.uuid, lost=True, xid_errors=xids)
         # The common case, nothing known unsupported, skips every per-field check.
         fast = not st.unsupported_until
         util_samples = self._util_samples(st, fast)
@@ -611,8 +891,11 @@ class NvmlSampler:
             except pynvml.NVMLError as exc:  # NotSupported (MIG on): asked again rarely
                 self._fault(st, "gpm", exc)
         mig = self._mig_activity(st, t_s) if st.mig_gpm else ()
+        health = (
+            st.health if t_s - st.health_read_at < self.hardware_every_s else self._health(st, t_s)
+        )
         if st.lost:  # a call above found the GPU gone: report it lost, not half-read
-            return GpuSample(t_s, ident.index, ident.uuid, lost=True)
+            return GpuSample(t_s, ident.index, ident.uuid, lost=True, xid_errors=xids)
         # Positional, in GpuSample's field order (checked at import, _FIELD_ORDER): keyword
         # arguments cost four times as much, and this runs for every GPU every tick.
         return GpuSample(
@@ -633,12 +916,66 @@ class NvmlSampler:
             None if temp is None else float(temp),
             processes,
             False,
-            tuple(st.unsupported_until) if st.unsupported_until else (),
+            (*st.unsupported_until, *st.health_unsupported)
+            if st.unsupported_until
+            else st.health_unsupported,
             sm_active,
             sm_occupancy,
             tensor_active,
             mig,
+            *health,
+            xids,
         )
+
+    def _health(self, st: _GpuState, t_s: float) -> Health:
+        """The slow health readings, in GpuSample's order (mem_clock_mhz on)."""
+        st.health_read_at = t_s
+        h = st.handle
+        fields = _FieldValues.NONE
+        reader = st.fields
+        if reader is None:  # bindings without it, or NVML said NotSupported
+            self._leave_alone(st, "field_values")
+        elif not reader.empty:
+            try:
+                fields, dropped, failed = reader.read(h)
+            except pynvml.NVMLError as exc:
+                if _left_alone(exc):
+                    st.fields = None
+                else:
+                    self._fault(st, "field_values", exc)
+            else:
+                for name in dropped:
+                    self._leave_alone(st, name)
+                for name, code in failed:
+                    self._fault(st, name, pynvml.NVMLError(code))
+        mem_clock = self._health_call(st, "mem_clock", pynvml.nvmlDeviceGetClockInfo, h, _CLOCK_MEM)
+        fan = self._health_call(st, "fan", pynvml.nvmlDeviceGetFanSpeed, h)
+        pstate = self._health_call(st, "pstate", pynvml.nvmlDeviceGetPerformanceState, h)
+        # The fields come in their types already (FIELDS' scales: float or int).
+        st.health = cast(
+            Health,
+            (
+                mem_clock,
+                fields[0],
+                None if fan is None else float(fan),
+                None if pstate is None or not 0 <= pstate <= 15 else pstate,  # 32: unknown
+                *fields[1:],
+            ),
+        )
+        return st.health
+
+    def _health_call(self, st: _GpuState, name: str, fn: Callable[..., T], *args: Any) -> T | None:
+        """One slow reading; None when failing, and left alone when NotSupported."""
+        if name in st.health_unsupported or st.lost:
+            return None
+        try:
+            return fn(*args)
+        except pynvml.NVMLError as exc:
+            if _left_alone(exc):
+                self._leave_alone(st, name)
+            else:
+                self._fault(st, name, exc)
+            return None
 
     def _mig_activity(self, st: _GpuState, t_s: float) -> tuple[MigActivity, ...]:
         if self._skip(st, "gpm_mig"):
@@ -807,7 +1144,11 @@ _FIELD_ORDER = (
     "mem_total_bytes", "power_watts", "power_limit_watts", "sm_clock_mhz",
     "clock_event_reasons", "pcie_rx_bytes_per_s", "pcie_tx_bytes_per_s", "temperature_c",
     "processes", "lost", "unsupported", "sm_active_ratio", "sm_occupancy_ratio",
-    "tensor_active_ratio", "mig_activity",
+    "tensor_active_ratio", "mig_activity", "mem_clock_mhz", "memory_temperature_c",
+    "fan_speed_pct", "pstate", "energy_joules", "ecc_corrected_errors",
+    "ecc_uncorrected_errors", "ecc_corrected_errors_aggregate",
+    "ecc_uncorrected_errors_aggregate", "pcie_replays", "nvlink_tx_bytes", "nvlink_rx_bytes",
+    "xid_errors",
 )  # fmt: skip
 if tuple(f.name for f in fields(GpuSample)) != _FIELD_ORDER:
     raise ImportError("gpumon.model.GpuSample's fields changed: update nvml._FIELD_ORDER")

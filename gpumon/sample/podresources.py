@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 LIST_METHOD = "/v1.PodResourcesLister/List"
@@ -138,7 +139,7 @@ class PodResourcesClient:
         self.socket_path = socket_path
         self.timeout_s = timeout_s
         self._call: Callable[..., DeviceMap] | None = None
-        self._channel = None
+        self._channel: Any = None  # a grpc.Channel (grpc ships no type information)
 
     def _stub(self) -> Callable[..., DeviceMap]:
         if self._call is None:

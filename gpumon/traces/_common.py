@@ -133,6 +133,14 @@ def fnum(cell: str) -> float | None:
     return v if isfinite(v) else num(cell)  # "nan" is no reading, "inf" an error
 
 
+def cell_text(cells: list[str], i: int | None) -> str | None:
+    """The text of cell ``i`` (a name, a uuid), None where it is missing or no reading."""
+    if i is None or i >= len(cells):
+        return None
+    value = cells[i].strip().strip('"').strip()
+    return None if not value or value.startswith("[") or value.upper() == "N/A" else value
+
+
 def mem_mib(cell: str, default_scale: float = 1.0) -> float | None:
     """A memory cell in MiB, whatever unit it carries (``24 GiB``, ``7982 MB``, ``512``);
     a bare number is scaled by ``default_scale`` (the unit named in the header)."""
@@ -173,17 +181,23 @@ def split_threshold(times: Sequence[float]) -> tuple[int, float] | None:
     """From row times of a log without a GPU column: (rows per tick, split threshold).
 
     The rows of one tick are close together (often equal); ticks are one interval apart.
-    The threshold sits in the widest ratio gap of the sorted deltas.  None when every delta
+    The threshold sits in the widest ratio gap of the sorted deltas (a gap that a twentieth
+    of them, rows come late, may fall into).  None when every delta
     looks the same (one GPU) or there are too few rows to tell.
     """
     deltas = sorted(b - a for a, b in itertools.pairwise(times))
     if len(deltas) < 2:
         return None
     best_ratio, split = 0.0, None
-    # 1 ms of slack: nvidia-smi stamps have ms resolution, so 0 and 2 ms apart are alike.
-    for a, b in itertools.pairwise(deltas):
+    # A few rows of a tick come late (nvidia-smi waits on a busy GPU: 8, 30, 90 ms where
+    # the others take 1-4) and would fill the gap between rows and ticks: the widest gap
+    # may hold up to one delta in twenty.
+    w = max(1, len(deltas) // 20)
+    for i in range(len(deltas) - w):
+        a, b = deltas[i], deltas[i + w]
         if a < 0:
             continue
+        # 1 ms of slack: nvidia-smi stamps have ms resolution, so 0 and 2 ms apart are alike.
         ratio = (b + 1e-3) / (a + 1e-3)
         if ratio > best_ratio:
             best_ratio, split = ratio, (a + b) / 2
@@ -250,7 +264,6 @@ class Assembler:
         host: HostBuilder | None = None,
     ):
         self.windowed = interval_s is not None and interval_s < SUB_SECOND_S
-        own_builder = build is None
         split = 0.5 * interval_s if interval_s else 0.5
         # gpu -> [util points (windowed) or None, (t, util, payload) of its last row]
         rows: dict[int, list[Any]] = {}
@@ -267,7 +280,7 @@ class Assembler:
             for gpu in sorted(done):
                 points, (t, util, payload) = done[gpu]
                 try:
-                    make = payload[0] if own_builder else build
+                    make = payload[0] if build is None else build
                     samples.append(make(gpu, t, util, tuple(points) if points else (), payload))
                 except (ValueError, IndexError, OverflowError) as exc:
                     no, line = payload[-2:]
@@ -338,6 +351,38 @@ def is_cut_short(line: str) -> bool:
 
 def cut_short_warning(path: str, line_no: int) -> str:
     return f"{path}:{line_no}: last line is incomplete (the logger stopped mid-write); ignored"
+
+
+class Tally:
+    """Lines skipped (or readings dropped) for one reason: counted as they come, the first
+    one named, said once in a warning when the reading ends -- never one warning a line."""
+
+    __slots__ = ("count", "first_line", "first_text", "why")
+
+    def __init__(self, why: str):
+        self.why = why  # e.g. "row(s) whose time is not a finite number; skipped"
+        self.count = 0
+        self.first_line: int | None = None
+        self.first_text = ""
+
+    def note(self, line_no: int | None, text: str) -> None:
+        self.count += 1
+        if self.count == 1:
+            self.first_line, self.first_text = line_no, text
+
+    def say(self, path: str, warns: list[str]) -> None:
+        if not self.count:
+            return
+        where = path if self.first_line is None else f"{path}:{self.first_line}"
+        warns.append(f"{where}: {self.count:,} {self.why} (the first: {shown(self.first_text)!r})")
+
+
+def non_finite_times() -> Tally:
+    return Tally("row(s) whose time is not a finite number (NaN, inf): skipped, the rest read")
+
+
+def out_of_range_utils() -> Tally:
+    return Tally("utilisation reading(s) outside 0-100 %: read as no reading")
 
 
 def add_note(extra: dict[str, object], note: str) -> None:

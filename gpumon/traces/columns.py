@@ -207,9 +207,8 @@ def _wandb(lname: str) -> Column | None:
     return Column(fld, gpu=int(parts[1]))
 
 
-def classify(cell: str) -> Column:
-    """The meaning of one header cell, from its name alone (values may still settle it)."""
-    label = cell.strip().strip('"').strip()
+def _by_full_name(label: str) -> Column | None:
+    """Names read whole: nvidia-smi's query names, W&B's system metrics, tegrastats'."""
     lname = label.lower()
     nv = NVSMI_FIELDS.get(canonical(label))
     if nv is not None:
@@ -221,83 +220,196 @@ def classify(cell: str) -> Column:
         return Column(wb.field, wb.gpu, wb.scale, label, wb.percent or wb.field == "util")
     if "gr3d" in lname:  # tegrastats' GR3D_FREQ: the (Jetson) GPU's load in percent
         return Column("util", None, 1.0, label, True)
-    toks = tokens(lname)
-    scale, percent = _unit_scale(toks, lname)
-    words = [t for t in toks if not t.isdecimal() and t != "%"]
-    # A GPU number: next to a GPU word ("gpu0", "gpu_1", "cuda:0") or leading ("0GPU (%)").
-    gpu = None
+    return None
+
+
+def _gpu_number(toks: list[str]) -> int | None:
+    """A GPU number: next to a GPU word ("gpu0", "gpu_1", "cuda:0") or leading ("0GPU (%)")."""
     for i, t in enumerate(toks):
         if not t.isdecimal() or len(t) > 4:
             continue
         before = toks[i - 1] if i > 0 else ""
         after = toks[i + 1] if i + 1 < len(toks) else ""
         if before in GPU_WORDS or (i == 0 and after.isalpha()):
-            gpu = int(t)
-            break
-    wset = set(words)
-    col = Column(None, gpu, scale, label, percent)
-    if not words:
-        return col
-    if wset & _TIME and wset <= (_TIME | _TIME_QUALIFIERS | {"date", "of", "day", "stamp"}):
-        return Column("time", None, 1.0, label)
-    if wset <= {"date", "day"}:
-        return Column("date", None, 1.0, label)
-    if "cpu" in wset and not (wset & GPU_WORDS) and not (wset & _MEM):
-        rest = wset - {"cpu", "host", "total", "system", "avg", "mean", "all"} - _UTIL
-        if not rest:
-            if any(t.isdecimal() for t in toks) and gpu is None:
-                return Column("host_core", label=label, percent=True)
-            return Column("host_cpu", label=label, percent=True)
-        return Column(None, label=label)
-    if wset & {"ram", "swap", "disk", "net", "network", "step", "epoch_num", "loss", "lr"}:
-        return Column(None, gpu, scale, label, percent)
-    if wset & {"uuid"}:
-        return Column("uuid", label=label)
-    if wset & {"bus", "pci"} and not wset & {"rx", "tx", "throughput"}:
-        return Column("bus", label=label)
-    if wset <= {"name", "model", "gpu", "product", "card"} and wset & {"name", "model", "product"}:
-        return Column("name", label=label)
-    if gpu is None and (
-        wset in ({"index"}, {"idx"}, {"rank"}, {"local", "rank"}, {"device"})
-        or (wset & {"index", "idx", "id", "ordinal", "num", "no"} and wset & GPU_WORDS)
-        or wset == {"cuda", "device"}
-    ):
-        return Column("index", label=label)
-    if wset & {"fan", "enc", "dec", "encoder", "decoder", "jpg", "ofa", "pstate", "ecc"}:
-        return Column(None, gpu, scale, label, percent)
-    if wset & {"temp", "temperature", "gtemp", "tmptr", "celsius"} and not wset & _MEM:
-        return Column("temp", gpu, 1.0, label)
-    if wset & {"power", "pwr", "watts", "watt", "energy"} or words == ["w"]:
-        if "energy" in wset:
-            return Column(None, gpu, scale, label)
-        if wset & {"limit", "max", "cap", "enforced", "tdp"}:
-            return Column("power_limit", gpu, 1.0, label)
-        if percent:
-            return Column("power_pct", gpu, 1.0, label, True)
-        return Column("power", gpu, 1.0, label)
-    if wset & {"clock", "clocks", "freq", "frequency", "mhz", "sm", "graphics"} and not (
-        wset & _UTIL
-    ):
-        if wset & _MEM:
-            return Column(None, gpu, scale, label)
-        return Column("sm_clock", gpu, 1.0, label)
-    if wset & _MEM:
-        if wset & {"total", "max", "capacity", "size", "installed"}:
-            return Column("mem_total", gpu, scale, label)
-        if wset & {"free", "avail", "available"}:
-            return Column("mem_free", gpu, scale, label)
-        if wset & {"util", "utilization", "utilisation", "bandwidth", "bw", "busy", "activity"}:
-            return Column("mem_util", gpu, 1.0, label, True)
-        if percent:
-            return Column("mem_pct", gpu, 1.0, label, True)
-        return Column("mem_used", gpu, scale, label)
-    if wset & _UTIL or wset & {"sm", "gr"} or wset == {"gpu"} or wset <= GPU_WORDS:
-        if wset & {"process", "proc"}:
-            return Column(None, gpu, scale, label, percent)
-        return Column("util", gpu, 1.0, label, True)
-    if len(words) == 1 and "gpu" in words[0]:
-        return Column("series", gpu, 1.0, label, percent)  # e.g. "LGPU": its own series
-    return col
+            return int(t)
+    return None
+
+
+@dataclass(frozen=True)
+class _Name:
+    """A header cell cut into words (``gpu0_util (%)``: words ``gpu util``, GPU 0, percent)."""
+
+    label: str
+    toks: list[str]
+    words: tuple[str, ...]  # the tokens that are not numbers or "%"
+    wset: frozenset[str]
+    gpu: int | None
+    scale: float
+    percent: bool
+
+    @classmethod
+    def of(cls, label: str) -> _Name:
+        lname = label.lower()
+        toks = tokens(lname)
+        scale, percent = _unit_scale(toks, lname)
+        words = tuple(t for t in toks if not t.isdecimal() and t != "%")
+        return cls(label, toks, words, frozenset(words), _gpu_number(toks), scale, percent)
+
+    def unused(self) -> Column:
+        """A column of no field we read (kept with what its name said)."""
+        return Column(None, self.gpu, self.scale, self.label, self.percent)
+
+    def field(self, fld: str, *, scaled: bool = False, percent: bool = False) -> Column:
+        """A GPU field, of this column's GPU (a wide file) and its unit's scale if ``scaled``."""
+        return Column(fld, self.gpu, self.scale if scaled else 1.0, self.label, percent)
+
+
+_TIME_WORDS = _TIME | _TIME_QUALIFIERS | {"date", "of", "day", "stamp"}
+_HOST_CPU_WORDS = frozenset(("cpu", "host", "total", "system", "avg", "mean", "all")) | _UTIL
+_NOT_GPU = frozenset(("ram", "swap", "disk", "net", "network", "step", "epoch_num", "loss", "lr"))
+_ENGINES = frozenset(("fan", "enc", "dec", "encoder", "decoder", "jpg", "ofa", "pstate", "ecc"))
+_INDEX_WORDS = frozenset(("index", "idx", "id", "ordinal", "num", "no"))
+_INDEX_NAMES = ({"index"}, {"idx"}, {"rank"}, {"local", "rank"}, {"device"}, {"cuda", "device"})
+_TEMP_WORDS = frozenset(("temp", "temperature", "gtemp", "tmptr", "celsius"))
+_POWER_WORDS = frozenset(("power", "pwr", "watts", "watt", "energy"))
+_CLOCK_WORDS = frozenset(("clock", "clocks", "freq", "frequency", "mhz", "sm", "graphics"))
+_MEM_ACTIVITY = frozenset(
+    ("util", "utilization", "utilisation", "bandwidth", "bw", "busy", "activity")
+)
+
+
+def _time_or_date(n: _Name) -> Column | None:
+    if n.wset & _TIME and n.wset <= _TIME_WORDS:
+        return Column("time", None, 1.0, n.label)
+    if n.wset <= {"date", "day"}:
+        return Column("date", None, 1.0, n.label)
+    return None
+
+
+def _host_cpu(n: _Name) -> Column | None:
+    """``CPU``, ``cpu_util``: the host's share; ``cpu3``: one core; other CPU columns unused."""
+    if "cpu" not in n.wset or n.wset & GPU_WORDS or n.wset & _MEM:
+        return None
+    if n.wset - _HOST_CPU_WORDS:
+        return Column(None, label=n.label)
+    if any(t.isdecimal() for t in n.toks) and n.gpu is None:
+        return Column("host_core", label=n.label, percent=True)
+    return Column("host_cpu", label=n.label, percent=True)
+
+
+def _not_a_gpu_field(n: _Name) -> Column | None:
+    """The host's memory, disks, network, the trainer's step and loss: not read."""
+    return n.unused() if n.wset & _NOT_GPU else None
+
+
+def _gpu_engines(n: _Name) -> Column | None:
+    """A GPU's fans, media engines, P-state, ECC: not read."""
+    return n.unused() if n.wset & _ENGINES else None
+
+
+def _gpu_key(n: _Name) -> Column | None:
+    """What names a GPU: its uuid, bus id, name, or index (a rank, a CUDA device)."""
+    w = n.wset
+    if "uuid" in w:
+        return Column("uuid", label=n.label)
+    if w & {"bus", "pci"} and not w & {"rx", "tx", "throughput"}:
+        return Column("bus", label=n.label)
+    if w <= {"name", "model", "gpu", "product", "card"} and w & {"name", "model", "product"}:
+        return Column("name", label=n.label)
+    if n.gpu is None and (w in _INDEX_NAMES or (w & _INDEX_WORDS and w & GPU_WORDS)):
+        return Column("index", label=n.label)
+    return None
+
+
+def _temperature(n: _Name) -> Column | None:
+    return n.field("temp") if n.wset & _TEMP_WORDS and not n.wset & _MEM else None
+
+
+def _power(n: _Name) -> Column | None:
+    """The draw, the limit, or the draw as a percent of the limit (energy: not read)."""
+    if not (n.wset & _POWER_WORDS or n.words == ("w",)):
+        return None
+    if "energy" in n.wset:
+        return Column(None, n.gpu, n.scale, n.label)
+    if n.wset & {"limit", "max", "cap", "enforced", "tdp"}:
+        return n.field("power_limit")
+    if n.percent:
+        return n.field("power_pct", percent=True)
+    return n.field("power")
+
+
+def _clock(n: _Name) -> Column | None:
+    """The SM (graphics) clock; a memory clock is not read."""
+    if not n.wset & _CLOCK_WORDS or n.wset & _UTIL:
+        return None
+    if n.wset & _MEM:
+        return Column(None, n.gpu, n.scale, n.label)
+    return n.field("sm_clock")
+
+
+def _memory(n: _Name) -> Column | None:
+    """Memory total, free, activity (utilization.memory), percent used, or used."""
+    w = n.wset
+    if not w & _MEM:
+        return None
+    if w & {"total", "max", "capacity", "size", "installed"}:
+        return n.field("mem_total", scaled=True)
+    if w & {"free", "avail", "available"}:
+        return n.field("mem_free", scaled=True)
+    if w & _MEM_ACTIVITY:
+        return n.field("mem_util", percent=True)
+    if n.percent:
+        return n.field("mem_pct", percent=True)
+    return n.field("mem_used", scaled=True)
+
+
+def _utilisation(n: _Name) -> Column | None:
+    """The GPU's utilisation (a process's share of it is not the GPU's)."""
+    w = n.wset
+    if not (w & _UTIL or w & {"sm", "gr"} or w == {"gpu"} or w <= GPU_WORDS):
+        return None
+    if w & {"process", "proc"}:
+        return n.unused()
+    return n.field("util", percent=True)
+
+
+def _series(n: _Name) -> Column | None:
+    """One word holding "gpu" (``LGPU``): a utilisation series of its own."""
+    if len(n.words) == 1 and "gpu" in n.words[0]:
+        return Column("series", n.gpu, 1.0, n.label, n.percent)
+    return None
+
+
+# Asked in order; the first that knows the name decides.
+_WORD_RULES = (
+    _time_or_date,
+    _host_cpu,
+    _not_a_gpu_field,
+    _gpu_key,
+    _gpu_engines,
+    _temperature,
+    _power,
+    _clock,
+    _memory,
+    _utilisation,
+    _series,
+)
+
+
+def classify(cell: str) -> Column:
+    """The meaning of one header cell, from its name alone (values may still settle it)."""
+    label = cell.strip().strip('"').strip()
+    whole = _by_full_name(label)
+    if whole is not None:
+        return whole
+    name = _Name.of(label)
+    if not name.wset:
+        return name.unused()
+    for rule in _WORD_RULES:
+        col = rule(name)
+        if col is not None:
+            return col
+    return name.unused()
 
 
 @dataclass
@@ -328,6 +440,75 @@ class Layout:
 _PRIORITY = {"time": 0}
 
 
+def _place_time(lay: Layout, fld: str, i: int) -> None:
+    """The first time column; after a date column, a second one is the time of day."""
+    if fld == "time":
+        if lay.time_at is None:
+            lay.time_at = i
+        elif lay.date_at is not None and lay.clock_at is None:
+            lay.clock_at = i
+    elif lay.date_at is None:
+        lay.date_at = i
+
+
+def _place_host(lay: Layout, fld: str, i: int) -> None:
+    """The host's CPU (the first such column), its cores, a utilisation series of its own."""
+    if fld == "host_cpu":
+        if lay.host_cpu is None:
+            lay.host_cpu = i
+    elif fld == "host_core":
+        lay.host_cores.append(i)
+    else:
+        lay.series.append(i)
+
+
+def _place_wide(lay: Layout, col: Column, fld: str, i: int) -> None:
+    """One GPU's column in a wide file (its first of each field; W&B's process-level
+    metrics kept apart, to stand in where the device-level one is absent)."""
+    per = lay.wide.setdefault(col.gpu, {})  # type: ignore[arg-type]
+    base = fld.removesuffix("@process")
+    if fld.endswith("@process"):
+        per.setdefault(f"{base}@process", i)
+    elif base not in per:
+        per[base] = i
+
+
+def _place_long(lay: Layout, col: Column, fld: str, i: int, nv_prio: dict[str, int]) -> None:
+    """A field of a one-GPU-per-row layout: the first column wins, except that nvidia-smi's
+    own names rank (``power.draw`` before ``power.draw.instant``)."""
+    nv = NVSMI_FIELDS.get(canonical(col.label))
+    if nv is not None:
+        if fld not in lay.at or nv[1] < nv_prio.get(fld, 99):
+            lay.at[fld] = i
+            nv_prio[fld] = nv[1]
+    elif fld not in lay.at:
+        lay.at[fld] = i
+
+
+def _settle(lay: Layout) -> None:
+    """What only the whole header says: a bare "gpu" column beside a real utilisation
+    column is the index; "Date" and "Time" columns hold a date and a time of day; W&B's
+    process-level metrics fill in; a long utilisation column wins over a wide file's
+    other columns; a utilisation column named just "GPU" is an aggregate."""
+    cols = lay.columns
+    util_cols = [i for i, c in enumerate(cols) if c.field == "util" and c.gpu is None]
+    if len(util_cols) > 1 and "index" not in lay.at:
+        first = util_cols[0]
+        if set(tokens(cols[first].label)) <= GPU_WORDS:
+            lay.at["index"] = first
+            lay.at["util"] = util_cols[1]
+    if lay.date_at is not None and lay.time_at is not None and lay.clock_at is None:
+        lay.clock_at, lay.time_at = lay.time_at, None
+    for per in lay.wide.values():
+        for key in [k for k in per if k.endswith("@process")]:
+            per.setdefault(key.removesuffix("@process"), per[key])
+            del per[key]
+    if lay.wide and "util" in lay.at and not any("util" in p for p in lay.wide.values()):
+        lay.wide.clear()
+    if "util" in lay.at and cols[lay.at["util"]].label.strip().lower() == "gpu":
+        lay.aggregate = True
+
+
 def resolve(cells: list[str]) -> Layout:
     """A header row -> its Layout (the first column wins when two give one field)."""
     cols = [classify(c) for c in cells]
@@ -338,59 +519,13 @@ def resolve(cells: list[str]) -> Layout:
         if fld is None:
             if col.label:
                 lay.ignored.append(col.label)
-            continue
-        nv = NVSMI_FIELDS.get(canonical(col.label))
-        if fld == "time":
-            if lay.time_at is None:
-                lay.time_at = i
-            elif lay.date_at is not None and lay.clock_at is None:
-                lay.clock_at = i
-            continue
-        if fld == "date":
-            if lay.date_at is None:
-                lay.date_at = i
-            continue
-        if fld == "host_cpu":
-            if lay.host_cpu is None:
-                lay.host_cpu = i
-            continue
-        if fld == "host_core":
-            lay.host_cores.append(i)
-            continue
-        if fld == "series":
-            lay.series.append(i)
-            continue
-        if col.gpu is not None:
-            per = lay.wide.setdefault(col.gpu, {})
-            base = fld.removesuffix("@process")
-            if fld.endswith("@process"):
-                per.setdefault(f"{base}@process", i)
-            elif base not in per:
-                per[base] = i
-            continue
-        if nv is not None:
-            if fld not in lay.at or nv[1] < nv_prio.get(fld, 99):
-                lay.at[fld] = i
-                nv_prio[fld] = nv[1]
-        elif fld not in lay.at:
-            lay.at[fld] = i
-    # A bare "gpu" column beside a real utilisation column is the GPU's index.
-    util_cols = [i for i, c in enumerate(cols) if c.field == "util" and c.gpu is None]
-    if len(util_cols) > 1 and "index" not in lay.at:
-        first = util_cols[0]
-        if set(tokens(cols[first].label)) <= GPU_WORDS:
-            lay.at["index"] = first
-            lay.at["util"] = util_cols[1]
-    # "Date" and "Time" columns: the time column holds the time of day.
-    if lay.date_at is not None and lay.time_at is not None and lay.clock_at is None:
-        lay.clock_at, lay.time_at = lay.time_at, None
-    # W&B process-level metrics stand in only where the device-level one is absent.
-    for per in lay.wide.values():
-        for key in [k for k in per if k.endswith("@process")]:
-            per.setdefault(key.removesuffix("@process"), per[key])
-            del per[key]
-    if lay.wide and "util" in lay.at and not any("util" in p for p in lay.wide.values()):
-        lay.wide.clear()
-    if "util" in lay.at and cols[lay.at["util"]].label.strip().lower() == "gpu":
-        lay.aggregate = True
+        elif fld in ("time", "date"):
+            _place_time(lay, fld, i)
+        elif fld in ("host_cpu", "host_core", "series"):
+            _place_host(lay, fld, i)
+        elif col.gpu is not None:
+            _place_wide(lay, col, fld, i)
+        else:
+            _place_long(lay, col, fld, i, nv_prio)
+    _settle(lay)
     return lay

@@ -17,6 +17,7 @@ from itertools import chain
 from gpumon.errors import TraceFormatError
 from gpumon.model import GpuIdentity, GpuSample, Point, Snapshot, TraceHeader
 from gpumon.traces._common import MIB, Assembler, add_note, bad_line, cut_short_warning, num
+from gpumon.traces.reader import Reader
 from gpumon.traces.source import Source, numbered_lines
 
 FORMAT = "dcgmi"
@@ -92,6 +93,7 @@ class _Columns:
                 self.at[known[0]] = (i, known[1])
         self.name_at = self.at.get("name", (None, 1.0))[0]
         util = self.at.get("util") or self.at.get("util_prof")
+        self.util_at: int | None
         self.util_at, self.util_scale = util if util else (None, 1.0)
         self.ignored = [n for n in names if n.upper() not in TAGS]
 
@@ -247,3 +249,6 @@ def _snapshots(
     snap = asm.flush()
     if snap is not None:
         yield snap
+
+
+READER = Reader(FORMAT, "dcgmi dmon output ('#Entity ...' header, 'GPU 0 ...' rows)", sniff, read)

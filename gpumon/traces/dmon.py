@@ -24,6 +24,7 @@ from gpumon.traces._common import (
     is_cut_short,
     median_interval,
 )
+from gpumon.traces.reader import Reader
 from gpumon.traces.source import Source, numbered_lines
 
 FORMAT = "dmon"
@@ -296,3 +297,8 @@ def _snapshots(
     snap = asm.flush()
     if snap is not None:
         yield snap
+
+
+READER = Reader(
+    FORMAT, "nvidia-smi dmon output ('# gpu ...' and '# Idx ...' header lines)", sniff, read
+)

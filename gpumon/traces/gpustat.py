@@ -27,6 +27,7 @@ from gpumon.traces._common import (
     mib_bytes,
     num,
 )
+from gpumon.traces.reader import Reader
 from gpumon.traces.source import Source, numbered_lines
 from gpumon.traces.timefmt import ctime_words
 
@@ -252,3 +253,8 @@ def _snapshots(
     snap = asm.flush()
     if snap is not None:
         yield snap
+
+
+READER = Reader(
+    FORMAT, "gpustat text ('[0] NVIDIA ... | 45'C,  30 % | 7564 / 7982 MB | ...')", sniff, read
+)

@@ -15,6 +15,7 @@ from gpumon.errors import TraceFormatError
 from gpumon.model import GpuIdentity, GpuSample, Snapshot, TraceHeader
 from gpumon.traces._common import MIB, cut_short_warning, median_interval
 from gpumon.traces.jsonstream import Buffer, values
+from gpumon.traces.reader import Reader
 from gpumon.traces.source import Source, as_source
 from gpumon.traces.timefmt import date_time
 
@@ -165,3 +166,6 @@ def _snapshots(
         yield Snapshot(t_s=t, gpus=samples)
     if cut:
         warns.append(cut_short_warning(path, buf.line))
+
+
+READER = Reader(FORMAT, "gpustat --json output", sniff, read)

@@ -7,7 +7,9 @@ The evidence, from a prefix of the log:
 * times: the rows of one tick share one timestamp (nvidia-smi stamps them together), or
   come a few ms apart while ticks are an interval apart (``split_threshold``);
 * fingerprints: each GPU's own values recur every n rows -- memory.total, name and power
-  limit are constant per GPU, memory.used and temperature nearly so (``cycle_period``).
+  limit are constant per GPU, memory.used nearly so, temperature and an idle GPU's power
+  too, but only where utilisation does not move with them (``cycle_period``): a starving
+  GPU's temperature and power follow its bursts, which is no second GPU.
 
 Strong time evidence (sub-second stamps) decides alone; whole-second stamps shared by runs
 of rows are also what one GPU sampled faster than its clock looks like, so they need the
@@ -19,13 +21,18 @@ counts where it breaks (a tick with too few or too many rows), re-syncing at the
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from gpumon.traces._common import split_threshold, tick_runs
+from gpumon.traces._common import cell_text, fnum, split_threshold, tick_runs
 
-# Fingerprint fields, in the order of trust: constant per GPU first.
-FP_FIELDS = ("name", "mem_total", "power_limit", "mem_used", "temp", "power")
+# Fingerprint fields, in the order of trust: constant per GPU first; utilisation last, never
+# evidence itself (it is what the log measures) but what temperature and power are checked
+# against.
+FP_FIELDS = ("name", "mem_total", "power_limit", "mem_used", "temp", "power", "util")
+EVIDENCE = FP_FIELDS[:6]
+FOLLOWS_LOAD = ("temp", "power")  # rise and fall with a GPU's own bursts
+_UTIL = FP_FIELDS.index("util")
 FP_LABELS = {
     "name": "name",
     "mem_total": "memory.total",
@@ -33,9 +40,27 @@ FP_LABELS = {
     "mem_used": "memory.used",
     "temp": "temperature",
     "power": "power",
+    "util": "utilisation",
 }
 STATIC = ("name", "mem_total", "power_limit")
 Fingerprint = tuple[object, ...]  # one value per FP_FIELDS entry (None: not logged)
+
+
+def fingerprint(at: Mapping[str, int], cells: list[str]) -> Fingerprint:
+    """A row's fingerprint from the columns ``at`` names (a value it cannot read: None)."""
+
+    def val(fld: str) -> object:
+        i = at.get(fld)
+        if i is None or i >= len(cells):
+            return None
+        if fld == "name":
+            return cell_text(cells, i)
+        try:
+            return fnum(cells[i])
+        except ValueError:
+            return None
+
+    return tuple(val(f) for f in FP_FIELDS)
 
 
 @dataclass(frozen=True)
@@ -96,13 +121,15 @@ def _vote(d: list[float]) -> int | None:
 
 
 def cycle_period(
-    fps: Sequence[Fingerprint], max_gpus: int = 16, trusted: tuple[str, ...] = FP_FIELDS[:5]
+    fps: Sequence[Fingerprint], max_gpus: int = 16, trusted: tuple[str, ...] = EVIDENCE
 ) -> tuple[int | None, str]:
     """The row cycle the values show: (n, field that showed it); n None when none can tell.
 
     Fields are asked in order of trust; the first that shows a clear cycle decides.  Only
-    ``trusted`` fields are asked: power never (a periodic workload makes one GPU's power
-    cycle too), temperature only where no row times say otherwise.
+    ``trusted`` fields are asked.  Temperature and power count only where the GPUs they
+    would make work alike (power also needs utilisation to be logged): one GPU whose
+    bursts come every n rows heats and draws every n rows too, while idle GPUs each keep
+    their own draw to the hundredth of a watt.
     """
     max_lag = min(max_gpus, len(fps) // 3)
     if max_lag < 2:
@@ -110,14 +137,39 @@ def cycle_period(
     for f, name in enumerate(FP_FIELDS):
         if name not in trusted:
             continue
-        values = [fp[f] for fp in fps]
+        values = [fp[f] if f < len(fp) else None for fp in fps]
         d = _distances(values, max_lag, numeric=name != "name")
         if d is None:
             continue
         vote = _vote(d)
-        if vote is not None:
-            return vote, name
+        if vote is None:
+            continue
+        if name in FOLLOWS_LOAD and vote > 1 and not _apart_from_load(fps, name, vote):
+            continue
+        return vote, name
     return None, ""
+
+
+LOAD_APART = 10.0  # percentage points of utilisation between GPUs that work alike
+
+
+def _apart_from_load(fps: Sequence[Fingerprint], name: str, n: int) -> bool:
+    """Whether a cycle of n rows in temperature or power can be n GPUs of their own: the
+    GPUs it would make work alike (their mean utilisations within ``LOAD_APART``).  If it
+    would make one busy and another idle, it is one GPU heating and drawing with its
+    bursts.  Without utilisation logged, temperature is taken (as before utilisation was
+    asked) and power is not."""
+    sums = [0.0] * n
+    counts = [0] * n
+    for i, fp in enumerate(fps):
+        u = fp[_UTIL] if len(fp) > _UTIL else None
+        if isinstance(u, float):
+            sums[i % n] += u
+            counts[i % n] += 1
+    if sum(counts) < len(fps) * 3 // 4 or not all(counts):
+        return name == "temp"
+    means = [s / c for s, c in zip(sums, counts, strict=True)]
+    return max(means) - min(means) < LOAD_APART
 
 
 def _positions(n: int, times: Sequence[float] | None, split: float | None) -> list[int]:
@@ -176,7 +228,7 @@ def infer(
     # Rows a regular interval apart, each with its own time, are one GPU's unless a value
     # that belongs to one GPU (not the workload's rhythm) says otherwise.
     regular = times is not None and len(times) >= 4 and n_t is None
-    trusted = ("name", "mem_total", "power_limit", "mem_used") if regular else FP_FIELDS[:5]
+    trusted = ("name", "mem_total", "power_limit", "mem_used", "power") if regular else EVIDENCE
     n_f, by = cycle_period(fps, trusted=trusted)
     if n_t is not None:
         weak = equal and not fine
@@ -273,10 +325,11 @@ class Assigner:
         n = self._n
         pos = (self._pos + 1) % n
         last = self._last_mem
-        if mem is not None and last[pos] is not None:
+        prev = last[pos]
+        if mem is not None and prev is not None:
             tol = max(64.0, 0.02 * mem)
-            if abs(mem - last[pos]) > tol:  # type: ignore[operator]
-                fits = [q for q in range(n) if last[q] is not None and abs(mem - last[q]) <= tol]
+            if abs(mem - prev) > tol:
+                fits = [q for q, m in enumerate(last[:n]) if m is not None and abs(mem - m) <= tol]
                 if len(fits) == 1:
                     pos = fits[0]
                     self._broke(line_no)
@@ -294,3 +347,49 @@ class Assigner:
 def runs_of_equal(times: Sequence[float]) -> list[int]:
     """Lengths of the runs of identical times (several ticks under one whole second)."""
     return tick_runs(times, 0.0)
+
+
+def tick_times(
+    times: Sequence[float], keys: Sequence[str] | None, cycle: Cycle | None
+) -> list[float]:
+    """One time per tick: rows of a multi-GPU tick collapse into its first row's time.
+
+    ``keys``: each row's GPU key (index, uuid, bus id) where the log has one; a tick ends
+    where a GPU turns up again.  Without, the ``cycle`` says how rows make ticks."""
+    if keys is not None and len(keys) == len(times):
+        out: list[float] = []
+        seen: set[str] = set()
+        for k, t in zip(keys, times, strict=True):
+            if k in seen or not seen:
+                seen.clear()
+                out.append(t)
+            seen.add(k)
+        return out
+    if cycle is None or cycle.n <= 1:
+        return list(times)
+    if cycle.split is not None:
+        out, last = [], float("-inf")
+        for t in times:
+            if t - last > cycle.split or t < last:
+                out.append(t)
+                last = t
+        return out
+    return list(times[:: cycle.n])
+
+
+def whole_second_spacing(ticks: Sequence[float]) -> float | None:
+    """The spacing to give ticks that share one whole-second timestamp (a logger at ~4
+    rows a second stamping ``%H:%M:%S``), or None when ticks do not share them."""
+    if len(ticks) < 6 or any(abs(t - round(t)) > 1e-6 for t in ticks):
+        return None
+    if len(set(ticks)) < 3:
+        return None  # a clock that does not advance is not one of whole seconds
+    runs = runs_of_equal(ticks)
+    inner = runs[1:-1] if len(runs) > 3 else runs
+    if not inner:
+        return None
+    inner.sort()
+    typical = inner[len(inner) // 2]
+    if typical < 2:
+        return None
+    return 1.0 / typical

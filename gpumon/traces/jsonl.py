@@ -11,7 +11,7 @@ import contextlib
 import gzip
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import fields, replace
 from typing import IO, Any
 
@@ -30,11 +30,17 @@ from gpumon.model import (
     StackSample,
     TraceHeader,
 )
+from gpumon.traces._common import non_finite_times, shown
+from gpumon.traces.reader import Reader
+from gpumon.traces.source import Source, as_source
+from gpumon.traces.timefmt import NonFiniteTime
 
 FORMAT_NAME = "gpumon-trace"
 # 2: GPM fields (sm_active_ratio, sm_occupancy_ratio, tensor_active_ratio, mig_activity).
+# 3: hardware health (mem_clock_mhz ... nvlink_rx_bytes) and xid_errors.
 # A reader reads every version up to its own.
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
+_INF = float("inf")
 # The Python stacks (--stacks) travel in event lines of their own ("event": "stacks"),
 # which readers that do not know them skip: no trace version bump.  This is their version.
 STACKS_VERSION = 1
@@ -138,6 +144,8 @@ def decode_stacks(obj: dict[str, Any]) -> tuple[StackSample, ...]:
     for t, seconds, pid, role, ids in obj["samples"]:
         if not isinstance(t, int | float) or not isinstance(seconds, int | float):
             raise ValueError("a stack sample's t and seconds must be numbers")
+        if not all(isinstance(i, int) and 0 <= i < len(frames) for i in ids):
+            raise ValueError("a stack sample names a frame the line does not have")
         out.append(
             StackSample(float(t), float(seconds), int(pid), ProcessRole(role),
                         tuple(frames[i] for i in ids))
@@ -243,6 +251,9 @@ def decode_gpu(obj: dict[str, Any], t_s: float) -> GpuSample:
     unsupported = obj.get("unsupported")
     if unsupported is not None:
         obj["unsupported"] = tuple(unsupported)
+    xids = obj.get("xid_errors")
+    if xids is not None:
+        obj["xid_errors"] = tuple(xids)
     mig = obj.get("mig_activity")
     if mig is not None:
         obj["mig_activity"] = tuple([MigActivity(**m) for m in mig])
@@ -254,6 +265,8 @@ def decode_snapshot(obj: dict[str, Any]) -> Snapshot:
     t_s = obj["t"]
     if not isinstance(t_s, int | float):
         raise ValueError("'t' must be a number")
+    if not -_INF < t_s < _INF:
+        raise NonFiniteTime(f"'t' is {t_s!r}, not a finite time")
     gpus = obj.get("gpus")
     samples = tuple([decode_gpu(g, t_s) for g in gpus]) if gpus is not None else ()
     host = obj.get("host")
@@ -363,6 +376,7 @@ class TraceReader:
     def __iter__(self) -> Iterator[Snapshot]:
         line_no = 1
         stacks: tuple[StackSample, ...] = ()  # a stacks line's, for the tick after it
+        non_finite = non_finite_times()  # a NaN or inf time: the tick is skipped, not fatal
         try:
             for line in self._lines:
                 line_no += 1
@@ -372,7 +386,7 @@ class TraceReader:
                     obj = json.loads(line)
                     if "event" in obj:
                         if obj.get("event") == "stacks":
-                            stacks += self._stacks(obj, line_no)
+                            stacks += self._stacks(obj)
                         else:
                             self.events.append(obj)
                         continue
@@ -380,6 +394,9 @@ class TraceReader:
                     if stacks:
                         snapshot = replace(snapshot, stacks=stacks)
                         stacks = ()
+                except NonFiniteTime:
+                    non_finite.note(line_no, line)
+                    continue
                 except (
                     ValueError,
                     TypeError,
@@ -400,9 +417,10 @@ class TraceReader:
                 self.line = line_no
                 yield snapshot
         finally:
+            non_finite.say(self.path, self.warnings)
             self.close()
 
-    def _stacks(self, obj: dict[str, Any], line_no: int) -> tuple[StackSample, ...]:
+    def _stacks(self, obj: dict[str, Any]) -> tuple[StackSample, ...]:
         """A stacks line's samples; one of a newer stacks version is skipped, said once."""
         version = obj.get("version")
         if isinstance(version, int) and version > STACKS_VERSION:
@@ -427,3 +445,77 @@ def read_trace(path: str | os.PathLike[str]) -> tuple[TraceHeader, list[Snapshot
     """Read a whole trace into memory (tests, small files)."""
     reader = TraceReader(path)
     return reader.header, list(reader)
+
+
+# --- as one of the readers ``gpumon analyze`` chooses from --------------------------------
+
+
+def sniff(head: list[str]) -> bool:
+    first = next((ln for ln in head if ln.strip()), "")
+    return first.lstrip("\ufeff").startswith("{") and FORMAT_NAME in first
+
+
+class _Tracked:
+    """A trace's snapshots, knowing the line of the one last yielded (``line``)."""
+
+    def __init__(self, reader: TraceReader):
+        self._reader = reader
+        self._it = iter(reader)
+
+    @property
+    def line(self) -> int | None:
+        return self._reader.line
+
+    def __iter__(self) -> Iterator[Snapshot]:
+        return self
+
+    def __next__(self) -> Snapshot:
+        return next(self._it)
+
+    def close(self) -> None:
+        self._it.close()  # type: ignore[attr-defined]
+
+
+def read(
+    lines: Iterable[str] | Source,
+    path: str = "<input>",
+    warnings: list[str] | None = None,
+    interval_s: float | None = None,
+) -> tuple[TraceHeader, Iterator[Snapshot]]:
+    """A gpumon trace from lines (``interval_s`` unused: a trace carries its times)."""
+    src = as_source(lines, path)
+    _check_header(src.head, path)
+    reader = TraceReader.from_lines(src.lines(), path)
+    if warnings is not None:
+        reader.warnings = warnings
+    return reader.header, _Tracked(reader)
+
+
+def _check_header(head: list[str], path: str) -> None:
+    first = next((ln for ln in head if ln.strip()), "")
+    try:
+        obj = json.loads(first)
+    except (ValueError, RecursionError):
+        raise TraceFormatError(
+            f"not a gpumon trace: its first line is not JSON ({shown(first.strip())!r}); "
+            "leave out --format to let gpumon detect the format",
+            path=path,
+            line=1,
+        ) from None
+    if not isinstance(obj, dict) or obj.get("format") != FORMAT_NAME:
+        raise TraceFormatError(
+            f'not a gpumon trace: its first line lacks "format": "{FORMAT_NAME}"; leave out '
+            "--format to let gpumon detect the format",
+            path=path,
+            line=1,
+        )
+
+
+READER = Reader(
+    "gpumon",
+    'gpumon trace (JSON lines with a "format": "gpumon-trace" header)',
+    sniff,
+    read,
+    checks_own_header=True,
+    own_clock=True,
+)

@@ -32,6 +32,7 @@ from gpumon.traces._common import (
     mib_bytes,
     num,
 )
+from gpumon.traces.reader import Reader
 from gpumon.traces.source import Source, numbered_lines
 from gpumon.traces.timefmt import ctime_words
 
@@ -153,7 +154,15 @@ def _fingerprint(stats: Stats) -> ident.Fingerprint:
         except ValueError:
             return None
 
-    return (None, val(stats[6]), val(stats[4]), val(stats[5]), val(stats[1]), val(stats[3]))
+    return (
+        None,
+        val(stats[6]),
+        val(stats[4]),
+        val(stats[5]),
+        val(stats[1]),
+        val(stats[3]),
+        val(stats[7]),
+    )
 
 
 def read(
@@ -288,3 +297,8 @@ def _snapshots(
     snap = asm.flush()
     if snap is not None:
         yield snap
+
+
+READER = Reader(
+    FORMAT, "plain nvidia-smi tables ('| N/A 34C P0 61W / 400W | ...' rows)", sniff, read
+)

@@ -23,8 +23,9 @@ from typing import Any
 
 from gpumon.errors import TraceFormatError
 from gpumon.model import GpuIdentity, GpuSample, HostSample, Snapshot, TraceHeader
-from gpumon.traces._common import MIB, add_note, median_interval
+from gpumon.traces._common import MIB, Tally, add_note, median_interval
 from gpumon.traces.jsonstream import Buffer
+from gpumon.traces.reader import Reader
 from gpumon.traces.source import Source, as_source
 
 FORMAT = "prometheus"
@@ -94,7 +95,9 @@ def _value(v: Any) -> float:
     raise ValueError(f"value {v!r} is not a number")
 
 
-def _series_of(obj: Any, total: list[int], path: str, line: int) -> _Series | None:
+def _series_of(
+    obj: Any, total: list[int], path: str, line: int, non_finite: Tally
+) -> _Series | None:
     if not isinstance(obj, dict) or not isinstance(obj.get("metric"), dict):
         raise TraceFormatError("a result entry without its metric labels", path=path, line=line)
     labels = {str(k): str(v) for k, v in obj["metric"].items()}
@@ -114,6 +117,9 @@ def _series_of(obj: Any, total: list[int], path: str, line: int) -> _Series | No
     try:
         for p in points:
             t = float(p[0])
+            if not isfinite(t):  # NaN, 1e999: no place in time; the point is skipped
+                non_finite.note(line, f"{name} [{p[0]!r}, {p[1]!r}]")
+                continue
             if t < last:
                 raise ValueError("timestamps go backwards")
             last = t
@@ -134,7 +140,7 @@ def _series_of(obj: Any, total: list[int], path: str, line: int) -> _Series | No
     return s
 
 
-def _all_series(buf: Buffer, path: str) -> tuple[list[_Series], set[str]]:
+def _all_series(buf: Buffer, path: str, non_finite: Tally) -> tuple[list[_Series], set[str]]:
     """Every known series in every response of the export (unknown metrics are named)."""
     out: list[_Series] = []
     unknown: set[str] = set()
@@ -155,7 +161,7 @@ def _all_series(buf: Buffer, path: str) -> tuple[list[_Series], set[str]]:
                 break
             line = buf.line
             obj = buf.value()
-            s = _series_of(obj, total, path, line)
+            s = _series_of(obj, total, path, line, non_finite)
             if s is None:
                 unknown.add(str(obj.get("metric", {}).get("__name__", "(unnamed)")))
             elif len(s.times):
@@ -172,12 +178,14 @@ def read(
     """Parse a Prometheus query_range export: the header now, the snapshots lazily."""
     warns = warnings if warnings is not None else []
     buf = Buffer(as_source(lines, path).chunks(), path)
+    non_finite = Tally("point(s) whose time is not a finite number (NaN, inf): skipped")
     try:
-        series, unknown = _all_series(buf, path)
+        series, unknown = _all_series(buf, path, non_finite)
     except EOFError:
         raise TraceFormatError(
             "the Prometheus export is cut short", path=path, line=buf.line
         ) from None
+    non_finite.say(path, warns)
     gpu_series = [s for s in series if not s.fld.startswith("host_")]
     if not gpu_series:
         names = ", ".join(sorted(unknown)[:5]) or "none"
@@ -296,3 +304,11 @@ def _sample(gpu: int, t: float, f: dict[str, float], uuid: str) -> GpuSample:
         sm_occupancy_ratio=f.get("sm_occupancy"),
         tensor_active_ratio=f.get("tensor_active"),
     )
+
+
+READER = Reader(
+    FORMAT,
+    "Prometheus api/v1/query_range JSON (dcgm-exporter, nvidia_gpu_exporter, gpumon series)",
+    sniff,
+    read,
+)

@@ -14,12 +14,11 @@ then the reader takes bounded lines (or chunks) from a ``Source``; every reader 
 from __future__ import annotations
 
 import io
-import json
 import os
 import sys
 import zlib
 from collections.abc import Callable, Iterable, Iterator
-from typing import IO, Any
+from typing import IO, Any, cast
 
 from gpumon.errors import GpumonError, TraceFormatError
 from gpumon.model import Snapshot, TraceHeader
@@ -28,65 +27,33 @@ from gpumon.traces import (
     dmon,
     gpustat,
     gpustat_json,
+    jsonl,
+    keyvalue,
     nvsmi_table,
     prometheus,
     tabular,
     wandb,
 )
 from gpumon.traces._common import shown
-from gpumon.traces.jsonl import FORMAT_NAME, TraceReader
+from gpumon.traces.reader import Reader
 from gpumon.traces.source import Source
 
-# Names accepted by ``--format``, in the order content detection tries them.
-FORMATS: tuple[str, ...] = (
-    "gpumon",
-    "prometheus",
-    "gpustat-json",
-    "wandb",
-    "dcgmi",
-    "dmon",
-    "gpustat",
-    "nvidia-smi-table",
-    "nvidia-smi-csv",
-    "wandb-csv",
-    "csv",
+# Every format gpumon reads, in the order content detection asks them: the specific
+# before the general (a gpustat --json or W&B file is JSON too; any table is a CSV).
+READERS: tuple[Reader, ...] = (
+    jsonl.READER,
+    prometheus.READER,
+    gpustat_json.READER,
+    wandb.READER,
+    dcgmi.READER,
+    dmon.READER,
+    gpustat.READER,
+    nvsmi_table.READER,
+    keyvalue.READER,
+    *tabular.READERS,
 )
-_DESCRIPTIONS = {
-    "gpumon": 'gpumon trace (JSON lines with a "format": "gpumon-trace" header)',
-    "prometheus": "Prometheus api/v1/query_range JSON (dcgm-exporter, nvidia_gpu_exporter, "
-    "gpumon series)",
-    "gpustat-json": "gpustat --json output",
-    "wandb": "W&B system metrics (wandb-events.jsonl with system.gpu.N.* keys)",
-    "dcgmi": "dcgmi dmon output ('#Entity ...' header, 'GPU 0 ...' rows)",
-    "dmon": "nvidia-smi dmon output ('# gpu ...' and '# Idx ...' header lines)",
-    "gpustat": "gpustat text ('[0] NVIDIA ... | 45'C,  30 % | 7564 / 7982 MB | ...')",
-    "nvidia-smi-table": "plain nvidia-smi tables ('| N/A 34C P0 61W / 400W | ...' rows)",
-    "nvidia-smi-csv": "nvidia-smi --query-gpu CSV (a header of query names, or rows "
-    "starting with a 'YYYY/MM/DD hh:mm:ss' timestamp)",
-    "wandb-csv": "a W&B CSV export of system metrics (system/gpu.N.* columns)",
-    "csv": "CSV or tab/space-separated table with GPU columns named in its header "
-    "(gpu_util, utilization, power, memory, time, ...)",
-}
-Reader = Callable[..., tuple[TraceHeader, Iterator[Snapshot]]]
-Sniffer = Callable[[list[str]], bool]
-
-
-def _tab_sniffer(label: str) -> Sniffer:
-    return lambda head: tabular.sniff_format(head) == label
-
-
-_READERS: dict[str, tuple[Sniffer, Reader]] = {
-    "prometheus": (prometheus.sniff, prometheus.read),
-    "gpustat-json": (gpustat_json.sniff, gpustat_json.read),
-    "wandb": (wandb.sniff, wandb.read),
-    "dcgmi": (dcgmi.sniff, dcgmi.read),
-    "dmon": (dmon.sniff, dmon.read),
-    "gpustat": (gpustat.sniff, gpustat.read),
-    "nvidia-smi-table": (nvsmi_table.sniff, nvsmi_table.read),
-    "nvidia-smi-csv": (_tab_sniffer(tabular.NVSMI), tabular.read),
-    "wandb-csv": (_tab_sniffer(tabular.WANDB), tabular.read),
-    "csv": (_tab_sniffer(tabular.FORMAT), tabular.read),
-}
+BY_NAME: dict[str, Reader] = {r.name: r for r in READERS}
+FORMATS: tuple[str, ...] = tuple(BY_NAME)  # the names ``--format`` accepts
 SNIFF_LINE = 4096  # sniffers see at most this much of each head line
 
 
@@ -132,12 +99,19 @@ class OpenedTrace:
 class _Gunzip(io.RawIOBase):
     """gzip decompression that hands over every byte a stream cut short still holds
     (``gzip.GzipFile`` raises EOFError and loses the last block it was decoding), and
-    reads concatenated members; ``cut_short`` says whether the stream ended early."""
+    reads concatenated members; ``cut_short`` says whether the stream ended early.
+
+    At most ``OUT_CHUNK`` decompressed bytes are held at a time, handed over without
+    copying what remains: text that compresses a thousandfold (blank lines) costs no more
+    memory and no more time per byte than any other."""
+
+    OUT_CHUNK = 1 << 18
 
     def __init__(self, raw: IO[bytes]):
         self._raw = raw
         self._z = zlib.decompressobj(wbits=47)  # a gzip header, checked
         self._pending = b""
+        self._pos = 0  # bytes of _pending already handed over
         self._done = False
         self.cut_short = False
 
@@ -145,24 +119,35 @@ class _Gunzip(io.RawIOBase):
         return True
 
     def readinto(self, b: Any) -> int:
-        while not self._pending and not self._done:
+        while self._pos >= len(self._pending) and not self._done:
+            self._fill()
+        n = min(len(b), len(self._pending) - self._pos)
+        b[:n] = memoryview(self._pending)[self._pos : self._pos + n]
+        self._pos += n
+        return n
+
+    def _fill(self) -> None:
+        """Decompress the next piece: what the last call left of its input, another
+        member, or the next read from the file."""
+        z = self._z
+        data = z.unconsumed_tail
+        if not data and z.eof and z.unused_data:  # another member follows
+            data = z.unused_data
+            self._z = z = zlib.decompressobj(wbits=47)
+        elif not data:
             data = self._raw.read(1 << 16)
             if not data:
                 self._done = True
-                self.cut_short = not self._z.eof
-                break
-            try:
-                self._pending = self._z.decompress(data)
-                while self._z.eof and self._z.unused_data:  # another member follows
-                    rest = self._z.unused_data
-                    self._z = zlib.decompressobj(wbits=47)
-                    self._pending += self._z.decompress(rest)
-            except zlib.error:
-                self._done = self.cut_short = True
-        n = min(len(b), len(self._pending))
-        b[:n] = self._pending[:n]
-        self._pending = self._pending[n:]
-        return n
+                self.cut_short = not z.eof
+                return
+            if z.eof:  # a member ended exactly where the read did
+                self._z = z = zlib.decompressobj(wbits=47)
+        try:
+            self._pending = z.decompress(data, self.OUT_CHUNK)
+        except zlib.error:
+            self._pending = b""
+            self._done = self.cut_short = True
+        self._pos = 0
 
     def close(self) -> None:
         self._raw.close()
@@ -174,9 +159,11 @@ def _open(path: str) -> tuple[IO[str], _Gunzip | None]:
     and the guard that knows whether a gzip stream was cut short."""
     raw: IO[bytes] = sys.stdin.buffer if path == "-" else open(path, "rb")  # noqa: SIM115
     try:
-        buffered = raw if isinstance(raw, io.BufferedReader) else io.BufferedReader(raw)  # type: ignore[arg-type]
+        buffered: io.BufferedReader = (
+            raw if isinstance(raw, io.BufferedReader) else io.BufferedReader(cast(Any, raw))
+        )
         head = buffered.peek(4)[:4]
-        stream: io.BufferedReader = buffered
+        stream = buffered
         guard = None
         if head[:2] == b"\x1f\x8b":
             guard = _Gunzip(buffered)
@@ -210,13 +197,7 @@ def open_text(path: str) -> IO[str]:
 def sniff(head: list[str]) -> str | None:
     """The format these first lines are in, or None."""
     lines = [ln[:SNIFF_LINE] for ln in head]
-    first = next((ln for ln in lines if ln.strip()), "")
-    if first.lstrip("\ufeff").startswith("{") and FORMAT_NAME in first:
-        return "gpumon"
-    for name, (test, _read) in _READERS.items():
-        if test(lines):
-            return name
-    return None
+    return next((r.name for r in READERS if r.sniff(lines)), None)
 
 
 def read_source(
@@ -241,29 +222,24 @@ def _read(
         fmt = found
         if fmt == "nvidia-smi-table":
             fmt = _skip_preamble(src, fmt, warnings)
-    if fmt == "gpumon":
-        _check_gpumon(src.head, path)
-        reader = TraceReader.from_lines(src.lines(), path)
-        if warnings is not None:
-            reader.warnings = warnings
-        return fmt, reader.header, iter(reader), lambda: reader.line
-    if fmt not in _READERS:
+    reader = BY_NAME.get(fmt)
+    if reader is None:
         raise TraceFormatError(f"unknown format {fmt!r}; one of {', '.join(FORMATS)}", path=path)
-    test, read = _READERS[fmt]
-    if not test([ln[:SNIFF_LINE] for ln in src.head]):
+    if not reader.checks_own_header and not reader.sniff([ln[:SNIFF_LINE] for ln in src.head]):
         found = sniff(src.head)
         hint = f" (it looks like {found})" if found else ""
         first = next((ln for ln in src.head if ln.strip()), "")
         raise TraceFormatError(
-            f"not {_DESCRIPTIONS[fmt]}{hint}: it starts {shown(first.strip())!r}; leave out "
+            f"not {reader.description}{hint}: it starts {shown(first.strip())!r}; leave out "
             "--format to let gpumon detect the format",
             path=path,
             line=1,
         )
-    header, snapshots = read(src, path=path, warnings=warnings, interval_s=interval_s)
-    if warnings is not None:
-        snapshots = _frozen_clock(snapshots, path, warnings)
-    return fmt, header, snapshots, lambda: None
+    header, snapshots = reader.read(src, path=path, warnings=warnings, interval_s=interval_s)
+    tracked = snapshots
+    if warnings is not None and not reader.own_clock:
+        snapshots = _clock_checks(snapshots, path, warnings)
+    return fmt, header, snapshots, lambda: getattr(tracked, "line", None)
 
 
 def _skip_preamble(src: Source, fmt: str, warnings: list[str] | None) -> str:
@@ -308,26 +284,6 @@ def read_lines(
     return read_source(Source.from_lines(lines, path), fmt, warnings, interval_s)
 
 
-def _check_gpumon(head: list[str], path: str) -> None:
-    first = next((ln for ln in head if ln.strip()), "")
-    try:
-        obj = json.loads(first)
-    except (ValueError, RecursionError):
-        raise TraceFormatError(
-            f"not a gpumon trace: its first line is not JSON ({shown(first.strip())!r}); "
-            "leave out --format to let gpumon detect the format",
-            path=path,
-            line=1,
-        ) from None
-    if not isinstance(obj, dict) or obj.get("format") != FORMAT_NAME:
-        raise TraceFormatError(
-            f'not a gpumon trace: its first line lacks "format": "{FORMAT_NAME}"; leave out '
-            "--format to let gpumon detect the format",
-            path=path,
-            line=1,
-        )
-
-
 def open_trace(
     path: str | os.PathLike[str], fmt: str = "auto", interval_s: float | None = None
 ) -> OpenedTrace:
@@ -360,26 +316,38 @@ def open_trace(
         raise
 
 
-def _frozen_clock(
+def _clock_checks(
     snapshots: Iterator[Snapshot], path: str, warnings: list[str]
 ) -> Iterator[Snapshot]:
-    """The snapshots, then a warning when every one of them carries the same time (a log
-    whose time column was written once, or frozen): durations would all read 0:00."""
-    ticks = 0
+    """The snapshots, then a warning when their times cannot order them: every one the
+    same (a time column written once, or frozen), or most of them earlier than the one
+    before (a log written newest first): durations would read 0:00."""
+    ticks = back = 0
     first: float | None = None
+    last = float("-inf")
     moved = False
     for snap in snapshots:
         ticks += 1
+        t = snap.t_s
         if first is None:
-            first = snap.t_s
-        elif snap.t_s != first:
+            first = t
+        elif t != first:
             moved = True
+        if t < last:
+            back += 1
+        last = t
         yield snap
     if ticks >= 3 and not moved:
         warnings.append(
             f"{path}: all {ticks:,} ticks carry the same time: the log's timestamps cannot "
             "order them, so durations and changes over time mean nothing (was the time "
             "column written once, or frozen?)"
+        )
+    elif ticks >= 3 and back * 2 >= ticks - 1:
+        warnings.append(
+            f"{path}: the times run backwards ({back:,} of {ticks - 1:,} steps go back in "
+            "time): the log was written newest first? gpumon reads logs oldest first; put "
+            "the rows in time order (keep the header, reverse the rest) and analyse again"
         )
 
 
@@ -404,7 +372,7 @@ def _close(text: IO[str], name: str) -> None:
 def _unrecognised(head: list[str], path: str) -> TraceFormatError:
     first_no, first = next(((i, ln) for i, ln in enumerate(head, 1) if ln.strip()), (1, ""))
     text = first.strip().lstrip("\ufeff")
-    tried = "; ".join(_DESCRIPTIONS[f] for f in FORMATS)
+    tried = "; ".join(r.description for r in READERS)
     found = f"found {shown(text)!r}" if text else "the file is empty"
     return TraceFormatError(
         f"not a format gpumon reads ({found}). Tried: {tried}", path=path, line=first_no

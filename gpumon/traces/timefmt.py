@@ -17,6 +17,12 @@ import calendar
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+
+class NonFiniteTime(ValueError):
+    """A time cell that is a number but not a finite one (``nan``, ``inf``, ``1e999``): the
+    row is skipped, not taken for a malformed one."""
+
+
 _day_cache: dict[tuple[int, int, int], int] = {}
 _DIGITS = frozenset("0123456789")
 
@@ -129,6 +135,16 @@ def day_first_date(cell: str, day_first: bool) -> int:
     return _day(y, b, a) if day_first else _day(y, a, b)
 
 
+def date_column(dates: Sequence[str]) -> tuple[Callable[[str], int], str | None]:
+    """The parser of a date column from its first cells, and how it reads them: a
+    ``DD-MM-YYYY`` or ``MM-DD-YYYY`` column is day-first when a first field exceeds 12."""
+    day_first = any(int(d.strip()[:2]) > 12 for d in dates if d.strip()[:2].isdecimal())
+    if dates and dates[0].strip()[2:3] in ("-", "/", "."):
+        note = f"dates read as {'DD-MM-YYYY' if day_first else 'MM-DD-YYYY'}"
+        return (lambda c: day_first_date(c, day_first)), note
+    return date_only, None
+
+
 def _elapsed(cell: str) -> float:
     s = cell.strip().strip('"').strip()
     if s.endswith("ms"):
@@ -145,7 +161,7 @@ def _elapsed(cell: str) -> float:
         return total
     v = float(s)
     if v != v or v in (float("inf"), float("-inf")):
-        raise ValueError(f"{cell.strip()!r} is not a time")
+        raise NonFiniteTime(f"{cell.strip()!r} is not a finite time")
     return v
 
 
@@ -168,7 +184,7 @@ def _epoch(scale: float) -> Callable[[str], float]:
     def parse(cell: str) -> float:
         v = float(cell.strip().strip('"'))
         if v != v or v in (float("inf"), float("-inf")):
-            raise ValueError(f"{cell.strip()!r} is not a time")
+            raise NonFiniteTime(f"{cell.strip()!r} is not a finite time")
         return v * scale
 
     return parse
@@ -186,76 +202,123 @@ def _looks_date_time(s: str) -> bool:
     return len(s) >= 16 and s[:4].isdecimal() and s[4] in "-/." and s[10:11] in ("T", " ", "t", "_")
 
 
+_LOCAL_NOTE = "local time of the logging machine, read as UTC"
+_TIME_OF_DAY = TimeParser(
+    "time-of-day",
+    _time_of_day,
+    False,
+    "times of day without a date: the first day is counted as day 0",
+    time_of_day=True,
+)
+_ELAPSED = TimeParser("elapsed", _elapsed, False, "times are seconds since the start of the log")
+_UNITS = {1.0: "seconds", 1e-3: "milliseconds", 1e-6: "microseconds", 1e-9: "ns"}
+
+
+def _date_time_candidate(cells: list[str]) -> TimeParser | None:
+    if not all(_looks_date_time(c) for c in cells):
+        return None
+    zoned = all(c.endswith(("Z", "z")) or c[-6:-5] in "+-" or c[-5:-4] in "+-" for c in cells)
+    return TimeParser("datetime", date_time, True, None if zoned else _LOCAL_NOTE)
+
+
+def _time_of_day_candidate(cells: list[str]) -> TimeParser | None:
+    if all(len(c) == 8 and c[2] == ":" and c[5] == ":" for c in cells) or all(
+        len(c) >= 8 and c[2] == ":" and c[5] == ":" and c[8:9] in (".", ",") for c in cells
+    ):
+        return _TIME_OF_DAY
+    return None
+
+
+def _numbers(cells: list[str]) -> list[float]:
+    """The cells as numbers, or [] when one is not a number."""
+    try:
+        return [float(c) for c in cells]
+    except ValueError:
+        return []
+
+
+def _number_scale(hi: float, lname: str) -> float:
+    """Seconds per unit of a numeric time column: its name's unit, else its magnitude
+    (epoch nanoseconds, microseconds, milliseconds or seconds)."""
+    if lname.endswith(("_ms", "(ms)", "[ms]", " ms", "millis", "milliseconds")):
+        return 1e-3
+    if lname.endswith(("_us", "(us)", "[us]")):
+        return 1e-6
+    if lname.endswith(("_ns", "(ns)", "[ns]")) or hi > 1e17:
+        return 1e-9
+    if hi > 1e14:
+        return 1e-6
+    if hi > 1e11:
+        return 1e-3
+    return 1.0
+
+
+def _numeric_candidate(numeric: list[float], name: str) -> TimeParser:
+    hi = max(abs(v) for v in numeric)
+    scale = _number_scale(hi, name.lower())
+    absolute = hi * scale > 1e8  # after 1973: an epoch, else seconds since the start
+    unit = _UNITS[scale]
+    if absolute:
+        note = f"times read as epoch {unit}"
+    elif scale != 1.0:
+        note = f"times are {unit} since the start of the log"
+    else:
+        note = "times are seconds since the start of the log"
+    return TimeParser("epoch" if absolute else "elapsed", _epoch(scale), absolute, note)
+
+
+def _reads_all(cand: TimeParser, cells: list[str]) -> bool:
+    try:
+        for c in cells:
+            cand.parse(c)
+    except ValueError:
+        return False
+    return True
+
+
 def pick(samples: Sequence[str], name: str = "") -> TimeParser | None:
     """The parser that reads every one of ``samples`` (a column's first cells), or None.
 
     ``name`` (the column header, lower-cased) settles units a number cannot show:
-    ``_ms`` milliseconds, ``(s)`` elapsed seconds.
+    ``_ms`` milliseconds, ``(s)`` elapsed seconds.  Forms are tried from the most
+    particular: a date and time, a time of day, a number, an elapsed time.
     """
     cells = [c.strip().strip('"').strip() for c in samples if c.strip().strip('"').strip()]
     if not cells:
         return None
-    candidates: list[TimeParser] = []
-    if all(_looks_date_time(c) for c in cells):
-        zoned = all(c.endswith(("Z", "z")) or c[-6:-5] in "+-" or c[-5:-4] in "+-" for c in cells)
-        note = None if zoned else "local time of the logging machine, read as UTC"
-        candidates.append(TimeParser("datetime", date_time, True, note))
-    if all(len(c) == 8 and c[2] == ":" and c[5] == ":" for c in cells) or all(
-        len(c) >= 8 and c[2] == ":" and c[5] == ":" and c[8:9] in (".", ",") for c in cells
-    ):
-        candidates.append(
-            TimeParser(
-                "time-of-day",
-                _time_of_day,
-                False,
-                "times of day without a date: the first day is counted as day 0",
-                time_of_day=True,
-            )
-        )
-    numeric = []
-    for c in cells:
-        try:
-            numeric.append(float(c))
-        except ValueError:
-            numeric = []
-            break
+    candidates = [_date_time_candidate(cells), _time_of_day_candidate(cells)]
+    numeric = _numbers(cells)
     if numeric:
-        hi = max(abs(v) for v in numeric)
-        lname = name.lower()
-        if lname.endswith(("_ms", "(ms)", "[ms]", " ms", "millis", "milliseconds")):
-            scale = 1e-3
-        elif lname.endswith(("_us", "(us)", "[us]")):
-            scale = 1e-6
-        elif lname.endswith(("_ns", "(ns)", "[ns]")) or hi > 1e17:
-            scale = 1e-9
-        elif hi > 1e14:
-            scale = 1e-6
-        elif hi > 1e11:
-            scale = 1e-3
-        else:
-            scale = 1.0
-        absolute = hi * scale > 1e8  # after 1973: an epoch, else seconds since the start
-        unit = {1.0: "seconds", 1e-3: "milliseconds", 1e-6: "microseconds", 1e-9: "ns"}[scale]
-        note = f"times read as epoch {unit}" if absolute else None
-        if not absolute:
-            note = "times are seconds since the start of the log"
-            if scale != 1.0:
-                note = f"times are {unit} since the start of the log"
-        candidates.append(
-            TimeParser("epoch" if absolute else "elapsed", _epoch(scale), absolute, note)
-        )
+        candidates.append(_numeric_candidate(numeric, name))
     elif all(_is_elapsed(c) for c in cells):
-        candidates.append(
-            TimeParser("elapsed", _elapsed, False, "times are seconds since the start of the log")
-        )
-    for cand in candidates:
-        try:
-            for c in cells:
-                cand.parse(c)
-        except ValueError:
+        candidates.append(_ELAPSED)
+    return next((c for c in candidates if c is not None and _reads_all(c, cells)), None)
+
+
+def pick_most(samples: Sequence[str], name: str = "") -> tuple[TimeParser | None, int | None]:
+    """The parser that reads more than half of ``samples``, and the index of the first cell
+    it cannot read (None when it reads them all).  A garbled cell -- the first row of a log
+    copied from mid-line, a typo, a NaN -- does not decide how a column writes its times;
+    the row holding it is named when it is read.  Without such a parser: (None, the index
+    of the first cell the likeliest parser cannot read)."""
+    got = pick(samples, name)
+    if got is not None:
+        return got, None
+    best: tuple[int, TimeParser | None, int] = (0, None, 0)
+    kinds: set[str] = set()
+    for cell in samples[:8]:  # the forms single cells suggest
+        cand = pick([cell], name)
+        if cand is None or cand.kind in kinds:
             continue
-        return cand
-    return None
+        kinds.add(cand.kind)
+        reads = [_reads_all(cand, [c]) for c in samples]
+        good = [c for c, ok in zip(samples, reads, strict=True) if ok]
+        if len(good) > best[0]:
+            best = (len(good), pick(good, name) or cand, reads.index(False))
+    count, parser, first_bad = best
+    if parser is not None and count * 2 > len(samples):
+        return parser, first_bad
+    return None, first_bad
 
 
 def _is_elapsed(c: str) -> bool:
@@ -307,3 +370,26 @@ def ctime_words(words: Sequence[str]) -> float | None:
     if not (1 <= int(day) <= 31 and h < 24 and mi < 60 and sec < 61):
         return None
     return float(calendar.timegm((int(year), _MONTHS[words[1]], int(day), h, mi, sec, 0, 0, 0)))
+
+
+FRAME = "=-*#[]<>|~ \t"  # what loggers frame a time line with (``=== 18:47:06 ===``)
+
+
+def line_time(line: str) -> float | None:
+    """The Unix time of a line that holds only a date and time, as loggers print one
+    above each sample (``=== 2024-10-31 18:47:06 ===``, ``Thu Oct 31 18:47:06 UTC 2024``,
+    ``[2024/10/31 18:47:06]``), or None."""
+    text = line.strip().strip(FRAME)
+    if not text or len(text) > 64 or not text[0].isalnum():
+        return None
+    words = [w for w in text.split() if w not in ("UTC", "GMT")]
+    got = ctime_words(words) if len(words) == 5 else None
+    if got is not None:
+        return got
+    parser = pick([text])
+    if parser is None or not parser.absolute:
+        return None
+    try:
+        return parser.parse(text)
+    except ValueError:
+        return None

@@ -15,13 +15,23 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Iterator
 from itertools import chain
+from math import isfinite
 from typing import Any
 
 from gpumon.errors import TraceFormatError
 from gpumon.model import GpuIdentity, GpuSample, HostSample, Snapshot, TraceHeader
-from gpumon.traces._common import add_note, cut_short_warning, is_cut_short, median_interval
+from gpumon.traces._common import (
+    Tally,
+    add_note,
+    cut_short_warning,
+    is_cut_short,
+    median_interval,
+    non_finite_times,
+)
 from gpumon.traces.columns import WANDB_GPU_FIELDS
+from gpumon.traces.reader import Reader
 from gpumon.traces.source import Source, numbered_lines
+from gpumon.traces.timefmt import NonFiniteTime
 
 FORMAT = "wandb"
 PREFIX_LINES = 64
@@ -80,10 +90,15 @@ def _fields(obj: dict[str, Any]) -> tuple[Fields, float | None]:
 
 
 def _time(obj: dict[str, Any]) -> tuple[float, bool]:
+    """The event's time (``_timestamp``, else ``_runtime``) and whether it is absolute;
+    NonFiniteTime for a NaN or infinite one (JSON from Python writes them)."""
     for key, absolute in (("_timestamp", True), ("_runtime", False)):
         v = obj.get(key)
         if isinstance(v, int | float) and not isinstance(v, bool):
-            return float(v), absolute
+            t = float(v)
+            if not isfinite(t):
+                raise NonFiniteTime(f"{key} is {v!r}, not a finite time")
+            return t, absolute
     raise ValueError("no _timestamp or _runtime")
 
 
@@ -163,6 +178,16 @@ def read(
 def _snapshots(
     lines: Iterator[tuple[int, str]], t0: float, path: str, warns: list[str]
 ) -> Iterator[Snapshot]:
+    non_finite = non_finite_times()
+    try:
+        yield from _events(lines, t0, path, warns, non_finite)
+    finally:
+        non_finite.say(path, warns)
+
+
+def _events(
+    lines: Iterator[tuple[int, str]], t0: float, path: str, warns: list[str], non_finite: Tally
+) -> Iterator[Snapshot]:
     for no, line in lines:
         if not line.strip():
             continue
@@ -174,6 +199,9 @@ def _snapshots(
             if not fields and cpu is None:
                 continue  # an event of other metrics (network, disk) or a run marker
             t, _absolute = _time(obj)
+        except NonFiniteTime:
+            non_finite.note(no, line)
+            continue
         except (ValueError, TypeError, OverflowError, RecursionError) as exc:
             if is_cut_short(line):
                 warns.append(cut_short_warning(path, no))
@@ -185,3 +213,8 @@ def _snapshots(
         if cpu is not None and 0 <= cpu <= 100:
             host = HostSample(t_s=t, cpu_pct=cpu)
         yield Snapshot(t_s=t, gpus=samples, host=host)
+
+
+READER = Reader(
+    FORMAT, "W&B system metrics (wandb-events.jsonl with system.gpu.N.* keys)", sniff, read
+)

@@ -47,6 +47,7 @@ __all__ = [
     "Pattern",
     "Process",
     "Scenario",
+    "XidError",
     "build_library",
     "call_count",
     "fake_env",
@@ -66,6 +67,7 @@ LIB_NAME = "libnvidia-ml.so.1"
 ENV_SCENARIO = "FAKE_NVML_SCENARIO"
 MAX_GPUS = 64  # MAX_GPUS in fakenvml.c
 MAX_PROCS = 64  # MAX_PROCS in fakenvml.c
+MAX_XIDS = 64  # MAX_XIDS in fakenvml.c
 
 #: Short call names accepted by ``unsupported`` and ``errors`` (mirrors CALL_LIST in the C file).
 CALL_NAMES = frozenset(
@@ -76,6 +78,9 @@ CALL_NAMES = frozenset(
         "compute_mode", "mig", "display", "ecc", "field_values", "gpm", "misc",
         # system-wide calls (only meaningful in Scenario.errors / Scenario.unsupported)
         "count", "driver_version", "nvml_version", "cuda_version", "process_name",
+        # field values of their own (nvmlDeviceGetFieldValues fails that field alone), and
+        # NVML events (the event set's calls; "events" in Scenario.errors fails the wait)
+        "memory_temperature", "pcie_replay", "nvlink", "events",
     }
 )  # fmt: skip
 
@@ -190,6 +195,17 @@ class MigInstance:
     tensor_active_pct: float | None = 30.0
 
 
+@dataclass(frozen=True)
+class XidError:
+    """An XID critical error the GPU reports at ``t_mono_s`` (time.monotonic(), default:
+    when this is made), delivered through NVML events (nvmlEventSetWait_v2) to every event
+    set that registered the GPU before then.  The time is absolute, so a scenario rewritten
+    with the same errors delivers none of them twice."""
+
+    code: int
+    t_mono_s: float = field(default_factory=time.monotonic)
+
+
 def _pct(value: float | None) -> str:
     return "-1" if value is None else repr(float(value))
 
@@ -237,6 +253,17 @@ class FakeGPU:
     gpm_sm_occupancy_pct: float | None = 40.0
     gpm_tensor_active_pct: float | None = 30.0
     mig: list[MigInstance] = field(default_factory=list)  #: MIG instances (MIG on if any)
+    memory_temperature_c: int = 50  #: field NVML_FI_DEV_MEMORY_TEMP
+    #: ECC error counts: volatile (since the driver loaded) and aggregate (the GPU's life).
+    ecc_corrected: int = 0
+    ecc_uncorrected: int = 0
+    ecc_corrected_aggregate: int = 0
+    ecc_uncorrected_aggregate: int = 0
+    pcie_replays: int = 0  #: PCIe replay counter
+    nvlink_links: int = 18  #: 0: no NVLink (its fields are NOT_SUPPORTED)
+    nvlink_tx_kbps: int = 0  #: KiB/s over all links; the throughput fields count KiB
+    nvlink_rx_kbps: int = 0
+    xid_errors: list[XidError] = field(default_factory=list)  #: delivered as NVML events
 
     def default_uuid(self, index: int) -> str:
         """The UUID used when ``uuid`` is None (stable per index)."""
@@ -306,6 +333,22 @@ class FakeGPU:
                 f"mig_instance={int(m.gpu_instance_id)},{_pct(m.sm_active_pct)},"
                 f"{_pct(m.sm_occupancy_pct)},{_pct(m.tensor_active_pct)}"
             )
+        out += [
+            f"memory_temperature_c={int(self.memory_temperature_c)}",
+            f"ecc_corrected={int(self.ecc_corrected)}",
+            f"ecc_uncorrected={int(self.ecc_uncorrected)}",
+            f"ecc_corrected_aggregate={int(self.ecc_corrected_aggregate)}",
+            f"ecc_uncorrected_aggregate={int(self.ecc_uncorrected_aggregate)}",
+            f"pcie_replays={int(self.pcie_replays)}",
+            f"nvlink_links={int(self.nvlink_links)}",
+            f"nvlink_tx_kbps={int(self.nvlink_tx_kbps)}",
+            f"nvlink_rx_kbps={int(self.nvlink_rx_kbps)}",
+        ]
+        if len(self.xid_errors) > MAX_XIDS:
+            raise ValueError(f"the fake supports at most {MAX_XIDS} XID errors per GPU")
+        if len({x.t_mono_s for x in self.xid_errors}) != len(self.xid_errors):
+            raise ValueError("two XID errors of one GPU at the same time: give each its own")
+        out += [f"xid={x.t_mono_s!r},{int(x.code)}" for x in self.xid_errors]
         for p in self.processes:
             if not isinstance(p, Process):
                 p = Process(*p)

@@ -18,6 +18,9 @@
  *           gpm_supported gpm_sm_active_pct gpm_sm_occupancy_pct gpm_tensor_active_pct
  *           mig_instance=<gpu instance id>,<sm%>,<occupancy%>,<tensor%> (repeatable; any
  *           makes MIG enabled) unsupported=... error=... (see gpu_set for the rest)
+ *           memory_temperature_c ecc_corrected ecc_uncorrected ecc_corrected_aggregate
+ *           ecc_uncorrected_aggregate pcie_replays nvlink_links nvlink_tx_kbps nvlink_rx_kbps
+ *           xid=<CLOCK_MONOTONIC seconds>,<code> (repeatable: an XID critical error then)
  *
  * Time model: every utilisation pattern is a function of CLOCK_MONOTONIC seconds since the
  * scenario's epoch.  Driver samples sit at multiples of sample_period on the chosen timestamp
@@ -33,6 +36,11 @@
  * GPU that reads busy while its SMs idle (a collective spinning).  A negative percentage makes
  * that metric NOT_SUPPORTED.  With MIG enabled the whole-GPU sample is NOT_SUPPORTED and each
  * GPU instance is read with nvmlGpmMigSampleGet.
+ *
+ * Events: an event set (nvmlEventSetCreate) delivers, through nvmlEventSetWait_v2, the XID
+ * critical errors of the GPUs registered on it whose scripted time lies after the registration
+ * and has passed, oldest first, each once per set.  XID times are absolute CLOCK_MONOTONIC
+ * seconds, so rewriting the scenario with the same errors delivers nothing twice.
  *
  * Threads: readers never lock; a reload swaps a pointer and frees old scenarios 32 reloads
  * later.  The file is re-stat()ed at most every 10 ms (CLOCK_MONOTONIC_COARSE check).
@@ -171,6 +179,23 @@ typedef struct {
     unsigned int version, fan, speed;
 } nvmlFanSpeedInfo_t;
 
+/* nvmlEventData_t as nvmlEventSetWait_v2 fills it (the legacy nvmlEventSetWait fills the
+ * first three members only). */
+typedef struct {
+    nvmlDevice_t device;
+    unsigned long long eventType, eventData;
+    unsigned int gpuInstanceId, computeInstanceId;
+} nvmlEventData_t;
+
+#define NVML_EVENT_TYPE_SINGLE_BIT_ECC 0x1ULL
+#define NVML_EVENT_TYPE_DOUBLE_BIT_ECC 0x2ULL
+#define NVML_EVENT_TYPE_PSTATE 0x4ULL
+#define NVML_EVENT_TYPE_XID 0x8ULL
+#define NVML_EVENT_TYPE_CLOCK 0x10ULL
+#define SUPPORTED_EVENT_TYPES                                                                 \
+    (NVML_EVENT_TYPE_SINGLE_BIT_ECC | NVML_EVENT_TYPE_DOUBLE_BIT_ECC | NVML_EVENT_TYPE_PSTATE | \
+     NVML_EVENT_TYPE_XID | NVML_EVENT_TYPE_CLOCK)
+
 /* GPM: an opaque sample (the fake's own content) and the metrics request. */
 typedef struct nvmlGpmSample_st {
     unsigned int magic;
@@ -200,6 +225,7 @@ typedef struct {
 #define MAX_GPUS 64
 #define MAX_PROCS 64
 #define MAX_MIG 8 /* MIG devices per GPU (an H100 has at most 7) */
+#define MAX_XIDS 64 /* scripted XID errors per GPU */
 #define STR_LEN 96
 enum { GPM_SM_ACTIVE = 0, GPM_SM_OCCUPANCY = 1, GPM_TENSOR_ACTIVE = 2, N_GPM = 3 };
 
@@ -215,7 +241,8 @@ enum { GPM_SM_ACTIVE = 0, GPM_SM_OCCUPANCY = 1, GPM_TENSOR_ACTIVE = 2, N_GPM = 3
     X(DISPLAY, "display") X(ECC, "ecc") X(FIELD_VALUES, "field_values") X(GPM, "gpm")        \
     X(MISC, "misc") X(COUNT, "count") X(DRIVER_VERSION, "driver_version")                    \
     X(NVML_VERSION, "nvml_version") X(CUDA_VERSION, "cuda_version")                          \
-    X(PROCESS_NAME, "process_name")
+    X(PROCESS_NAME, "process_name") X(MEMORY_TEMPERATURE, "memory_temperature")               \
+    X(PCIE_REPLAY, "pcie_replay") X(NVLINK, "nvlink") X(EVENTS, "events")
 
 #define X_ENUM(id, s) C_##id,
 enum call_id { CALL_LIST(X_ENUM) N_CALLS };
@@ -266,6 +293,14 @@ typedef struct {
         unsigned int gi;
         double pct[N_GPM];
     } mig[MAX_MIG];
+    int memory_temperature_c;
+    unsigned long long ecc[4]; /* corrected, uncorrected (volatile); the same, aggregate */
+    unsigned int pcie_replays, nvlink_links, nvlink_tx_kbps, nvlink_rx_kbps;
+    int nxid;
+    struct {
+        double t; /* CLOCK_MONOTONIC seconds */
+        unsigned long long code;
+    } xid[MAX_XIDS];
 } gpu_t;
 
 typedef struct {
@@ -437,6 +472,8 @@ static void gpu_defaults(gpu_t *g, int index) {
     g->gpm_pct[GPM_SM_ACTIVE] = 80;
     g->gpm_pct[GPM_SM_OCCUPANCY] = 40;
     g->gpm_pct[GPM_TENSOR_ACTIVE] = 30;
+    g->memory_temperature_c = 50;
+    g->nvlink_links = 18;
     parse_bus_id(g);
 }
 
@@ -529,6 +566,24 @@ static void gpu_set(gpu_t *g, const char *key, const char *v) {
             g->mig[g->nmig].pct[GPM_SM_OCCUPANCY] = b;
             g->mig[g->nmig].pct[GPM_TENSOR_ACTIVE] = c;
             g->nmig++;
+        }
+    }
+    else if (KEY("memory_temperature_c")) g->memory_temperature_c = (int)strtol(v, NULL, 0);
+    else if (KEY("ecc_corrected")) g->ecc[0] = strtoull(v, NULL, 0);
+    else if (KEY("ecc_uncorrected")) g->ecc[1] = strtoull(v, NULL, 0);
+    else if (KEY("ecc_corrected_aggregate")) g->ecc[2] = strtoull(v, NULL, 0);
+    else if (KEY("ecc_uncorrected_aggregate")) g->ecc[3] = strtoull(v, NULL, 0);
+    else if (KEY("pcie_replays")) g->pcie_replays = (unsigned int)strtoul(v, NULL, 0);
+    else if (KEY("nvlink_links")) g->nvlink_links = (unsigned int)strtoul(v, NULL, 0);
+    else if (KEY("nvlink_tx_kbps")) g->nvlink_tx_kbps = (unsigned int)strtoul(v, NULL, 0);
+    else if (KEY("nvlink_rx_kbps")) g->nvlink_rx_kbps = (unsigned int)strtoul(v, NULL, 0);
+    else if (KEY("xid") && g->nxid < MAX_XIDS) {
+        double t = 0;
+        unsigned long long code = 0;
+        if (sscanf(v, "%lf,%llu", &t, &code) == 2) {
+            g->xid[g->nxid].t = t;
+            g->xid[g->nxid].code = code;
+            g->nxid++;
         }
     }
     else if (KEY("process") && g->nproc < MAX_PROCS) {
@@ -1082,7 +1137,7 @@ UINT_GETTER(nvmlDeviceGetCurrPcieLinkWidth, PCIE, G->pcie_width)
 UINT_GETTER(nvmlDeviceGetMaxPcieLinkWidth, PCIE, G->pcie_width)
 UINT_GETTER(nvmlDeviceGetPcieSpeed, PCIE, G->pcie_gen >= 5 ? 32000 : 16000)
 UINT_GETTER(nvmlDeviceGetPcieLinkMaxSpeed, PCIE, G->pcie_gen >= 5 ? 32000 : 16000)
-UINT_GETTER(nvmlDeviceGetPcieReplayCounter, PCIE, 0)
+UINT_GETTER(nvmlDeviceGetPcieReplayCounter, PCIE_REPLAY, G->pcie_replays)
 UINT_GETTER(nvmlDeviceGetEnforcedPowerLimit, POWER_LIMIT, lround(G->power_limit_w * 1000))
 UINT_GETTER(nvmlDeviceGetPowerManagementLimit, POWER_LIMIT, lround(G->power_limit_w * 1000))
 UINT_GETTER(nvmlDeviceGetPowerManagementDefaultLimit, POWER_LIMIT,
@@ -1132,7 +1187,6 @@ UNSUPPORTED_GETTER(nvmlDeviceGetEncoderSessions)
 UNSUPPORTED_GETTER(nvmlDeviceGetEncoderCapacity)
 UNSUPPORTED_GETTER(nvmlDeviceGetFBCStats)
 UNSUPPORTED_GETTER(nvmlDeviceGetFBCSessions)
-UNSUPPORTED_GETTER(nvmlDeviceGetSupportedEventTypes)
 UNSUPPORTED_GETTER(nvmlDeviceGetAccountingStats)
 UNSUPPORTED_GETTER(nvmlDeviceGetAccountingPids)
 UNSUPPORTED_GETTER(nvmlDeviceGetAccountingBufferSize)
@@ -1194,7 +1248,6 @@ UNSUPPORTED_GETTER(nvmlDeviceGetPgpuMetadataString)
 UNSUPPORTED_GETTER(nvmlDeviceGetVgpuMetadata)
 UNSUPPORTED_GETTER(nvmlDeviceGetVirtualizationMode_v2)
 UNSUPPORTED_GETTER(nvmlDeviceGetBAR1MemoryInfo_v2)
-UNSUPPORTED_GETTER(nvmlDeviceRegisterEvents)
 UNSUPPORTED_GETTER(nvmlDeviceGetCapabilities)
 UNSUPPORTED_GETTER(nvmlDeviceGetAddressingMode)
 UNSUPPORTED_GETTER(nvmlDeviceGetRepairStatus)
@@ -1232,7 +1285,6 @@ UNSUPPORTED_GETTER(nvmlDeviceQueryDrainState)
 SYS_UNSUPPORTED(nvmlSystemGetTopologyGpuSet)
 SYS_UNSUPPORTED(nvmlSystemGetDriverBranch)
 SYS_UNSUPPORTED(nvmlSystemGetHicVersion)
-SYS_UNSUPPORTED(nvmlEventSetCreate)
 SYS_UNSUPPORTED(nvmlSystemGetConfComputeState)
 SYS_UNSUPPORTED(nvmlSystemGetConfComputeSettings)
 SYS_UNSUPPORTED(nvmlSystemGetConfComputeCapabilities)
@@ -1250,22 +1302,26 @@ API nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t device, int *ma
     return NVML_SUCCESS;
 }
 
+/* ECC is on (an "unsupported=ecc" GPU has it off: every ECC call says NOT_SUPPORTED). */
 API nvmlReturn_t nvmlDeviceGetEccMode(nvmlDevice_t device, int *cur_, int *pend) {
     DEV(ECC);
     (void)G;
-    (void)cur_;
-    (void)pend;
-    return NVML_ERROR_NOT_SUPPORTED;
+    NONNULL(cur_);
+    NONNULL(pend);
+    *cur_ = *pend = 1;
+    return NVML_SUCCESS;
 }
 
+/* errorType: 0 corrected (single bit), 1 uncorrected (double bit); counterType: 0 volatile
+ * (since the driver loaded), 1 aggregate (the GPU's lifetime). */
 API nvmlReturn_t nvmlDeviceGetTotalEccErrors(nvmlDevice_t device, int errType, int counterType,
                                              unsigned long long *count) {
     DEV(ECC);
-    (void)G;
-    (void)errType;
-    (void)counterType;
-    (void)count;
-    return NVML_ERROR_NOT_SUPPORTED;
+    NONNULL(count);
+    if (errType < 0 || errType > 1 || counterType < 0 || counterType > 1)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *count = G->ecc[counterType * 2 + errType];
+    return NVML_SUCCESS;
 }
 
 /* ------------------------------------------------------------------ MIG */
@@ -1946,6 +2002,119 @@ API nvmlReturn_t nvmlDeviceGetProcessesUtilizationInfo(nvmlDevice_t device,
     return NVML_SUCCESS;
 }
 
+/* ------------------------------------------------------------------ events */
+#define EVENT_SET_MAGIC 0x45565431U /* "EVT1" */
+
+typedef struct nvmlEventSet_st {
+    unsigned int magic;
+    pthread_mutex_t lock;
+    unsigned long long types[MAX_GPUS]; /* event types registered per GPU */
+    double since[MAX_GPUS];             /* the newest event delivered (or registration) */
+} *nvmlEventSet_t;
+
+API nvmlReturn_t nvmlEventSetCreate(nvmlEventSet_t *set) {
+    SYS(EVENTS);
+    NONNULL(set);
+    nvmlEventSet_t e = calloc(1, sizeof *e);
+    if (!e) return NVML_ERROR_MEMORY;
+    e->magic = EVENT_SET_MAGIC;
+    pthread_mutex_init(&e->lock, NULL);
+    *set = e;
+    return NVML_SUCCESS;
+}
+
+API nvmlReturn_t nvmlEventSetFree(nvmlEventSet_t set) {
+    if (!g_inited_check()) return NVML_ERROR_UNINITIALIZED;
+    if (!set || set->magic != EVENT_SET_MAGIC) return NVML_ERROR_INVALID_ARGUMENT;
+    set->magic = 0;
+    pthread_mutex_destroy(&set->lock);
+    free(set);
+    return NVML_SUCCESS;
+}
+
+API nvmlReturn_t nvmlDeviceGetSupportedEventTypes(nvmlDevice_t device,
+                                                  unsigned long long *types) {
+    DEV(EVENTS);
+    (void)G;
+    NONNULL(types);
+    *types = SUPPORTED_EVENT_TYPES;
+    return NVML_SUCCESS;
+}
+
+/* Events of `types` on this GPU are delivered from now on (not the ones before). */
+API nvmlReturn_t nvmlDeviceRegisterEvents(nvmlDevice_t device, unsigned long long types,
+                                          nvmlEventSet_t set) {
+    DEV(EVENTS);
+    if (!set || set->magic != EVENT_SET_MAGIC) return NVML_ERROR_INVALID_ARGUMENT;
+    if (types & ~SUPPORTED_EVENT_TYPES) return NVML_ERROR_NOT_SUPPORTED;
+    int i = (int)(G - S->gpus);
+    pthread_mutex_lock(&set->lock);
+    if (!set->types[i]) set->since[i] = mono_now();
+    set->types[i] |= types;
+    pthread_mutex_unlock(&set->lock);
+    return NVML_SUCCESS;
+}
+
+/* The oldest XID of a registered GPU not delivered by this set and due by `now`; 0 if none.
+ * Caller holds set->lock.  A lost GPU's errors are delivered too (XID 79 is how it goes). */
+static int next_xid(const scn_t *s, nvmlEventSet_t set, double now, int *gpu, int *k) {
+    int found = 0;
+    double best = 0;
+    for (int i = 0; i < s->ngpu; i++) {
+        if (!(set->types[i] & NVML_EVENT_TYPE_XID)) continue;
+        const gpu_t *g = &s->gpus[i];
+        for (int j = 0; j < g->nxid; j++) {
+            double t = g->xid[j].t;
+            if (t > set->since[i] && t <= now && (!found || t < best)) {
+                found = 1;
+                best = t;
+                *gpu = i;
+                *k = j;
+            }
+        }
+    }
+    return found;
+}
+
+static nvmlReturn_t event_wait(nvmlEventSet_t set, nvmlEventData_t *data, unsigned int timeoutms,
+                               int v2) {
+    if (!g_inited_check()) return NVML_ERROR_UNINITIALIZED;
+    COUNT(EVENTS);
+    if (!set || set->magic != EVENT_SET_MAGIC) return NVML_ERROR_INVALID_ARGUMENT;
+    NONNULL(data);
+    double deadline = mono_now() + timeoutms / 1000.0;
+    for (;;) {
+        const scn_t *S = cur();
+        if (S->err[C_EVENTS]) return S->err[C_EVENTS];
+        double now = mono_now();
+        int gpu = 0, k = 0;
+        pthread_mutex_lock(&set->lock);
+        int found = next_xid(S, set, now, &gpu, &k);
+        if (found) {
+            set->since[gpu] = S->gpus[gpu].xid[k].t;
+            data->device = &g_handles[gpu];
+            data->eventType = NVML_EVENT_TYPE_XID;
+            data->eventData = S->gpus[gpu].xid[k].code;
+            if (v2) data->gpuInstanceId = data->computeInstanceId = 0xFFFFFFFFU;
+        }
+        pthread_mutex_unlock(&set->lock);
+        if (found) return NVML_SUCCESS;
+        if (now >= deadline) return NVML_ERROR_TIMEOUT;
+        struct timespec ms = {0, 1000000L};
+        nanosleep(&ms, NULL);
+    }
+}
+
+API nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *data,
+                                     unsigned int timeoutms) {
+    return event_wait(set, data, timeoutms, 1);
+}
+
+API nvmlReturn_t nvmlEventSetWait(nvmlEventSet_t set, nvmlEventData_t *data,
+                                  unsigned int timeoutms) {
+    return event_wait(set, data, timeoutms, 0);
+}
+
 /* ------------------------------------------------------------------ field values */
 API nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t device, int valuesCount,
                                           nvmlFieldValue_t *values) {
@@ -1961,7 +2130,52 @@ API nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t device, int valuesCount,
         v->latencyUsec = 0;
         v->value.ullVal = 0;
         v->nvmlReturn = NVML_SUCCESS;
+/* A field of a call the scenario fails (or says NOT_SUPPORTED for) fails alone. */
+#define FIELD_OF(call)                                                 \
+    if (G->err[C_##call]) {                                            \
+        v->nvmlReturn = G->err[C_##call];                              \
+        break;                                                         \
+    }
         switch (v->fieldId) {
+        case 1: /* NVML_FI_DEV_ECC_CURRENT */
+            FIELD_OF(ECC);
+            v->valueType = 1;
+            v->value.uiVal = 1;
+            break;
+        case 3: case 4: case 5: case 6: /* NVML_FI_DEV_ECC_{SBE,DBE}_{VOL,AGG}_TOTAL */
+            FIELD_OF(ECC);
+            v->valueType = 3;
+            v->value.ullVal = G->ecc[v->fieldId == 3 ? 0 : v->fieldId == 4 ? 1
+                                     : v->fieldId == 5 ? 2 : 3];
+            break;
+        case 82: /* NVML_FI_DEV_MEMORY_TEMP */
+            FIELD_OF(MEMORY_TEMPERATURE);
+            v->valueType = 1;
+            v->value.uiVal = (unsigned int)G->memory_temperature_c;
+            break;
+        case 94: /* NVML_FI_DEV_PCIE_REPLAY_COUNTER */
+            FIELD_OF(PCIE_REPLAY);
+            v->valueType = 1;
+            v->value.uiVal = G->pcie_replays;
+            break;
+        case 138: case 139: /* NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX / _RX: KiB, scopeId a
+                             * link or UINT_MAX for all */
+            FIELD_OF(NVLINK);
+            if (!G->nvlink_links) {
+                v->nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
+                break;
+            }
+            if (v->scopeId != 0xFFFFFFFFU && v->scopeId >= G->nvlink_links) {
+                v->nvmlReturn = NVML_ERROR_INVALID_ARGUMENT;
+                break;
+            }
+            v->valueType = 3;
+            {
+                double kib = (v->fieldId == 138 ? G->nvlink_tx_kbps : G->nvlink_rx_kbps) * since;
+                if (v->scopeId != 0xFFFFFFFFU) kib /= G->nvlink_links;
+                v->value.ullVal = (unsigned long long)kib;
+            }
+            break;
         case 185: /* NVML_FI_DEV_POWER_AVERAGE */
             v->valueType = 1;
             v->value.uiVal = (unsigned int)lround(power_w(G, frac_last_1s(S, G, now)) * 1000);
@@ -1971,6 +2185,7 @@ API nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t device, int valuesCount,
             v->value.uiVal = (unsigned int)lround(power_w(G, busy_at(S, G, now)) * 1000);
             break;
         case 83: /* NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION */
+            FIELD_OF(ENERGY);
             v->valueType = 3;
             v->value.ullVal = energy_mj(S, G);
             break;
@@ -1985,6 +2200,7 @@ API nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t device, int valuesCount,
         default:
             v->nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
         }
+#undef FIELD_OF
     }
     return NVML_SUCCESS;
 }
@@ -2014,6 +2230,7 @@ API int fakenvml_sizeof(const char *name) {
         {"nvmlGpmMetric_t", sizeof(nvmlGpmMetric_t)},
         {"nvmlGpmMetricsGet_t.metrics", offsetof(nvmlGpmMetricsGet_t, metrics)},
         {"nvmlFanSpeedInfo_t", sizeof(nvmlFanSpeedInfo_t)},
+        {"nvmlEventData_t", sizeof(nvmlEventData_t)},
     };
     if (!name) return -1;
     for (size_t i = 0; i < sizeof t / sizeof t[0]; i++)

@@ -295,7 +295,7 @@ def plugin_class(base: type, g: MutableMapping[str, Any], kind: str = "dstat") -
     """
     host = _Host(g, kind)
 
-    class GpuPlugin(base):  # type: ignore[misc, valid-type]
+    class GpuPlugin(base):
         """gpumon's GPU band(s): utilisation, memory and the detector's verdict."""
 
         def __init__(self, columns: GpuColumns | None = None) -> None:

@@ -84,7 +84,8 @@ def run(args: argparse.Namespace) -> int:
                 tick = session.tick()
                 write_tick(writer, tick.snapshot, args.output)
                 ticks += 1
-                if args.pid is not None and not tick.snapshot.tree.root_alive:
+                tree = tick.snapshot.tree
+                if args.pid is not None and tree is not None and not tree.root_alive:
                     print(f"gpumon: process {args.pid} exited; recording stopped.", file=sys.stderr)
                     break
             else:

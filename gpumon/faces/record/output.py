@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import gzip
-from typing import IO
+from typing import IO, cast
 
 from gpumon.errors import GpumonError, UsageError
 from gpumon.model import TraceHeader
@@ -22,7 +22,7 @@ def open_output(path: str, *, force: bool = False) -> IO[str]:
     mode = "wt" if force else "xt"
     try:
         if path.endswith(".gz"):
-            return gzip.open(path, mode, encoding="utf-8")
+            return cast(IO[str], gzip.open(path, mode, encoding="utf-8"))
         return open(path, mode, encoding="utf-8")
     except FileExistsError:
         raise UsageError(

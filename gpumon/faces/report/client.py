@@ -141,7 +141,7 @@ class _Connection(http.client.HTTPConnection):
                 sock, server_hostname=self._server_name, do_handshake_on_connect=False
             )
             self._deadline.watch(sock)
-            sock.do_handshake()  # type: ignore[attr-defined]
+            sock.do_handshake()
         self.sock = sock
 
 

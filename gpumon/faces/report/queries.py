@@ -252,10 +252,10 @@ class JobQueries:
         counters_end = q(f"gpumon_gpu_state_seconds_total{{{n}}}")
         counters_start = q(f"gpumon_gpu_state_seconds_total{{{n}}}", start)
         started_end = {
-            s.labels.get("instance"): s.value for s in q(f"process_start_time_seconds{{{n}}}")
+            s.labels.get("instance", ""): s.value for s in q(f"process_start_time_seconds{{{n}}}")
         }
         started_then = {
-            s.labels.get("instance"): s.value
+            s.labels.get("instance", ""): s.value
             for s in q(f"process_start_time_seconds{{{n}}}", start)
         }
         # Restarted while the job ran: its start time moved, or it started after the job

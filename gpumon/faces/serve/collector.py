@@ -10,11 +10,15 @@ Names follow Prometheus' rules: ``gpumon_`` prefix, base units as suffixes (``_r
 0-1, ``_bytes``, ``_watts``, ``_seconds``), counters ``_total``, metadata in ``_info``,
 labels ``gpu`` (NVML index) and ``uuid``; job labels use dcgm-exporter's names
 (``hpc_job``, ``pod``, ``namespace``, ``container``) so the two join.  There is no pid
-label: pids churn series.
+label: pids churn series.  The hardware series people alert on (temperatures, clocks and
+why they are held down, ECC, XID, PCIe replays, NVLink, energy) are gpumon's own names;
+deploy/prometheus/gpumon-dcgm-rules.yml records them under dcgm-exporter's.
 """
 
 from __future__ import annotations
 
+import os
+import socket
 import time
 from collections.abc import Callable, Iterator
 
@@ -32,7 +36,7 @@ from gpumon.faces.serve.buildinfo import build_labels
 from gpumon.faces.serve.daemon import ServeState
 from gpumon.faces.serve.http import CONNECTION_ERROR_KINDS, ConnectionStats
 from gpumon.faces.serve.log import REOPEN_REASONS
-from gpumon.model import Cause, Episode, Reason, State
+from gpumon.model import Cause, Episode, GpuSample, Reason, State
 
 GPU = ["gpu", "uuid"]
 JOB = ["hpc_job", "pod", "namespace", "container"]
@@ -40,6 +44,99 @@ STATES = tuple(str(s) for s in State)
 CAUSES = tuple(str(c) for c in Cause)
 # Reasons as label values: the enum's names, since its values are phrases for people.
 REASON_LABELS = {r: r.name.lower() for r in Reason}
+# The clocks-event (throttle) reasons: nvml.h's nvmlClocksEventReason* bits, by label.
+CLOCK_EVENT_REASONS = (
+    ("gpu_idle", 0x1),
+    ("applications_clocks_setting", 0x2),
+    ("sw_power_cap", 0x4),
+    ("hw_slowdown", 0x8),
+    ("sync_boost", 0x10),
+    ("sw_thermal_slowdown", 0x20),
+    ("hw_thermal_slowdown", 0x40),
+    ("hw_power_brake_slowdown", 0x80),
+    ("display_clock_setting", 0x100),
+)
+
+
+def _scaled(value: float | None, factor: float) -> float | None:
+    return None if value is None else value * factor
+
+
+# The per-GPU hardware series of one reading each: (family, help, a counter?, the reading
+# in base units).
+HARDWARE_SERIES: tuple[tuple[str, str, bool, Callable[[GpuSample], float | None]], ...] = (
+    (
+        "gpumon_gpu_temperature_celsius",
+        "GPU core temperature (temperature.gpu).",
+        False,
+        lambda s: s.temperature_c,
+    ),
+    (
+        "gpumon_gpu_memory_temperature_celsius",
+        "Memory (HBM) temperature (temperature.memory).",
+        False,
+        lambda s: s.memory_temperature_c,
+    ),
+    (
+        "gpumon_gpu_sm_clock_hertz",
+        "SM clock (clocks.sm).",
+        False,
+        lambda s: _scaled(s.sm_clock_mhz, 1e6),
+    ),
+    (
+        "gpumon_gpu_memory_clock_hertz",
+        "Memory clock (clocks.mem).",
+        False,
+        lambda s: _scaled(s.mem_clock_mhz, 1e6),
+    ),
+    (
+        "gpumon_gpu_fan_speed_ratio",
+        "Fan speed against its maximum (fan.speed); absent on passively cooled GPUs.",
+        False,
+        lambda s: _scaled(s.fan_speed_pct, 0.01),
+    ),
+    (
+        "gpumon_gpu_performance_state",
+        "Performance state: 0 (P0, the fastest) to 15 (pstate).",
+        False,
+        lambda s: s.pstate,
+    ),
+    (
+        "gpumon_gpu_memory_utilization_ratio",
+        "Share of the driver's last sample period in which memory was read or written "
+        "(utilization.memory).",
+        False,
+        lambda s: _scaled(s.mem_util_pct, 0.01),
+    ),
+    (
+        "gpumon_gpu_energy_joules",
+        "Energy the GPU used since the driver loaded (total energy consumption).",
+        True,
+        lambda s: s.energy_joules,
+    ),
+    (
+        "gpumon_gpu_pcie_replays",
+        "PCIe transfers replayed after a link error, since the driver loaded.",
+        True,
+        lambda s: s.pcie_replays,
+    ),
+    (
+        "gpumon_gpu_nvlink_transmit_bytes",
+        "Data sent over NVLink, all links, since the driver loaded.",
+        True,
+        lambda s: s.nvlink_tx_bytes,
+    ),
+    (
+        "gpumon_gpu_nvlink_receive_bytes",
+        "Data received over NVLink, all links, since the driver loaded.",
+        True,
+        lambda s: s.nvlink_rx_bytes,
+    ),
+)
+# XID codes people page on (NVIDIA's XID catalogue: 48 double-bit ECC, 63/64 row
+# remapping, 74 NVLink, 79 fallen off the bus, 94/95 contained/uncontained ECC): exported
+# at 0 from the start, so the first one is an increase Prometheus can see.
+PAGED_XIDS = ("48", "63", "64", "74", "79", "94", "95")
 
 # Every metric family name this collector can emit (the dashboard and rules tests check
 # their queries against this list).
@@ -64,6 +161,22 @@ METRIC_NAMES = (
     "gpumon_gpu_idle_gap_seconds",
     "gpumon_gpu_busy_burst_seconds",
     "gpumon_gpu_job_info",
+    "gpumon_gpu_temperature_celsius",
+    "gpumon_gpu_memory_temperature_celsius",
+    "gpumon_gpu_sm_clock_hertz",
+    "gpumon_gpu_memory_clock_hertz",
+    "gpumon_gpu_clock_event_reason",
+    "gpumon_gpu_fan_speed_ratio",
+    "gpumon_gpu_performance_state",
+    "gpumon_gpu_memory_utilization_ratio",
+    "gpumon_gpu_energy_joules_total",
+    "gpumon_gpu_ecc_errors_total",
+    "gpumon_gpu_ecc_aggregate_errors_total",
+    "gpumon_gpu_pcie_replays_total",
+    "gpumon_gpu_nvlink_transmit_bytes_total",
+    "gpumon_gpu_nvlink_receive_bytes_total",
+    "gpumon_gpu_xid_errors_total",
+    "gpumon_gpu_last_xid",
     "gpumon_node_state",
     "gpumon_node_state_seconds_total",
     "gpumon_lost_gpu_seconds_total",
@@ -99,9 +212,12 @@ METRIC_NAMES = (
 class GpumonCollector(Collector):
     """Reads ``ServeState`` under its lock; yields every family of one tick."""
 
-    def __init__(self, state: ServeState, http: ConnectionStats | None = None) -> None:
+    def __init__(
+        self, state: ServeState, http: ConnectionStats | None = None, hostname: str | None = None
+    ) -> None:
         self.state = state
         self.http = http
+        self._hostname = hostname if hostname is not None else node_name()
         self._last_scrape_s: float | None = None
         session = state.session
         self._build_labels = build_labels(state.version, session.nvml_version, state.driver_version)
@@ -167,6 +283,7 @@ class GpumonCollector(Collector):
         return (
             ("build", self._build),
             ("gpus", self._gpus),
+            ("hardware", self._hardware),
             ("detection", self._detection),
             ("jobs", self._jobs),
             ("host", self._host),
@@ -238,6 +355,7 @@ class GpumonCollector(Collector):
                     "name": ident.name or "",
                     "driver": st.driver_version or "",
                     "pci_bus_id": ident.pci_bus_id or "",
+                    "hostname": self._hostname,
                 },
             )
             s = rt.latest
@@ -267,6 +385,65 @@ class GpumonCollector(Collector):
             *(info, lost, util, used, total, power, limit, procs),
             *(sm_active, sm_occupancy, tensor, jobinfo),
         ]
+
+    def _hardware(self) -> list[Metric]:
+        """What dcgm-exporter exports beside gpumon: temperatures, clocks and why they are
+        held down, fan, P-state, energy, ECC, PCIe replays, NVLink traffic, XID errors."""
+        st = self.state
+        plain = [
+            (CounterMetricFamily if counter else GaugeMetricFamily)(name, text, labels=GPU)
+            for name, text, counter, _ in HARDWARE_SERIES
+        ]
+        reasons = GaugeMetricFamily(
+            "gpumon_gpu_clock_event_reason",
+            "Why the clocks are held down (clocks_event_reasons, once throttle reasons): 1 "
+            "for each active reason, 0 for the others.",
+            labels=[*GPU, "reason"],
+        )
+        ecc = CounterMetricFamily(
+            "gpumon_gpu_ecc_errors",
+            "ECC errors since the driver loaded (volatile), by type: corrected (single-bit) "
+            "or uncorrected (double-bit).",
+            labels=[*GPU, "type"],
+        )
+        ecc_life = CounterMetricFamily(
+            "gpumon_gpu_ecc_aggregate_errors",
+            "ECC errors over the GPU's life (aggregate, kept in its infoROM), by type.",
+            labels=[*GPU, "type"],
+        )
+        xid = CounterMetricFamily(
+            "gpumon_gpu_xid_errors",
+            "XID critical errors (NVML events) since gpumon started, by code; beyond "
+            "32 codes per GPU as 'other'.",
+            labels=[*GPU, "xid"],
+        )
+        last_xid = GaugeMetricFamily(
+            "gpumon_gpu_last_xid",
+            "Code of the GPU's last XID error since gpumon started; 0 before any.",
+            labels=GPU,
+        )
+        for idx in sorted(st.gpus):
+            rt = st.gpus[idx]
+            lv = [str(idx), rt.identity.uuid]
+            counts = rt.xid_counts
+            if counts is not None:  # kept while the GPU is lost: XID 79 is how it goes
+                for code in sorted({*PAGED_XIDS, *counts}, key=_xid_order):
+                    xid.add_metric([*lv, code], counts.get(code, 0))
+                last_xid.add_metric(lv, float(rt.last_xid or 0))
+            s = rt.latest
+            if s is None or s.lost:
+                continue
+            for family, (_, _, _, reading) in zip(plain, HARDWARE_SERIES, strict=True):
+                _add(family, lv, reading(s))
+            bits = s.clock_event_reasons
+            if bits is not None:
+                for name, bit in CLOCK_EVENT_REASONS:
+                    reasons.add_metric([*lv, name], 1.0 if bits & bit else 0.0)
+            _add_typed(ecc, lv, s.ecc_corrected_errors, s.ecc_uncorrected_errors)
+            _add_typed(
+                ecc_life, lv, s.ecc_corrected_errors_aggregate, s.ecc_uncorrected_errors_aggregate
+            )
+        return [*plain, reasons, ecc, ecc_life, xid, last_xid]
 
     def _detection(self) -> list[Metric]:
         st = self.state
@@ -471,9 +648,31 @@ def is_straggler(ep: Episode) -> bool:
     return ep.state is State.SYNC_STALL and ep.reason is Reason.STRAGGLER
 
 
-def _add(family: GaugeMetricFamily, labels: list[str], value: float | int | None) -> None:
+def _add(
+    family: GaugeMetricFamily | CounterMetricFamily, labels: list[str], value: float | int | None
+) -> None:
     if value is not None:
         family.add_metric(labels, float(value))
+
+
+def _add_typed(
+    family: CounterMetricFamily, labels: list[str], corrected: int | None, uncorrected: int | None
+) -> None:
+    """ECC counts under ``type``: each absent where it was not read."""
+    for kind, value in (("corrected", corrected), ("uncorrected", uncorrected)):
+        if value is not None:
+            family.add_metric([*labels, kind], float(value))
+
+
+def _xid_order(code: str) -> tuple[int, str]:
+    return (int(code), "") if code.isdigit() else (1 << 30, code)
+
+
+def node_name() -> str:
+    """The node's name for the ``hostname`` label (dcgm-exporter's ``Hostname``): NODE_NAME
+    where set (a Kubernetes pod's hostname is the pod's; the DaemonSet passes the node's),
+    else the host name."""
+    return os.environ.get("NODE_NAME") or socket.gethostname()
 
 
 def make_registry(state: ServeState, http: ConnectionStats | None = None) -> CollectorRegistry:

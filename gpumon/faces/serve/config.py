@@ -269,7 +269,7 @@ def _check_tls(cfg: ServeConfig, text: str, path: str) -> ServeConfig:
 def load(path: str | None) -> ServeConfig:
     """Read ``path`` (None: the default file, which may be absent)."""
     explicit = path is not None
-    target = Path(path) if explicit else DEFAULT_PATH
+    target = Path(path) if path is not None else DEFAULT_PATH
     try:
         text = target.read_text(encoding="utf-8")
     except FileNotFoundError:

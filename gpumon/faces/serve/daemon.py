@@ -188,6 +188,9 @@ class ServeState:
         if ev.kind is GpuEventKind.RECOVERED and ev.lost_since_s is not None:
             record["lost_since"] = self.wall_of(ev.lost_since_s)
             record["lost_s"] = round(ev.t_s - ev.lost_since_s, 3)
+        if ev.kind is GpuEventKind.XID:
+            del record["name"]
+            record["xid"] = ev.xid
         return record
 
     # --- the log -------------------------------------------------------------------------------

@@ -330,7 +330,7 @@ class FrontDoorMixIn:
                 )
                 with self._lock:
                     conn.sock = sock
-                sock.do_handshake()  # type: ignore[attr-defined]
+                sock.do_handshake()
             self.finish_request(sock, conn.addr)
             if conn.cut is not None:
                 self.stats.count(conn.cut)

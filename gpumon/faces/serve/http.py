@@ -27,7 +27,7 @@ import ssl
 import stat
 import threading
 from collections.abc import Callable, Iterator
-from typing import Any, Protocol
+from typing import IO, Any, Protocol, cast
 from urllib.parse import parse_qs
 from wsgiref.simple_server import ServerHandler, WSGIRequestHandler, WSGIServer, make_server
 
@@ -228,7 +228,11 @@ class _Handler(WSGIRequestHandler):
         if not self.server.answering():  # type: ignore[attr-defined]
             return  # cut by the front door meanwhile
         handler = _QuietServerHandler(
-            self.rfile, self.wfile, self.get_stderr(), self.get_environ(), multithread=True
+            self.rfile,
+            cast(IO[bytes], self.wfile),
+            self.get_stderr(),
+            self.get_environ(),
+            multithread=True,
         )
         handler.stats = self.server.stats  # type: ignore[attr-defined]
         handler.request_handler = self  # type: ignore[attr-defined]
@@ -322,10 +326,10 @@ class MetricsServer:
     ) -> None:
         ctx = tls_context(cfg) if cfg.tls else None  # bad files fail before binding
         self.stats = stats if stats is not None else ConnectionStats()
-        server_cls = type("GpumonServer", (_Server,), {})
-        server_cls.address_family = socket.AF_INET6 if _v6(cfg.address) else socket.AF_INET
+        family = socket.AF_INET6 if _v6(cfg.address) else socket.AF_INET
+        server_cls: type[_Server] = type("GpumonServer", (_Server,), {"address_family": family})
         try:
-            self.httpd = make_server(
+            self.httpd: _Server = make_server(
                 cfg.address,
                 cfg.port,
                 WebApp(cfg, registry, pages),
@@ -334,8 +338,8 @@ class MetricsServer:
             )
         except OSError as exc:
             raise GpumonError(_bind_error(cfg, exc)) from None
-        self.httpd.ssl_context = ctx  # type: ignore[attr-defined]
-        self.httpd.stats = self.stats  # type: ignore[attr-defined]
+        self.httpd.ssl_context = ctx
+        self.httpd.stats = self.stats
         self.port = self.httpd.server_address[1]
         self.thread = threading.Thread(
             target=self.httpd.serve_forever, name="gpumon-http", daemon=True

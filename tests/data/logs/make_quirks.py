@@ -795,6 +795,174 @@ def table_then_csv() -> str:
     return lines(table + out)
 
 
+# --- the long tail (issue "Real logs, the long tail"): each class as the real logs showed it
+
+
+def nvsmi_2gpu_lms100_late_rows() -> str:
+    """``nvidia-smi --query-gpu=timestamp,power.draw,utilization.gpu,memory.used
+    --format=csv -lms 100`` on two GPUs, no index: the rows of a tick 1-4 ms apart, ticks
+    101-104 ms apart, and now and then the second GPU's row late (8 to 33 ms, once 93 ms)
+    as nvidia-smi waits on a GPU.  40 s idle first: memory the same on both GPUs, each
+    GPU's power constant to the hundredth of a watt and its own (17.55 W, 16.19 W).  Then
+    GPU 0 trains, fed (95-99 %), while GPU 1 stays idle."""
+    rng = random.Random(301)
+    out = ["timestamp, power.draw [W], utilization.gpu [%], memory.used [MiB]"]
+    late = (0.008, 0.010, 0.023, 0.027, 0.030, 0.033)
+    t = START + 0.575
+    for k in range(1000):
+        gap = rng.choice((0.001, 0.001, 0.002, 0.003, 0.004))
+        if k % 23 == 11:
+            gap = late[(k // 23) % len(late)]
+        if k == 151:
+            gap = 0.093
+        busy = t - START > 40.0
+        mem = 1 if t - START < 3 else 4
+        if busy:
+            u0 = rng.randint(95, 99)
+            rows = ((f"{rng.uniform(165, 195):.2f}", u0, 2693), ("16.19", 0, 4))
+        else:
+            rows = (("17.55", 0, mem), ("16.19", 0, mem))
+        for g, (power, util, used) in enumerate(rows):
+            out.append(f"{nvsmi_stamp(t + g * gap)}, {power} W, {util} %, {used} MiB")
+        t += rng.choice((0.101, 0.102, 0.102, 0.103, 0.104))
+    return lines(out)
+
+
+def grep_mib_v100_starved() -> str:
+    """``nvidia-smi -l 1 | grep MiB`` of one V100: its GPU row and its process row each
+    second, no date lines; utilisation 0/31/0/95/0/24 %... every other second at the same
+    memory.used, temperature and power rising a little with each burst.  One GPU, starved."""
+    rng = random.Random(302)
+    out = []
+    busy = (31, 95, 24, 94, 88, 40, 97, 63)
+    for k in range(120):
+        util = 0 if k % 2 == 0 else busy[(k // 2) % len(busy)]
+        temp = 38 + (2 if util else 0) + rng.choice((0, 0, 1))
+        power = 41 + 2.4 * util + rng.uniform(-2, 2)
+        out.append(
+            f"| N/A   {temp}C    P0   {power:3.0f}W / 300W |  15012MiB / 16160MiB |"
+            f"  {util:3d}%      Default |"
+        )
+        out.append(
+            "|    0   N/A  N/A     23456      C   python                          15009MiB |"
+        )
+    return lines(out)
+
+
+def dmon_8_samples_one_dip() -> str:
+    """``nvidia-smi dmon`` for eight seconds of a GPU that works: 30-95 % (mean 65 %) with
+    one dip.  A person says healthy, with little confidence on so short a log."""
+    out = [
+        "# gpu    pwr  gtemp  mtemp     sm    mem    enc    dec    jpg    ofa   mclk   pclk",
+        "# Idx      W      C      C      %      %      %      %      %      %    MHz    MHz",
+    ]
+    for sm in (62, 70, 95, 30, 75, 68, 60, 60):
+        out.append(
+            f"    0    {150 + int(sm * 1.3):3d}     51      -    {sm:3d}    {sm // 2:3d}      0      0      0      0   9501   1755"
+        )
+    return lines(out)
+
+
+def nvsmi_2gpu_slow_start() -> str:
+    """``nvidia-smi --query-gpu=timestamp,index,utilization.gpu,memory.used,power.draw
+    --format=csv -lms 150``, two GPUs: 2 s of start-up at 0-70 %, then 6 s at 96-98 %.
+    A person says healthy: the start is where the log begins, not what the run does."""
+    rng = random.Random(304)
+    out = ["timestamp, index, utilization.gpu [%], memory.used [MiB], power.draw [W]"]
+    t = START + 0.1
+    while t < START + 8.0:
+        for g in range(2):
+            util = rng.randint(0, 70) if t - START < 2.0 else rng.randint(96, 98)
+            out.append(
+                f"{nvsmi_stamp(t + 0.001 * g)}, {g}, {util} %, {30211 + 17 * g} MiB, "
+                f"{90 + 3.1 * util + rng.uniform(-5, 5):.2f} W"
+            )
+        t += rng.uniform(0.1, 0.2)
+    return lines(out)
+
+
+def keyvalue_blocks() -> str:
+    """A home-made Python logger: a ``=== date ===`` line, then ``Key: value`` lines for the
+    GPU (load, memory used / total, temperature) and the host (CPU, RAM), a blank line;
+    every 5 s.  A laptop GPU starved by its CPU: loaded one sample in three."""
+    rng = random.Random(305)
+    out = []
+    for k in range(120):
+        busy = k % 3 == 0
+        load = rng.uniform(85, 99) if busy else rng.uniform(0, 4)
+        used = 4711.0 + rng.choice((0.0, 2.0))
+        cpu = rng.uniform(20, 35) if busy else rng.uniform(96, 100)
+        out += [
+            f"=== {iso(START + 5 * k, ' ')} ===",
+            f"GPU Load: {load:.1f}%",
+            f"GPU Memory: {used:.1f}MB / 6144.0MB ({100 * used / 6144:.1f}%)",
+            f"GPU Temperature: {61 + (6 if busy else 0):.1f}°C",
+            f"CPU Usage: {cpu:.1f}%",
+            f"RAM Usage: 9.2GB / 15.9GB ({100 * 9.2 / 15.9:.1f}%)",
+            "",
+        ]
+    return lines(out)
+
+
+def keyvalue_inline() -> str:
+    """A logger printing a whole sample on one line, ``Key: value`` pairs two spaces apart
+    after a ``[DD-MM-YYYY @ HH:MM:SS] >`` prompt gpumon does not read as a time: one GPU
+    busy three samples in six, its memory held throughout."""
+    rng = random.Random(308)
+    out = []
+    for k in range(90):
+        g = time.gmtime(START + k)
+        stamp = time.strftime("%d-%m-%Y @ %H:%M:%S", g)
+        busy = k % 6 < 3
+        util = rng.randint(90, 99) if busy else 0
+        power = rng.randint(210, 240) if busy else rng.randint(55, 60)
+        out.append(
+            f"[{stamp}] >  Temp: {71 if busy else 64}C  Power: {power}/250 W  Fan: 41%  "
+            f"Utilization: {util}%  Memory: 9012/11019 MiB"
+        )
+    return lines(out)
+
+
+def date_rows_separator() -> str:
+    """``while true; do date; nvidia-smi --query-gpu=index,name,utilization.gpu,memory.used,
+    memory.total --format=csv,noheader; echo ----; sleep 2; done``: a date line, one
+    header-less row per GPU (units on every value), a separator.  Two GPUs in step, fed."""
+    rng = random.Random(306)
+    out = []
+    for k in range(90):
+        t = START + 2 * k
+        out.append(
+            date_line(t).replace(
+                f" {time.gmtime(int(t)).tm_year}", " UTC " + str(time.gmtime(int(t)).tm_year)
+            )
+        )
+        for g in range(2):
+            out.append(
+                f"{g}, NVIDIA A100-SXM4-40GB, {rng.randint(93, 100)} %, {31250 + 9 * g} MiB, 40960 MiB"
+            )
+        out.append("----")
+    return lines(out)
+
+
+def trainer_13_columns() -> str:
+    """A trainer logging its own metrics beside nvidia-smi's: ``timestamp, index,
+    utilization.gpu [%]`` and ten columns of its own (step, loss, lr, ...); 1 s apart,
+    the GPU waiting on data half of every 6 s."""
+    rng = random.Random(307)
+    out = [
+        "timestamp, index, utilization.gpu [%], step, loss, lr, grad_norm, tokens_per_sec, "
+        "batch, seq_len, mfu, run, note"
+    ]
+    for k in range(240):
+        util = rng.randint(92, 100) if k % 6 < 3 else rng.randint(0, 3)
+        out.append(
+            f"{nvsmi_stamp(START + k + 0.3)}, 0, {util}, {k}, {2.5 - k / 200:.3f}, 0.0003, "
+            f"{rng.uniform(0.5, 1.5):.2f}, {rng.randint(4000, 6000)}, 32, 2048, "
+            f"{rng.uniform(0.2, 0.4):.2f}, run7, ok"
+        )
+    return lines(out)
+
+
 FILES = {
     "nvsmi_8gpu_same_stamp.csv": nvsmi_8gpu_same_stamp,
     "nvsmi_2gpu_ms_apart.csv": nvsmi_2gpu_ms_apart,
@@ -824,6 +992,14 @@ FILES = {
     "short_v100.csv": short_v100,
     "epoch_gap_27s.csv": epoch_gap_27s,
     "table_then_csv.csv": table_then_csv,
+    "nvsmi_2gpu_lms100_late_rows.csv": nvsmi_2gpu_lms100_late_rows,
+    "grep_mib_v100_starved.txt": grep_mib_v100_starved,
+    "dmon_8_samples_one_dip.txt": dmon_8_samples_one_dip,
+    "nvsmi_2gpu_slow_start.csv": nvsmi_2gpu_slow_start,
+    "keyvalue_blocks.log": keyvalue_blocks,
+    "keyvalue_inline.log": keyvalue_inline,
+    "date_rows_separator.log": date_rows_separator,
+    "trainer_13_columns.csv": trainer_13_columns,
 }
 
 
