@@ -274,6 +274,11 @@ def test_a_loader_waited_on_names_the_cause_from_what_the_workers_do() -> None:
     )
     c = judge(STARVED, reading((Activity.LOADER_WAIT, 0.9), (Activity.READ, 0.7)), CFG, True)
     assert c.cause is Cause.IO
+    c = judge(STARVED, reading((Activity.LOADER_WAIT, 0.9), (Activity.STEP, 0.7)), CFG, True)
+    assert c.cause is Cause.CPU and (c.detail or "").startswith("the workers compute in ")
+    # Workers idle: they keep up; the wait is elsewhere and names no cause.
+    idle = reading((Activity.LOADER_WAIT, 0.9), (Activity.IDLE, 0.9))
+    assert judge(STARVED, idle, CFG, True) is STARVED
     # The main process decoding itself, no worker doing it: the GIL.
     assert judge(STARVED, reading((Activity.DECODE, 0.9)), CFG, True).cause is Cause.GIL
     assert judge(STARVED, reading((Activity.READ, 0.9)), CFG, True).cause is Cause.IO

@@ -404,3 +404,81 @@ def test_watch_names_the_decode_of_a_starved_gpu(
     advice = [a for a in summary["advice"] if a.startswith("the workers spend the gaps decoding")]
     assert advice and "decode_image" in advice[0], summary["advice"]
     assert "stacks           during the gaps, main process: waiting on the loader" in r.stdout
+
+
+# --- serve: [stacks] ---------------------------------------------------------------------------
+
+
+def test_serve_config_stacks_section() -> None:
+    from gpumon.errors import ConfigError
+    from gpumon.faces.serve.config import parse
+    from gpumon.faces.serve.daemon import stack_options
+
+    assert stack_options(parse("")) is None  # off by default
+    on = parse("[stacks]\nenabled = true\nevery_s = 5\n")
+    assert (on.stacks_enabled, on.stacks_every_s) == (True, 5.0)
+    opts = stack_options(on)
+    assert opts is not None and opts.every_s == 5.0
+    with pytest.raises(ConfigError, match="every_s"):
+        parse("[stacks]\nevery_s = 0\n")
+
+
+def test_serve_logs_what_an_episodes_gaps_were_spent_on(
+    fake_nvml, jobs: list[Job], tmp_path: Path
+) -> None:
+    from test_serve_daemon import start_daemon
+
+    job = Job("checkpoint")
+    jobs.append(job)
+    gpu = FakeGPU(pattern=Pattern.burst(1.0, 0.35), processes=[Process(pid=job.pid)])
+    fake_nvml.set(Scenario(gpus=[gpu]))
+    cfg = tmp_path / "gpumon.toml"
+    cfg.write_text("[stacks]\nenabled = true\nevery_s = 2\n[jobs]\nsources = []\n")
+    d = start_daemon(fake_nvml.env, tmp_path, "--config", str(cfg))
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            time.sleep(1.0)
+            if any(r.get("reason") == "checkpoint" for r in d.log_records()):
+                break
+    finally:
+        d.stop()
+    records = d.log_records()
+    starts = [r for r in records if r.get("event") == "episode_start"]
+    ckpt = [r for r in starts if r.get("reason") == "checkpoint" and r.get("scope") == "gpu"]
+    assert ckpt, [(r.get("state"), r.get("reason")) for r in starts]
+    assert ckpt[0]["state"] == "sync_stall"
+    ev = ckpt[0]["evidence"]
+    assert isinstance(ev, dict)
+    assert ev["main_activity"] == "checkpoint" and ev["main_activity_share"] >= 0.6
+    assert "persist: pickle.dump(state, fh)" in ev["main_where"]
+    ends = [
+        r for r in records if r.get("event") == "episode_end" and r.get("reason") == "checkpoint"
+    ]
+    for end in ends:  # the GPU's and the node's: what the job did over the episode's gaps
+        assert end["evidence"]["main_activity"] == "checkpoint", end
+    assert {e["scope"] for e in ends} == {"gpu", "node"}
+
+
+def test_stacks_without_py_spy_is_refused_before_the_command_starts(
+    fake_nvml, tmp_path: Path
+) -> None:
+    """A Python whose scripts hold no py-spy, and a PATH without one."""
+    venv = tmp_path / "venv"
+    subprocess.run(
+        [sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)],
+        check=True, timeout=120,
+    )  # fmt: skip
+    marker = tmp_path / "started"
+    env = {**fake_nvml.env, "PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)}
+    r = subprocess.run(
+        [str(venv / "bin" / "python"), "-m", "gpumon", "watch", "--stacks", "--", "touch",
+         str(marker)],
+        env=env, capture_output=True, text=True, timeout=60, cwd=tmp_path,
+    )  # fmt: skip
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.strip() == (
+        "gpumon: --stacks needs py-spy, which is not installed here: "
+        "pip install 'gpumon-why[stacks]'."
+    )
+    assert not marker.exists()

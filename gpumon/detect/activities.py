@@ -580,6 +580,8 @@ def reading(win: StackWindow, pids: Iterable[int] = ()) -> Reading:
 
 
 _WAITING = (State.STARVED, State.SYNC_STALL, State.IDLE)
+# What workers do that makes the main process wait: the words a note says it in.
+_MAKING = {Activity.DECODE: "decode", Activity.READ: "read", Activity.STEP: "compute"}
 _PAUSE_REASONS = (
     None,
     Reason.PERIODIC_GAPS,
@@ -597,7 +599,8 @@ def judge(cand: Candidate, r: Reading, cfg: DetectorConfig, worked: bool) -> Can
       checkpoint: a sync stall (checkpoint), not starvation.  Likewise an evaluation.
     - A starved GPU whose main process waits on its loader while the workers decode (or
       read) is starved on the CPU (on storage); one whose main process decodes (reads)
-      itself, with no workers doing it, is starved on the GIL (on storage).  Contention
+      itself, with no workers doing it, is starved on the GIL (on storage).  Workers busy
+      in Python of their own (no more specific frame) make samples on the CPU too.  Contention
       stays contention: the stacks cannot see the processes outside the job.
     """
     if r.seconds < cfg.stack_min_s or r.main is None:
@@ -619,9 +622,9 @@ def judge(cand: Candidate, r: Reading, cfg: DetectorConfig, worked: bool) -> Can
     detail = cand.detail
     wk = r.workers
     if act is Activity.LOADER_WAIT and wk is not None and wk[1] >= cfg.stack_share:
-        if wk[0] in (Activity.DECODE, Activity.READ):
-            cause = Cause.CPU if wk[0] is Activity.DECODE else Cause.IO
-            verb = "decode" if wk[0] is Activity.DECODE else "read"
+        if wk[0] in _MAKING:
+            cause = Cause.IO if wk[0] is Activity.READ else Cause.CPU
+            verb = _MAKING[wk[0]]
             detail = f"the workers {verb} in {r.workers_where}, {wk[1]:.0%} of the gaps"
     elif act in (Activity.DECODE, Activity.READ) and not (
         wk is not None and wk[0] in (Activity.DECODE, Activity.READ)

@@ -286,6 +286,7 @@ _DOING = {
                "or move it onto the GPU (e.g. NVIDIA DALI)"),
     "read": ("reading files", "cache the data closer (local NVMe, RAM) or read fewer, larger "
              "files"),
+    "step": ("in their own Python", "make it cheaper, or do it once, offline"),
 }  # fmt: skip
 
 
@@ -313,7 +314,7 @@ def stack_advice(state: State, reason: Reason | None, ev: Evidence) -> list[str]
                 f"the workers spend the gaps {doing} in {ev.get('workers_where', '?')} "
                 f"({share:.0%}): {fix}"
             )
-        elif main in _DOING:
+        elif main in _DOING and main != "step":
             doing, _ = _DOING[str(main)]
             share = _num(ev, "main_activity_share") or 0.0
             out.append(

@@ -529,9 +529,10 @@ class Detector:
             duty = self._tracks[key].duty_between(ep.start_s, end)
             if duty is not None:
                 ev["duty_cycle"] = round(duty, 4)  # over the episode, not the last window
-            if self.stacks.seen:  # what the job's processes did over the episode's gaps
-                win = self.stacks.window(ep.start_s, end)
-                ev.update(activities.evidence(win, self._pids(key), self.cfg.stack_min_s))
+        if self.stacks.seen:  # what the job's processes did over the episode's gaps
+            win = self.stacks.window(ep.start_s, end)
+            ev = Evidence(**ev)
+            ev.update(activities.evidence(win, self._pids(key), self.cfg.stack_min_s))
         # A judging phase's provisional reading is over once it closes: say only that it was.
         note = note_of(ep.reason, None) if ep.reason is Reason.JUDGING else ep.note
         closed = replace(
@@ -804,4 +805,7 @@ class Detector:
         span = self.cfg.window_s * 2
         ev.update(host_evidence(self._host.window(t, span), self._host.cpu_count))
         self._outside_evidence(ev, t, span)
+        if self.stacks.seen:
+            win = self.stacks.window(t - self.cfg.stack_window_s, t)
+            ev.update(activities.evidence(win, (), self.cfg.stack_min_s))
         return ev

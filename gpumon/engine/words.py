@@ -121,7 +121,7 @@ ACTIVITY_WORDS: Final = {
     "evaluation": "evaluating",
     "collective": "in a collective",
     "gpu_wait": "waiting on the GPU",
-    "step": "Python work in the step",
+    "step": "Python work",
     "idle": "idle",
 }
 
