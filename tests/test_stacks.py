@@ -300,9 +300,9 @@ def test_another_users_process_is_refused_in_one_sentence(jobs: list[Job]) -> No
     assert out["off"] is True and out["again"] == 0  # turned itself off
 
 
-def test_the_refusal_is_raised_once_and_turns_the_sampler_off(tmp_path: Path) -> None:
-    """py-spy's exact words for a refusal, from a stand-in binary (for machines where the
-    test above cannot run as another user)."""
+def refusing_py_spy(tmp_path: Path) -> Path:
+    """A stand-in binary that answers with py-spy's exact words for a refusal (for
+    machines where the test above cannot run as another user)."""
     fake = tmp_path / "py-spy"
     fake.write_text(
         "#!/bin/sh\n"
@@ -311,7 +311,11 @@ def test_the_refusal_is_raised_once_and_turns_the_sampler_off(tmp_path: Path) ->
         "exit 1\n"
     )
     fake.chmod(0o755)
-    sampler = StackSampler(str(fake))
+    return fake
+
+
+def test_the_refusal_is_raised_once_and_turns_the_sampler_off(tmp_path: Path) -> None:
+    sampler = StackSampler(str(refusing_py_spy(tmp_path)))
     try:
         sampler.start([Target(os.getpid(), ProcessRole.MAIN)], rate_hz=5, seconds=1)
         deadline = time.monotonic() + 20
@@ -327,6 +331,33 @@ def test_the_refusal_is_raised_once_and_turns_the_sampler_off(tmp_path: Path) ->
         assert sampler.collect() == []  # said once
     finally:
         sampler.close()
+
+
+def test_the_engine_says_a_refusal_once_and_reads_no_more(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from gpumon.engine.stacks import StackOptions, StackWatch
+    from gpumon.model import Episode, GpuSample, ProcessSample, ProcTreeSample, Snapshot, State
+
+    watch = StackWatch(StackOptions(every_s=1, py_spy=str(refusing_py_spy(tmp_path))), 50.0)
+    me = ProcessSample(os.getpid(), os.getppid(), "python", 1.0, 1, None, None, "running")
+    tree = ProcTreeSample(0.0, os.getpid(), (me,))
+    snap = Snapshot(0.0, (GpuSample(0.0, 0, "GPU-0", util_pct=10.0),))
+    waiting = {0: Episode(0, "GPU-0", State.STARVED, None, 0.0, None)}
+    try:
+        with caplog.at_level("WARNING", logger="gpumon"):
+            deadline = time.monotonic() + 20
+            while watch.refusal is None and time.monotonic() < deadline:
+                assert watch.read(snap, [tree], waiting) == ()
+                time.sleep(0.05)
+            for _ in range(5):
+                watch.read(snap, [tree], waiting)
+        assert watch.refusal is not None and watch.off
+        assert watch.refusal.startswith(f"cannot read the Python stacks of pid {os.getpid()}: ")
+        assert [r.getMessage() for r in caplog.records] == [watch.refusal]  # once
+        assert watch.sampler.windows == 1  # nothing asked again
+    finally:
+        watch.close()
 
 
 # --- end to end: `gpumon watch --stacks` on the fake GPU ------------------------------------
