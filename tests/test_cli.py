@@ -163,10 +163,24 @@ def _case_interrupted(fake, tmp: Path) -> list[int]:
         cwd=ROOT,
         stderr=subprocess.PIPE,
     )
-    time.sleep(1.5)
+    _wait_until_it_opens(proc.pid, fifo)  # not while Python still imports: that is no test
     proc.send_signal(signal.SIGINT)
     proc.communicate(timeout=10)
     return [proc.returncode]
+
+
+def _wait_until_it_opens(pid: int, path: Path, timeout_s: float = 60.0) -> None:
+    """Until process ``pid`` is blocked opening the FIFO ``path`` (the kernel waits for a
+    writer in ``wait_for_partner``): past Python's start-up and gpumon's imports."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if Path(f"/proc/{pid}/wchan").read_text().strip() == "wait_for_partner":
+                return
+        except OSError:
+            pass
+        time.sleep(0.05)
+    raise AssertionError(f"process {pid} never blocked opening {path}")
 
 
 # Each status the docs/cli.md table names -> (the cases that must return it, what they return).

@@ -697,7 +697,8 @@ def test_cpu_of_a_busy_and_a_woken_worker_matches_psutil() -> None:
         ours = {p.pid: p.cpu_pct for p in tree.processes}
         for pid in (busy, woken):
             theirs = 100.0 * (after[pid] - before[pid]) / seconds
-            assert theirs > 10.0  # it did run
+            if theirs <= 10.0:  # a machine this busy lets it barely run: nothing to compare
+                pytest.skip(f"the worker got {theirs:.0f} % of a core: the machine is too busy")
             assert ours[pid] == pytest.approx(theirs, abs=5.0)
         assert ours[sleeper] == 0.0
         sampler.close()
