@@ -142,7 +142,7 @@ def test_a_main_process_activity_is_named_by_its_frames(
     assert act is activity and share >= 0.6, shares(samples)
     assert place in wheres(samples, ProcessRole.MAIN).most_common(1)[0][0]
     # Timed: the samples cover the window, back to back, on gpumon's clock.
-    assert 1.5 < sum(s.seconds for s in samples) <= 3.5
+    assert 1.5 < sum(s.seconds for s in samples) <= 5.0  # py-spy's 3 s, from its attach
     assert abs(samples[0].t_s - time.monotonic()) < 40
 
 
@@ -169,8 +169,11 @@ def test_a_loader_wait_with_workers_decoding(jobs: list[Job], mode: str, place: 
     assert any(p.endswith(place) for p in wheres(samples, ProcessRole.MAIN))
     for w in job.children:
         assert top(by[(ProcessRole.WORKER, w)])[0] is Activity.DECODE, by
-    # A worker's frames outside multiprocessing's _bootstrap are its parent's: never named.
-    assert not any("run_" in p for p in wheres(samples, ProcessRole.WORKER))
+    # A worker's frames outside multiprocessing's _bootstrap are its parent's: not named
+    # (but for a stack py-spy read torn, which --nonblocking allows, now and then).
+    places = wheres(samples, ProcessRole.WORKER)
+    parents = sum(x for p, x in places.items() if "run_" in p)
+    assert parents <= 0.05 * sum(places.values()), places
 
 
 @pytest.mark.parametrize(

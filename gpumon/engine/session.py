@@ -106,7 +106,7 @@ class Session:
             source.gpus,
             (lambda: {}) if det is None else det.gpu_totals,
             live=live,
-            stacks=None if det is None else det.stacks,
+            stacks=det.stacks if isinstance(det, Detector) else None,  # (a test's stub: none)
         )
         self.jobs: JobTracker | None = None
         if jobs is not None:
