@@ -29,6 +29,11 @@ BENCHMARKS: tuple[tuple[str, str, str], ...] = (
     ("serve", "bench_serve.py", "daemon soak: CPU share, RSS, scrape latency"),
     ("analyze", "bench_analyze.py", "analysis throughput and peak memory"),
     ("detector", "bench_detector.py", "detection precision/recall and latency"),
+    (
+        "stacks",
+        "bench_stacks.py",
+        "--stacks: py-spy and gpumon CPU, the job's step time read or not",
+    ),
 )
 QUICK_SERVE_SECONDS = "30"
 

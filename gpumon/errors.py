@@ -71,3 +71,19 @@ class UsageError(GpumonError):
     that already exists): the status of argparse's own usage errors."""
 
     exit_status = 2
+
+
+class StacksUnavailableError(GpumonError):
+    """``--stacks`` was asked for and py-spy cannot be run here (not installed)."""
+
+    exit_status = 2
+
+
+class StacksRefusedError(GpumonError):
+    """The kernel refused to let py-spy read a process of the job (ptrace not permitted):
+    the sentence names the fix that applies here (``fix``); the watch goes on without."""
+
+    def __init__(self, message: str, *, pid: int | None = None, fix: str = "") -> None:
+        super().__init__(message)
+        self.pid = pid
+        self.fix = fix

@@ -63,6 +63,8 @@ class Reason(StrEnum):
     BUSY_WAIT = "busy-wait"  # waits on a peer, reading busy
     SYNC_PAUSES = "all GPUs pause together"
     HANG = "hang"  # every GPU spins in a collective and none computes: no progress
+    CHECKPOINT = "checkpoint"  # its waits are spent writing a checkpoint (Python stacks)
+    EVALUATION = "evaluation"  # its waits are spent in an evaluation loop (Python stacks)
     NOT_CLASSIFIED = "no GPU could be classified"
 
 
@@ -227,6 +229,9 @@ class Snapshot:
     gpus: tuple[GpuSample, ...] = ()
     host: HostSample | None = None
     tree: ProcTreeSample | None = None
+    # The job's Python stacks sampled since the previous stacks (``--stacks``): empty
+    # on most ticks, a window's worth on the tick it completed.
+    stacks: tuple[StackSample, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -332,6 +337,16 @@ class Evidence(TypedDict, total=False):
     straggler_gpu: int
     skew_s: float
     lost_gpu_seconds: float
+    # The job's Python stacks over the gaps (``--stacks``): what its processes did while
+    # the GPU waited, by role (an Activity value), its share and where in the code.
+    main_activity: str
+    main_activity_share: float
+    main_where: str  # "train.py:42 train -> torch...dataloader._BaseDataLoaderIter.__next__"
+    workers_activity: str
+    workers_activity_share: float
+    workers_where: str
+    straggler_where: str  # the straggler rank's code while its peers wait in a collective
+    stack_seconds: float  # seconds of stack samples behind these (gap-weighted)
 
 
 EvidenceKey = Literal[
@@ -376,6 +391,14 @@ EvidenceKey = Literal[
     "straggler_gpu",
     "skew_s",
     "lost_gpu_seconds",
+    "main_activity",
+    "main_activity_share",
+    "main_where",
+    "workers_activity",
+    "workers_activity_share",
+    "workers_where",
+    "straggler_where",
+    "stack_seconds",
 ]
 
 
@@ -426,3 +449,38 @@ class Verdict:
     advice: tuple[str, ...] = ()
     note: str | None = None
     reason: Reason | None = None
+
+
+# --- Python stacks (``--stacks``) -----------------------------------------------------------
+
+
+class ProcessRole(StrEnum):
+    """What a process of the job is for, as its stacks are read."""
+
+    MAIN = "main"  # the process driving the GPU (the only one, or the watched root)
+    RANK = "rank"  # one of several processes driving GPUs (torchrun, mpirun)
+    WORKER = "worker"  # a descendant of a main or rank process (DataLoader workers)
+
+
+@dataclass(frozen=True, slots=True)
+class StackFrame:
+    """One Python frame as py-spy reads it."""
+
+    name: str  # the function, qualified where Python says (``Queue.get``)
+    file: str  # package-relative for installed code (``torch/utils/data/dataloader.py``),
+    # the file's name for the job's own code (``dataset.py``)
+    line: int | None = None
+    library: bool = False  # installed code (site-packages or the standard library)
+    code: str | None = None  # the line's source, read for the innermost frame (a call into
+    # C, which no Python frame shows, shows only there: ``pickle.dump(state, f)``)
+
+
+@dataclass(frozen=True, slots=True)
+class StackSample:
+    """A process's main-thread stack, held from ``t_s`` for ``seconds``."""
+
+    t_s: float
+    seconds: float
+    pid: int
+    role: ProcessRole
+    frames: tuple[StackFrame, ...]  # innermost first

@@ -35,6 +35,10 @@ class Lever(StrEnum):
     RESOLUTION = "resolution"  # a finer recording
     CONTENTION = "contention"  # processes outside the job take the CPUs
     HANG = "hang"  # find the rank everyone waits on
+    EVALUATION = "evaluation"  # evaluate less often, or elsewhere
+    CODE = "code"  # the code the job's processes spend the gaps in (Python stacks)
+    HOST_SYNC = "host_sync"  # the host waits on the GPU each step
+    STRAGGLER_CODE = "straggler_code"  # where the straggler rank is while its peers wait
 
 
 # Levers that help whatever the cause: a summary says them after the causes' remedies.
@@ -58,6 +62,10 @@ _LEVER_OF = (
     (r"record with gpumon", Lever.RESOLUTION),
     (r"processes outside the job", Lever.CONTENTION),
     (r"no rank on this node computes", Lever.HANG),
+    (r"evaluate less often", Lever.EVALUATION),
+    (r"the (workers|main process) spends? the gaps", Lever.CODE),
+    (r"the main process waits on the GPU", Lever.HOST_SYNC),
+    (r"the straggler's rank is in", Lever.STRAGGLER_CODE),
 )
 _LEVER_RE = [(re.compile(p), lever) for p, lever in _LEVER_OF]
 
@@ -191,7 +199,7 @@ def advice_for(
     ``host_seen``: the stream carries host data (gpumon watch/record), so the advice never
     asks the user to record it.
     """
-    out: list[str] = []
+    out: list[str] = stack_advice(state, reason, ev)
     if state is State.STARVED:
         if cause is Cause.CPU:
             rx = worker_prescription(ev)
@@ -241,6 +249,8 @@ def advice_for(
                 "--pid` shows where each rank's Python is, and NCCL's flight recorder "
                 "(TORCH_NCCL_TRACE_BUFFER_SIZE) which collective each rank last entered"
             ]
+        elif reason in (Reason.CHECKPOINT, Reason.EVALUATION):
+            pass  # said by stack_advice, with the code the pauses are spent in
         elif reason is Reason.SYNC_PAUSES:
             out += [
                 "checkpoint less often or asynchronously (e.g. torch.distributed."
@@ -269,3 +279,58 @@ def advice_for(
             "sub-second bursts and gaps"
         )
     return tuple(out)
+
+
+_DOING = {
+    "decode": ("decoding", "make it cheaper (smaller or pre-decoded samples, a faster decoder) "
+               "or move it onto the GPU (e.g. NVIDIA DALI)"),
+    "read": ("reading files", "cache the data closer (local NVMe, RAM) or read fewer, larger "
+             "files"),
+    "step": ("in their own Python", "make it cheaper, or do it once, offline"),
+}  # fmt: skip
+
+
+def stack_advice(state: State, reason: Reason | None, ev: Evidence) -> list[str]:
+    """Advice that names the code (``--stacks``): what the job's processes were in while
+    the GPU waited, and the lever that code pulls."""
+    out: list[str] = []
+    main, where = ev.get("main_activity"), ev.get("main_where", "?")
+    if reason is Reason.CHECKPOINT:
+        out.append(
+            "checkpoint less often or asynchronously (e.g. torch.distributed.checkpoint."
+            f"async_save): the pauses are spent in {where}"
+        )
+    elif reason is Reason.EVALUATION:
+        out.append(
+            "evaluate less often, on a subset, or in a process of its own: the pauses are "
+            f"spent in {where}"
+        )
+    if state is State.STARVED:
+        workers = ev.get("workers_activity")
+        if main == "loader_wait" and workers in _DOING:
+            doing, fix = _DOING[str(workers)]
+            share = _num(ev, "workers_activity_share") or 0.0
+            out.append(
+                f"the workers spend the gaps {doing} in {ev.get('workers_where', '?')} "
+                f"({share:.0%}): {fix}"
+            )
+        elif main in _DOING and main != "step":
+            doing, _ = _DOING[str(main)]
+            share = _num(ev, "main_activity_share") or 0.0
+            out.append(
+                f"the main process spends the gaps {doing} in {where} ({share:.0%}): move it "
+                "into DataLoader workers (num_workers > 0)"
+            )
+    if state in (State.STARVED, State.SYNC_STALL) and main == "gpu_wait":
+        out.append(
+            f"the main process waits on the GPU in {where} during the gaps: a host-side sync "
+            "each step (.item(), .cpu(), synchronize) keeps the GPU from running ahead; "
+            "log less often, or accumulate on the GPU"
+        )
+    strag = ev.get("straggler_where")
+    if state is State.SYNC_STALL and isinstance(strag, str):
+        out.append(
+            f"the straggler's rank is in {strag} while its peers wait in the collective: "
+            "that is the work to even out"
+        )
+    return out

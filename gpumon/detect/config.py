@@ -160,3 +160,9 @@ class DetectorConfig:
     ring_long: int = 72  # a record every ``long_record_s``: long windows (rhythms)
     long_record_s: float = 10.0
     ring_long_gaps: int = 12  # the recent gaps long enough to form a rhythm
+    # Python stacks (``--stacks``): what the job's processes did over the gaps of the last
+    # ``stack_window_s`` (longer for a rhythm: 2.5 of its periods) names a wait when one
+    # activity took ``stack_share`` of at least ``stack_min_s`` gap-weighted seconds.
+    stack_window_s: float = 30.0
+    stack_share: float = 0.5
+    stack_min_s: float = 1.0

@@ -14,6 +14,8 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+from gpumon.detect import activities
+from gpumon.detect.activities import ActivityTrack
 from gpumon.detect.advice import advice_for
 from gpumon.detect.config import DetectorConfig
 from gpumon.detect.evidence import gpu_evidence, host_evidence, multi_evidence
@@ -71,8 +73,9 @@ _NO_UPDATE = DetectorUpdate()
 _STARTUP = Candidate(State.IDLE, None, Reason.START_UP)
 # Reasons that mark a phase of a GPU's life, not a finding.
 _PHASES = (Reason.START_UP, Reason.JUDGING)
-# Reasons an episode changes with, even in the same state (a wait that becomes a hang).
-_DISTINCT = (*_PHASES, Reason.HANG)
+# Reasons an episode changes with, even in the same state (a wait that becomes a hang, or
+# pauses that the stacks show to be checkpoints).
+_DISTINCT = (*_PHASES, Reason.HANG, Reason.CHECKPOINT, Reason.EVALUATION)
 
 
 def _phase(reason: Reason | None) -> Reason | None:
@@ -119,6 +122,11 @@ class Detector:
         self._calm = 0  # consecutive evals with nothing pending
         self._concluded = False
         self._spinning_since: float | None = None  # every GPU spinning, none computing
+        # The job's Python stacks (--stacks), weighted by the GPUs' waiting; the pids on
+        # each GPU, to tell whose stacks are whose.
+        self.stacks = ActivityTrack()
+        self._gpu_pids: dict[int, frozenset[int]] = {}
+        self._stack_windows: dict[tuple[float, float], activities.StackWindow] = {}
 
     # --- public API ----------------------------------------------------------------------
 
@@ -161,6 +169,9 @@ class Detector:
             weight = gap_w / gap_n if gap_n else 0.02
             self._host.ingest(snapshot.host, snapshot.tree, weight if weight > 0.02 else 0.02)
         t = snapshot.t_s
+        self.stacks.tick(t, gap_w / gap_n if gap_n else None)
+        if snapshot.stacks:
+            self._ingest_stacks(snapshot)
         if self._t is None or t > self._t:
             self._t = t
         if self._last_eval is None:
@@ -377,6 +388,8 @@ class Detector:
             apply_run_rules(rc)
         else:
             hang(rc)  # one GPU alone can still spin on a rank elsewhere, forever
+        if self.stacks.seen:
+            self._judge_by_stacks(rc, t)
         self._busywait, self._straggler = rc.busywait, rc.straggler
         self._spinning_since = rc.spinning_since
         switched: list[float] = []
@@ -516,6 +529,10 @@ class Detector:
             duty = self._tracks[key].duty_between(ep.start_s, end)
             if duty is not None:
                 ev["duty_cycle"] = round(duty, 4)  # over the episode, not the last window
+        if self.stacks.seen:  # what the job's processes did over the episode's gaps
+            win = self.stacks.window(ep.start_s, end)
+            ev = Evidence(**ev)
+            ev.update(activities.evidence(win, self._pids(key), self.cfg.stack_min_s))
         # A judging phase's provisional reading is over once it closes: say only that it was.
         note = note_of(ep.reason, None) if ep.reason is Reason.JUDGING else ep.note
         closed = replace(
@@ -550,7 +567,14 @@ class Detector:
         if State.SYNC_STALL in kinds:
             st = State.SYNC_STALL
             reasons = {ep.reason for ep in states if ep.state is State.SYNC_STALL}
-            for reason in (Reason.HANG, Reason.STRAGGLER, Reason.SYNC_PAUSES, None):
+            for reason in (
+                Reason.HANG,
+                Reason.STRAGGLER,
+                Reason.CHECKPOINT,
+                Reason.EVALUATION,
+                Reason.SYNC_PAUSES,
+                None,
+            ):
                 if reason in reasons:
                     break
         elif State.STARVED in kinds:
@@ -692,7 +716,64 @@ class Detector:
         if len(self._tracks) >= 2:
             ev.update(self._multi_evidence(t))
         self._outside_evidence(ev, t, span)
+        if self.stacks.seen:
+            win = self._stack_window(tr, t)
+            ev.update(activities.evidence(win, self._pids(tr.index), self.cfg.stack_min_s))
         return ev
+
+    # --- Python stacks (--stacks) ----------------------------------------------------------
+
+    def _ingest_stacks(self, snapshot: Snapshot) -> None:
+        for g in snapshot.gpus:
+            if g.processes is not None:
+                self._gpu_pids[g.gpu] = frozenset(p.pid for p in g.processes)
+        self.stacks.ingest(snapshot.stacks)
+        self._stack_windows.clear()
+
+    def _pids(self, key: int | None) -> frozenset[int]:
+        return frozenset() if key is None else self._gpu_pids.get(key, frozenset())
+
+    def _stack_window(self, tr: GpuTrack, t: float) -> activities.StackWindow:
+        """The stacks over this GPU's recent gaps: ``stack_window_s``, or 2.5 periods of
+        its rhythm (a checkpoint every minute needs its last pauses in view)."""
+        span = self.cfg.stack_window_s
+        rh = tr.rhythm()
+        if rh is not None:
+            span = min(self.cfg.rhythm_window_max_s, max(span, 2.5 * rh.period_s))
+        key = (t, span)
+        win = self._stack_windows.get(key)
+        if win is None:
+            if len(self._stack_windows) > 16:
+                self._stack_windows.clear()
+            win = self._stack_windows[key] = self.stacks.window(t - span, t)
+        return win
+
+    def _judge_by_stacks(self, rc: RunContext, t: float) -> None:
+        """What the job's processes did during the gaps names the waits (activities.py):
+        checkpoints and evaluations are sync stalls, a loader waited on is starvation with
+        its decode named, ranks waiting in a collective on one rank name the straggler."""
+        for idx, cand in rc.cands.items():
+            tr = self._tracks[idx]
+            r = activities.reading(self._stack_window(tr, t), self._pids(idx))
+            rc.cands[idx] = activities.judge(cand, r, self.cfg, tr.seen_work)
+        if rc.straggler is not None or len(self._tracks) < 2:
+            return
+        found = activities.straggler_gpus(
+            self.stacks.window(t - self.cfg.stack_window_s, t), self._gpu_pids, self.cfg.stack_share
+        )
+        if found is None:
+            return
+        strag, waiting, place = found
+        if rc.cands[strag].state not in (State.STARVED, State.SYNC_STALL):
+            return  # its GPU works: the ranks wait, but not on this GPU's rank
+        rc.straggler = strag
+        detail = f"its peers wait in a collective while its rank is in {place}"
+        rc.cands[strag] = Candidate(State.SYNC_STALL, None, Reason.STRAGGLER, detail, t)
+        for i in waiting:
+            if rc.cands[i].state in (State.STARVED, State.SYNC_STALL):
+                rc.cands[i] = Candidate(
+                    State.SYNC_STALL, None, Reason.BUSY_WAIT, f"its rank waits on GPU {strag}'s", t
+                )
 
     def _outside_evidence(self, ev: Evidence, t: float, span: float) -> None:
         """Who takes the host's CPUs, where the job's tree leaves them to others."""
@@ -724,4 +805,7 @@ class Detector:
         span = self.cfg.window_s * 2
         ev.update(host_evidence(self._host.window(t, span), self._host.cpu_count))
         self._outside_evidence(ev, t, span)
+        if self.stacks.seen:
+            win = self.stacks.window(t - self.cfg.stack_window_s, t)
+            ev.update(activities.evidence(win, (), self.cfg.stack_min_s))
         return ev

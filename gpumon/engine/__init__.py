@@ -20,6 +20,7 @@ from gpumon.engine.memory import GpuEvent, GpuEventKind, GpuMemory, RunMemory
 from gpumon.engine.offline import Analysis, analyze
 from gpumon.engine.session import OFFLINE_CONFIG, Reading, Session, Tick
 from gpumon.engine.sources import Polled
+from gpumon.engine.stacks import StackOptions
 
 __all__ = [
     "OFFLINE_CONFIG",
@@ -41,6 +42,7 @@ __all__ = [
     "RunMemory",
     "RunSummary",
     "Session",
+    "StackOptions",
     "Straggler",
     "Tick",
     "analyze",

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from gpumon.detect import DetectorUpdate, GpuTotals
+from gpumon.detect.activities import ActivityTrack, StackWindow
 from gpumon.model import Episode, GpuIdentity, GpuSample, Point, Snapshot, State
 
 MAX_EPISODES = 400  # per GPU and for the run; older ones are dropped (and counted)
@@ -252,9 +253,17 @@ class RunMemory:
     """
 
     def __init__(
-        self, identities: Sequence[GpuIdentity], totals: Totals, *, live: bool = True
+        self,
+        identities: Sequence[GpuIdentity],
+        totals: Totals,
+        *,
+        live: bool = True,
+        stacks: ActivityTrack | None = None,
     ) -> None:
         self.live = live
+        # The job's Python stacks over the gaps (--stacks): the detector's track, kept
+        # once; its run totals per role are what faces show.
+        self.stacks = stacks
         self._totals = totals
         self._identities = {g.index: g for g in identities}
         self.gpus: dict[int, GpuMemory] = {g.index: GpuMemory(g) for g in identities if live}
@@ -330,6 +339,19 @@ class RunMemory:
         if self.start_s is None or self.end_s is None:
             return 0.0
         return self.end_s - self.start_s
+
+    def stacks_window(self, span_s: float) -> StackWindow | None:
+        """What the job's processes did over the gaps of the last ``span_s`` (--stacks);
+        None where no stacks were read."""
+        track = self.stacks
+        if track is None or not track.seen or self.end_s is None:
+            return None
+        return track.window(self.end_s - span_s, float("inf"))
+
+    def stacks_run(self) -> StackWindow | None:
+        """... over the whole run's gaps (bounded: the places that took most are kept)."""
+        track = self.stacks
+        return None if track is None or not track.seen else track.run
 
     def reported_seconds(self, key: int | None) -> dict[State, float]:
         """Seconds per state the GPU (None: the run) was shown in, every state present."""

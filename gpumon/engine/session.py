@@ -34,6 +34,7 @@ from gpumon.engine.sources import (
     process_tree,
     replay_of,
 )
+from gpumon.engine.stacks import StackOptions, StackWatch, check_stacks
 from gpumon.model import Episode, GpuIdentity, Snapshot, TraceHeader, Verdict
 
 if TYPE_CHECKING:
@@ -93,6 +94,7 @@ class Session:
         jobs: JobOptions | None = None,
         resolver: JobResolver | None = None,
         detector: Detector | None = None,
+        stacks: StackOptions | None = None,
     ) -> None:
         self.source = source
         self.config = config or DetectorConfig()
@@ -101,7 +103,10 @@ class Session:
         self.detector = detector  # (tests may hand in their own)
         det = self.detector
         self.memory = RunMemory(
-            source.gpus, (lambda: {}) if det is None else det.gpu_totals, live=live
+            source.gpus,
+            (lambda: {}) if det is None else det.gpu_totals,
+            live=live,
+            stacks=det.stacks if isinstance(det, Detector) else None,  # (a test's stub: none)
         )
         self.jobs: JobTracker | None = None
         if jobs is not None:
@@ -110,6 +115,10 @@ class Session:
 
                 resolver = JobResolver(jobs.sources)
             self.jobs = JobTracker(resolver, jobs, self.config, self._identities, process_tree)
+        # The job's Python stacks, read while a GPU waits (--stacks).
+        self.stacks: StackWatch | None = None
+        if stacks is not None:
+            self.stacks = StackWatch(stacks, self.config.busy_util_pct)
 
     # --- construction ---------------------------------------------------------------------
 
@@ -127,10 +136,12 @@ class Session:
         backlog: bool = False,
         config: DetectorConfig | None = None,
         jobs: JobOptions | None = None,
+        stacks: StackOptions | None = None,
     ) -> Self:
         """NVML + host (+ the tree of ``pid``), read once per tick; ``jobs``: follow the
         jobs on the GPUs (the daemon).  ``backlog``: the first tick hands over the
-        driver's whole sample buffer (~20 s), so the detector can judge at once (dstat)."""
+        driver's whole sample buffer (~20 s), so the detector can judge at once (dstat).
+        ``stacks``: read the job's Python stacks while a GPU waits (py-spy)."""
         monitor = live_monitor(
             pid=pid,
             command=command,
@@ -142,7 +153,12 @@ class Session:
         cfg = config or DetectorConfig()
         if window_s is not None:
             cfg = replace(cfg, window_s=window_s)
-        return cls(LiveSource(monitor), config=cfg, judge=judge, jobs=jobs)
+        source = LiveSource(monitor)
+        try:
+            return cls(source, config=cfg, judge=judge, jobs=jobs, stacks=stacks)
+        except BaseException:
+            source.close()
+            raise
 
     @classmethod
     def replay(
@@ -190,6 +206,12 @@ class Session:
         )
 
     @staticmethod
+    def check_stacks(options: StackOptions) -> None:
+        """Raise ``StacksUnavailableError`` now if py-spy cannot be found (before a face
+        starts a command that ``--stacks`` was asked for)."""
+        check_stacks(options.py_spy)
+
+    @staticmethod
     def check_driver() -> None:
         """Raise ``NoDriverError`` now if no NVIDIA driver can be loaded (before a face
         starts anything it would have to stop again)."""
@@ -208,7 +230,24 @@ class Session:
         jobs = None
         if self.jobs is not None and polled.due:
             jobs = self.jobs.read(polled.due[-1])
+        if self.stacks is not None and polled.due:
+            polled = self._read_stacks(polled, jobs)
         return Reading(polled, jobs)
+
+    def _read_stacks(self, polled: Polled, jobs: JobsRead | None) -> Polled:
+        """The stacks of windows that ended ride on the tick's snapshot (and a window
+        starts if a GPU waits): the watched tree's processes, else the jobs' trees."""
+        assert self.stacks is not None
+        last = polled.due[-1]
+        trees = [last.tree] if last.tree is not None else []
+        if jobs is not None:
+            trees += [t for t in jobs.trees.values() if t is not None]
+        got = self.stacks.read(last, trees, self.memory.open)
+        if not got:
+            return polled
+        snap = replace(last, stacks=got)
+        view = snap if polled.view is last else polled.view
+        return Polled((*polled.due[:-1], snap), view, polled.sample_duration_s)
 
     def fold(self, reading: Reading) -> Tick:
         """Judge what was read, tick by recorded tick, and remember it."""
@@ -272,6 +311,8 @@ class Session:
         """Let go of what the source holds open (kept /proc files)."""
         if self.jobs is not None:
             self.jobs.close()
+        if self.stacks is not None:
+            self.stacks.close()
         self.source.close()
 
     # --- what the detector says -----------------------------------------------------------

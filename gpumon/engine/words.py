@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import Final
 
 from gpumon.detect import RunSummary
+from gpumon.detect.activities import RoleShares, StackWindow
 from gpumon.model import Cause, Evidence, State
 
 
@@ -111,6 +112,19 @@ _KINDS: Final = {
     "gpu": lambda v: f"GPU {v:.0f}",
 }
 
+# What the job's processes were doing, in words (detect.activities.Activity values).
+ACTIVITY_WORDS: Final = {
+    "loader_wait": "waiting on the loader",
+    "decode": "decoding/augmenting",
+    "read": "reading files",
+    "checkpoint": "writing a checkpoint",
+    "evaluation": "evaluating",
+    "collective": "in a collective",
+    "gpu_wait": "waiting on the GPU",
+    "step": "Python work",
+    "idle": "idle",
+}
+
 # Evidence keys in the order people read them (most telling first), with their labels.
 EVIDENCE: Final[tuple[tuple[str, str, str], ...]] = (
     ("duty_cycle", "duty cycle", "ratio"),
@@ -138,6 +152,13 @@ EVIDENCE: Final[tuple[tuple[str, str, str], ...]] = (
     ("mem_headroom_ratio", "mem headroom", "ratio"),
     ("max_core_pct", "busiest core", "pct"),
     ("lost_gpu_seconds", "lost GPU-s", "f1"),
+    ("main_activity", "main process", "act"),
+    ("main_activity_share", "of its gaps", "ratio"),
+    ("main_where", "in", ""),
+    ("workers_activity", "workers", "act"),
+    ("workers_activity_share", "of their gaps", "ratio"),
+    ("workers_where", "in", ""),
+    ("straggler_where", "straggler in", ""),
 )
 # Evidence kept for machines (JSON, the log) but not worth a person's attention.
 QUIET_EVIDENCE: Final = frozenset(
@@ -155,6 +176,7 @@ QUIET_EVIDENCE: Final = frozenset(
         "processes",
         "larger_batch_fits",
         "duration_s",
+        "stack_seconds",
     }
 )
 _KNOWN: Final = {k for k, _, _ in EVIDENCE} | QUIET_EVIDENCE
@@ -162,6 +184,8 @@ _KNOWN: Final = {k for k, _, _ in EVIDENCE} | QUIET_EVIDENCE
 
 def evidence_value(value: object, kind: str) -> str:
     """One evidence value in its kind's words (text values as they are)."""
+    if kind == "act":
+        return ACTIVITY_WORDS.get(str(value), str(value))
     if isinstance(value, bool) or not isinstance(value, int | float):
         return str(value)
     write = _KINDS.get(kind)
@@ -192,3 +216,46 @@ def evidence_line(evidence: Evidence | Mapping[str, object]) -> str:
         for key, label, kind in EVIDENCE
         if ev.get(key) is not None
     )
+
+
+# --- Python stacks (--stacks) ----------------------------------------------------------------
+
+
+def stack_roles(win: StackWindow) -> list[tuple[str, RoleShares]]:
+    """The roles that have stacks, as people name them: ``main process`` (``ranks``
+    where several drive GPUs), ``workers``."""
+    main = "ranks" if len(win.ranks) >= 2 else "main process"
+    return [(n, r) for n, r in ((main, win.main), ("workers", win.workers)) if r.seconds > 0]
+
+
+def stacks_json(win: StackWindow, top: int = 5) -> dict[str, object]:
+    """Activity shares and the places that took most, per role: the summary JSON's
+    ``stacks`` (shares of the role's gap-weighted seconds)."""
+    out: dict[str, object] = {}
+    for name, shares in stack_roles(win):
+        key = "ranks" if name == "ranks" else "main" if name == "main process" else "workers"
+        acts = sorted(shares.activities.items(), key=lambda x: -x[1])
+        out[key] = {
+            "seconds": round(shares.seconds, 2),
+            "activities": {a.value: round(s / shares.seconds, 3) for a, s in acts},
+            "top": [
+                {"where": w, "activity": shares.where_activity[w].value, "share": round(x, 3)}
+                for w, x in shares.top_where(None, top)
+            ],
+        }
+    return out
+
+
+def stacks_line(win: StackWindow) -> str:
+    """One line of what the job's processes did during the gaps: ``main process: waiting
+    on the loader 71% (train.py:42 train -> ...); workers: decoding/augmenting 80% (...)``."""
+    parts = []
+    for name, shares in stack_roles(win):
+        top = shares.top()
+        if top is None:
+            continue
+        act, x = top
+        place = shares.top_where(act)
+        where = f" ({place[0][0]})" if place else ""
+        parts.append(f"{name}: {ACTIVITY_WORDS.get(act.value, act.value)} {share(x)}{where}")
+    return "; ".join(parts)

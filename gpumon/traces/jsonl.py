@@ -12,7 +12,7 @@ import gzip
 import json
 import os
 from collections.abc import Iterable, Iterator
-from dataclasses import fields
+from dataclasses import fields, replace
 from typing import IO, Any
 
 from gpumon.errors import TraceFormatError
@@ -22,9 +22,12 @@ from gpumon.model import (
     GpuSample,
     HostSample,
     MigActivity,
+    ProcessRole,
     ProcessSample,
     ProcTreeSample,
     Snapshot,
+    StackFrame,
+    StackSample,
     TraceHeader,
 )
 from gpumon.traces._common import non_finite_times, shown
@@ -38,6 +41,9 @@ FORMAT_NAME = "gpumon-trace"
 # A reader reads every version up to its own.
 FORMAT_VERSION = 3
 _INF = float("inf")
+# The Python stacks (--stacks) travel in event lines of their own ("event": "stacks"),
+# which readers that do not know them skip: no trace version bump.  This is their version.
+STACKS_VERSION = 1
 
 
 # --- encoding ---------------------------------------------------------------------------
@@ -94,6 +100,59 @@ def encode_snapshot(snapshot: Snapshot) -> dict[str, Any]:
     return out
 
 
+def encode_stacks(t_s: float, samples: tuple[StackSample, ...]) -> dict[str, Any]:
+    """A window's stack samples as one event line: a table of its frames, then each sample
+    as ``[t, seconds, pid, role, [frame index, ... innermost first]]``."""
+    index: dict[StackFrame, int] = {}
+    frames: list[list[Any]] = []
+    rows: list[list[Any]] = []
+    for s in samples:
+        ids = []
+        for f in s.frames:
+            k = index.get(f)
+            if k is None:
+                k = index[f] = len(frames)
+                row: list[Any] = [f.name, f.file, f.line, 1 if f.library else 0, f.code]
+                while row and row[-1] is None:
+                    row.pop()
+                frames.append(row)
+            ids.append(k)
+        rows.append([s.t_s, s.seconds, s.pid, s.role.value, ids])
+    return {
+        "t": t_s,
+        "event": "stacks",
+        "version": STACKS_VERSION,
+        "frames": frames,
+        "samples": rows,
+    }
+
+
+def decode_stacks(obj: dict[str, Any]) -> tuple[StackSample, ...]:
+    """A stacks event line's samples (``ValueError`` and friends on a malformed one)."""
+    frames = []
+    for row in obj["frames"]:
+        name, file, *rest = row
+        line = rest[0] if rest else None
+        if not isinstance(name, str) or not isinstance(file, str):
+            raise ValueError("a stack frame's name and file must be text")
+        if line is not None and not isinstance(line, int):
+            raise ValueError("a stack frame's line must be a number")
+        library = bool(rest[1]) if len(rest) > 1 else False
+        code = rest[2] if len(rest) > 2 else None
+        frames.append(StackFrame(name, file, line, library, code))
+    out = []
+    for t, seconds, pid, role, ids in obj["samples"]:
+        if not isinstance(t, int | float) or not isinstance(seconds, int | float):
+            raise ValueError("a stack sample's t and seconds must be numbers")
+        if not all(isinstance(i, int) and 0 <= i < len(frames) for i in ids):
+            raise ValueError("a stack sample names a frame the line does not have")
+        out.append(
+            StackSample(float(t), float(seconds), int(pid), ProcessRole(role),
+                        tuple(frames[i] for i in ids))
+        )  # fmt: skip
+    return tuple(out)
+
+
 def encode_header(header: TraceHeader) -> dict[str, Any]:
     body = _plain(header, skip=("gpus", "extra", "version"))
     body["gpus"] = [_plain(g) for g in header.gpus]
@@ -130,6 +189,8 @@ class TraceWriter:
             raise
 
     def write(self, snapshot: Snapshot) -> None:
+        if snapshot.stacks:  # before its tick, so a reader hands them over with it
+            self._write_line(_dumps(encode_stacks(snapshot.t_s, snapshot.stacks)))
         self._write_line(_dumps(encode_snapshot(snapshot)))
 
     def write_event(self, t_s: float, event: str, **data: Any) -> None:
@@ -314,6 +375,7 @@ class TraceReader:
 
     def __iter__(self) -> Iterator[Snapshot]:
         line_no = 1
+        stacks: tuple[StackSample, ...] = ()  # a stacks line's, for the tick after it
         non_finite = non_finite_times()  # a NaN or inf time: the tick is skipped, not fatal
         try:
             for line in self._lines:
@@ -323,9 +385,15 @@ class TraceReader:
                 try:
                     obj = json.loads(line)
                     if "event" in obj:
-                        self.events.append(obj)
+                        if obj.get("event") == "stacks":
+                            stacks += self._stacks(obj)
+                        else:
+                            self.events.append(obj)
                         continue
                     snapshot = decode_snapshot(obj)
+                    if stacks:
+                        snapshot = replace(snapshot, stacks=stacks)
+                        stacks = ()
                 except NonFiniteTime:
                     non_finite.note(line_no, line)
                     continue
@@ -351,6 +419,16 @@ class TraceReader:
         finally:
             non_finite.say(self.path, self.warnings)
             self.close()
+
+    def _stacks(self, obj: dict[str, Any]) -> tuple[StackSample, ...]:
+        """A stacks line's samples; one of a newer stacks version is skipped, said once."""
+        version = obj.get("version")
+        if isinstance(version, int) and version > STACKS_VERSION:
+            note = f"{self.path}: stacks version {version} is newer than this gpumon reads; skipped"
+            if note not in self.warnings:
+                self.warnings.append(note)
+            return ()
+        return decode_stacks(obj)
 
 
 def _describe(exc: Exception) -> str:

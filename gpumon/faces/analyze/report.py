@@ -16,6 +16,8 @@ from gpumon.engine.words import (
     seconds_by_state,
     share,
     speedup_sentence,
+    stacks_json,
+    stacks_line,
     state_label,
     verdict_words,
 )
@@ -65,6 +67,9 @@ def render_text(result: Analysis, max_episodes: int = 12) -> str:
         out.append(f"  {gain}")
     for note in summ.notes:
         out.append(f"  note: {note}")
+    stacks = result.memory.stacks_run()
+    if stacks is not None and stacks_line(stacks):
+        out.append(f"  stacks during the gaps: {stacks_line(stacks)}")
     if v.note and v.state is not result.state:
         out.append(f"  now: {v.note}")
     out.append("")
@@ -214,4 +219,5 @@ def to_json(result: Analysis) -> dict[str, object]:
         "work_duty_cycle": summ.work_duty_cycle,
         "evidence": dict(v.evidence),
         "episodes": [episode_json(ep, result.end_s) for ep in result.run_episodes],
+        "stacks": None if (stacks := result.memory.stacks_run()) is None else stacks_json(stacks),
     }

@@ -12,7 +12,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from gpumon.engine import Session
+from gpumon.engine import Session, StackOptions
+from gpumon.errors import UsageError
 from gpumon.faces.common import positive_float, write_tick
 from gpumon.faces.record.output import trace_writer
 from gpumon.loop import StopFlag, paced
@@ -46,11 +47,33 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--pid", type=int, help="also record this process and its descendants; stop when it exits"
     )
+    p.add_argument(
+        "--stacks",
+        action="store_true",
+        help="with --pid: also record the job's Python stacks while a GPU waits (py-spy, "
+        "gpumon-why[stacks]); `gpumon analyze` names what they show",
+    )
+    p.add_argument(
+        "--stacks-every",
+        type=positive_float,
+        default=10.0,
+        metavar="S",
+        help="seconds per stack window (default 10)",
+    )
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    session = Session.live(pid=args.pid, interval_s=args.interval, judge=False)
+    stacks = None
+    if args.stacks:
+        if args.pid is None:
+            raise UsageError("--stacks reads the stacks of a job: give its --pid too.")
+        stacks = StackOptions(every_s=args.stacks_every)
+        Session.check_stacks(stacks)
+    # Judged only to know when a GPU waits, where the stacks are read.
+    session = Session.live(
+        pid=args.pid, interval_s=args.interval, judge=stacks is not None, stacks=stacks
+    )
     stop = StopFlag().install()
     ticks = 0
     try:
@@ -71,6 +94,7 @@ def run(args: argparse.Namespace) -> int:
                 ticks += 1
     finally:
         stop.restore()
+        session.close()
     print(f"gpumon: wrote {ticks} ticks to {args.output}", file=sys.stderr)
     return 0
 

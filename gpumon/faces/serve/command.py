@@ -153,7 +153,7 @@ def _serve(args: argparse.Namespace) -> int:
     from prometheus_client import disable_created_metrics
 
     from gpumon.faces.serve.collector import make_registry
-    from gpumon.faces.serve.daemon import ServeState, detector_config, job_options
+    from gpumon.faces.serve.daemon import ServeState, detector_config, job_options, stack_options
     from gpumon.faces.serve.http import (
         ConnectionStats,
         MetricsServer,
@@ -167,8 +167,18 @@ def _serve(args: argparse.Namespace) -> int:
     say = logging.getLogger("gpumon.serve")
     cfg = load_config(args)
     disable_created_metrics()
+    stacks = stack_options(cfg)
+    if stacks is not None:
+        try:
+            Session.check_stacks(stacks)
+        except GpumonError as exc:  # the daemon serves on without them
+            say.warning(f"{exc} Serving without stacks.")
+            stacks = None
     session = Session.live(  # no driver: status 3
-        interval_s=cfg.interval_s, jobs=job_options(cfg), config=detector_config(cfg)
+        interval_s=cfg.interval_s,
+        jobs=job_options(cfg),
+        config=detector_config(cfg),
+        stacks=stacks,
     )
     log = EventLog(None)
     state = ServeState(session, cfg, log)

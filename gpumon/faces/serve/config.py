@@ -66,6 +66,10 @@ class ServeConfig:
     # A job whose every GPU spins in a collective with none computing this long is hung
     # (the detector's hang_after_s; PyTorch's NCCL watchdog aborts at 10 minutes).
     hang_after_s: float = 300.0
+    # Read the jobs' Python stacks while a GPU waits (py-spy, gpumon-why[stacks]): off by
+    # default, since it reads other users' processes (it needs ptrace: root).
+    stacks_enabled: bool = False
+    stacks_every_s: float = 10.0  # one window: stacks arrive this often while a GPU waits
     source: str | None = field(default=None, compare=False)  # the file it came from
 
     @property
@@ -175,6 +179,10 @@ SCHEMA: dict[str, dict[str, tuple[str, Callable[[Any], Any]]]] = {
     },
     "detector": {
         "hang_after_s": ("hang_after_s", _seconds(10.0, 86400.0)),
+    },
+    "stacks": {
+        "enabled": ("stacks_enabled", _bool),
+        "every_s": ("stacks_every_s", _seconds(1.0, 120.0)),
     },
 }
 

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from gpumon import __version__
-from gpumon.engine import DetectorConfig, JobOptions, Reading, Session, Tick
+from gpumon.engine import DetectorConfig, JobOptions, Reading, Session, StackOptions, Tick
 from gpumon.engine.jobs import Job, JobTracker, job_name
 from gpumon.engine.memory import GpuEvent, GpuEventKind, GpuMemory, RunMemory
 from gpumon.faces.serve.config import ServeConfig
@@ -31,6 +31,11 @@ from gpumon.model import Episode, HostSample, JobLabels
 def detector_config(cfg: ServeConfig) -> DetectorConfig:
     """The detector's thresholds the daemon's configuration sets (the rest as shipped)."""
     return DetectorConfig(hang_after_s=cfg.hang_after_s)
+
+
+def stack_options(cfg: ServeConfig) -> StackOptions | None:
+    """Whether and how the daemon reads the jobs' Python stacks (``[stacks]``)."""
+    return StackOptions(every_s=cfg.stacks_every_s) if cfg.stacks_enabled else None
 
 
 def job_options(cfg: ServeConfig) -> JobOptions:

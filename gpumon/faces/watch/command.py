@@ -25,7 +25,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from gpumon.engine import Session
+from gpumon.engine import Session, StackOptions
 from gpumon.errors import GpumonError, ProcessGoneError, UsageError
 from gpumon.faces.common import positive_float, write_tick
 from gpumon.faces.watch.child import Child
@@ -89,6 +89,20 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--record", metavar="FILE", help="also keep the trace for `gpumon analyze`")
     p.add_argument(
+        "--stacks",
+        action="store_true",
+        help="while a GPU waits, read the job's Python stacks (py-spy, gpumon-why[stacks]) "
+        "and name what its processes do: loader waits, decoding, checkpoints, evaluation, "
+        "collectives (within 2 %% of one core)",
+    )
+    p.add_argument(
+        "--stacks-every",
+        type=positive_float,
+        default=10.0,
+        metavar="S",
+        help="seconds per stack window: stacks arrive this often while a GPU waits (default 10)",
+    )
+    p.add_argument(
         "--plain",
         action="store_true",
         help="one plain line per interval even on a terminal (the default when stdout is "
@@ -117,6 +131,8 @@ class WatchOptions:
     fail_threshold: float = 0.25
     record: str | None = None
     plain: bool = False
+    stacks: bool = False
+    stacks_every: float = 10.0
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> WatchOptions:
@@ -133,6 +149,8 @@ class WatchOptions:
             fail_threshold=args.fail_threshold,
             record=args.record,
             plain=args.plain,
+            stacks=args.stacks,
+            stacks_every=args.stacks_every,
         )
 
 
@@ -182,6 +200,10 @@ class _Run:
     def start(self) -> None:
         # The face only asks the session; it decides nothing itself.
         pid = self.args.pid
+        extra: dict[str, Any] = {}
+        if self.args.stacks:
+            extra["stacks"] = StackOptions(every_s=self.args.stacks_every)
+            Session.check_stacks(extra["stacks"])  # before the command starts
         if self.command is not None:
             # NVML first: without a driver, say so before the command has started.
             Session.check_driver()
@@ -194,6 +216,7 @@ class _Run:
                 tree_gpus_only=True,
                 command=self.command,
                 window_s=self.args.window,
+                **extra,
             )
         except BaseException:
             if self.child is not None:
@@ -288,6 +311,8 @@ class _Run:
                 )
         elif run.verdict is State.IDLE and run.startup_s > 0 and run.working_s == 0:
             notes.append("the run ended in start-up, before any sustained GPU work was seen")
+        if session.stacks is not None and session.stacks.refusal:
+            notes.append(session.stacks.refusal)
         names = {g.uuid: g.name for g in session.gpus}
         gpus = [
             GpuLine(g.gpu, g.uuid, names.get(g.uuid), g.duty_cycle, g.off_bus_s, g.lost_gpu_seconds)
@@ -307,6 +332,7 @@ class _Run:
             invisible_gpu_pids=invisible,
             fail_on=self.args.fail_on or (),
             fail_threshold=self.args.fail_threshold if self.args.fail_on else None,
+            stacks=session.memory.stacks_run(),
         )
 
 
@@ -405,6 +431,7 @@ def watch(args: WatchOptions, *, session_factory: Callable[..., Session] = Sessi
         if r.child is not None:
             r.child.restore_signals()
     summary = r.summary(exit_status)
+    r.session.close()  # py-spy windows still running, kept /proc files
     try:
         print(("" if r.tui else "\n") + summary.text(), flush=True)
     except BrokenPipeError:

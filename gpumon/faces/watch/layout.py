@@ -23,7 +23,15 @@ from rich.console import Console, ConsoleOptions, RenderResult
 from rich.text import Text
 
 from gpumon.engine import GpuMemory
-from gpumon.engine.words import duration, evidence_items, fmt_bytes, short_command
+from gpumon.engine.words import (
+    ACTIVITY_WORDS,
+    duration,
+    evidence_items,
+    fmt_bytes,
+    share,
+    short_command,
+    stack_roles,
+)
 from gpumon.faces.watch.keys import ADVICE, HELP, ViewControls
 from gpumon.faces.watch.view import (
     BLOCKS,
@@ -43,8 +51,10 @@ BAR_WIDTH = 12
 TREE_FEW_ROWS = 3  # process rows shown before per-GPU details get the room
 UNLIMITED = 10_000  # rows, when printed without a height (tests, a plain `console.print`)
 
+STACKS_SPAN_S = 60.0  # the stacks panel: what the job did during the last minute's gaps
+
 # Screen order, top to bottom.
-_TOP, _STATUS, _GPUS, _ADVICE, _EVIDENCE, _OUTPUT, _TREE = range(7)
+_TOP, _STATUS, _GPUS, _ADVICE, _EVIDENCE, _STACKS, _OUTPUT, _TREE = range(8)
 
 
 # --- the entry point ------------------------------------------------------------------------
@@ -136,12 +146,14 @@ def _main(
     evidence = _evidence_lines(st, shown, width)
     more_advice = [_advice_lines([a], width, full=True, first=False) for a in advice[1:]]
     output = _output_lines(st, width)
+    stacks = _stack_lines(st, width)
     tree = _TreeLines(st, width)
     detail = gpus.lines(detail=True)
     wants = [
         _Want(_STATUS, lambda n: [_status_line(st, width)], 1, 1 if st.status else 0),
         _Want(_ADVICE, lambda n: first[:n], len(first), len(first), replace=True),
         _Want(_EVIDENCE, lambda n: evidence[:n], 2, len(evidence)),
+        _Want(_STACKS, lambda n: stacks[:n], 2, len(stacks)),
         _Want(_ADVICE, lambda n: _whole(more_advice, n), 1, sum(map(len, more_advice))),
         _Want(_OUTPUT, lambda n: output[:n], 2, len(output)),
         _Want(_TREE, tree.build, 4, min(tree.most, 3 + TREE_FEW_ROWS)),
@@ -586,6 +598,33 @@ def _gpu_label(g: GpuVerdict) -> Text:
 
 def _chips(evidence: Mapping[str, object]) -> list[Text]:
     return [_chip(label, value) for label, value in evidence_items(evidence)]
+
+
+# --- the job's Python stacks (--stacks) ---------------------------------------------------------
+
+
+def _stack_lines(st: WatchState, width: int) -> list[Text]:
+    """What the job's processes did during the last minute's gaps: per role its main
+    activities with their shares, then the places in the code that took most."""
+    win = None if st.memory is None else st.memory.stacks_window(STACKS_SPAN_S)
+    if win is None:
+        return []
+    roles = stack_roles(win)
+    if not roles:
+        return []
+    lines = [_rule("stacks during the gaps", width, f"last {STACKS_SPAN_S:.0f} s")]
+    for name, shares in roles:
+        acts = sorted(shares.activities.items(), key=lambda x: -x[1])[:3]
+        acts = [(a, x) for a, x in acts if x >= 0.01 * shares.seconds]  # 0 % says nothing
+        line = Text(f" {name.split()[0]:<8}", style="bold")
+        for i, (act, secs) in enumerate(acts):
+            line.append("  " if i else "")
+            line.append(ACTIVITY_WORDS.get(act.value, act.value) + " ")
+            line.append(share(secs / shares.seconds), style="bold")
+        lines.append(_crop(line, width))
+        for place, x in shares.top_where(None, 2):
+            lines.append(_crop(Text(f"          {share(x):>4}  {place}", style="dim"), width))
+    return lines
 
 
 # --- the command's output and the process tree ------------------------------------------------

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpumon.engine import RunSummary
-from gpumon.engine.words import duration, short_command, speedup_sentence
+from gpumon.engine.words import duration, short_command, speedup_sentence, stacks_json, stacks_line
 from gpumon.model import Cause, State
 
 # Exit status when --fail-on trips (and the watched command itself succeeded).  Distinct
@@ -73,6 +73,8 @@ class Summary:
     invisible_gpu_pids: tuple[int, ...] = ()
     fail_on: tuple[State, ...] = ()
     fail_threshold: float | None = None
+    # What the job's processes did during the gaps (--stacks): the memory's run totals.
+    stacks: Any = None
 
     @property
     def verdict(self) -> State:
@@ -157,6 +159,7 @@ class Summary:
             }
             if self.fail_on
             else None,
+            "stacks": None if self.stacks is None else stacks_json(self.stacks),
         }
 
     def write_json(self, path: str) -> None:
@@ -214,6 +217,14 @@ class Summary:
             verdict += f", straggler GPU {self.run.straggler}"
         gain = speedup_sentence(self.run)
         lines.append(f"  verdict          {verdict}")
+        if self.stacks is not None and stacks_line(self.stacks):
+            lines += textwrap.wrap(
+                "during the gaps, " + stacks_line(self.stacks),
+                width=100,
+                initial_indent="  stacks           ",
+                subsequent_indent=" " * 19,
+                break_on_hyphens=False,
+            )
         if gain:
             lines += textwrap.wrap(
                 gain, width=100, initial_indent="  worth            ", subsequent_indent=" " * 19
