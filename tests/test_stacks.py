@@ -253,20 +253,25 @@ print(json.dumps({"said": said, "off": sampler.off, "again": again}))
 NOBODY = 65534
 
 
+REPO = Path(__file__).resolve().parent.parent
+
+
 def _as_nobody(argv: list[str], **kw: object) -> subprocess.CompletedProcess[str]:
+    # This checkout on the path: an editable install under /root is not nobody's to read.
+    env = {**os.environ, "HOME": "/tmp", "PYTHONPATH": str(REPO)}
     return subprocess.run(
         argv, user=NOBODY, group=NOBODY, extra_groups=[], capture_output=True, text=True,
-        env={**os.environ, "HOME": "/tmp"}, cwd="/", **kw,  # type: ignore[call-overload]
+        env=env, cwd="/", **kw,  # type: ignore[call-overload]
     )  # fmt: skip
 
 
 def _python_for_nobody() -> str | None:
-    """A Python 3.11+ that user nobody may run (a pyenv under /root is not one)."""
+    """A Python 3.11+ that user nobody may run (a pyenv under /root is not one) and that
+    can import the sampler from this checkout (which nobody must be able to read)."""
+    probe = "import sys; assert sys.version_info >= (3, 11); import gpumon.sample.stacks"
     for exe in (sys.executable, "/usr/bin/python3"):
         try:
-            r = _as_nobody(
-                [exe, "-c", "import sys; assert sys.version_info >= (3, 11)"], timeout=30
-            )
+            r = _as_nobody([exe, "-c", probe], timeout=30)
         except OSError:
             continue
         if r.returncode == 0:
@@ -279,7 +284,7 @@ def test_another_users_process_is_refused_in_one_sentence(jobs: list[Job]) -> No
     """The real refusal: gpumon (as nobody) asks py-spy for a process of root's."""
     python = _python_for_nobody()
     if python is None:
-        pytest.skip("no Python that user nobody may run")
+        pytest.skip("no Python that user nobody may run with this checkout importable")
     job = Job("step")
     jobs.append(job)
     exe = find_py_spy()
