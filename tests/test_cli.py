@@ -163,9 +163,14 @@ def _case_interrupted(fake, tmp: Path) -> list[int]:
         cwd=ROOT,
         stderr=subprocess.PIPE,
     )
-    _wait_until_it_opens(proc.pid, fifo)  # not while Python still imports: that is no test
-    proc.send_signal(signal.SIGINT)
-    proc.communicate(timeout=10)
+    try:
+        _wait_until_it_opens(proc.pid, fifo)  # not while Python still imports: no test
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=10)
+    finally:
+        if proc.poll() is None:  # a failed wait must not leave it blocked on the FIFO
+            proc.kill()
+            proc.communicate()
     return [proc.returncode]
 
 
