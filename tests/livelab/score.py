@@ -313,15 +313,26 @@ class FaceScore:
     max_cause_changes_per_phase: int = 0
 
     def precision(self, state: str) -> float | None:
-        n = sum(v for (_, f), v in self.pairs.items() if f == state)
+        n = self.said(state)
         return None if n == 0 else self.pairs[(state, state)] / n
 
     def recall(self, state: str) -> float | None:
-        n = sum(v for (tr, _), v in self.pairs.items() if tr == state) + 0
+        n = self.support(state)
         return None if n == 0 else self.pairs[(state, state)] / n
 
     def support(self, state: str) -> int:
+        """Scored seconds the truth was ``state``."""
         return sum(v for (tr, _), v in self.pairs.items() if tr == state)
+
+    def said(self, state: str) -> int:
+        """Scored seconds the face said ``state``."""
+        return sum(v for (_, f), v in self.pairs.items() if f == state)
+
+    def worst(self, min_s: int = 3) -> float | None:
+        """The lowest precision or recall over the states seen at least ``min_s`` seconds."""
+        vals = [self.precision(s) for s in STATES if self.said(s) >= min_s]
+        vals += [self.recall(s) for s in STATES if self.support(s) >= min_s]
+        return min((v for v in vals if v is not None), default=None)
 
     @property
     def cause_accuracy(self) -> float | None:
@@ -623,8 +634,7 @@ class RunScore:
                     )
             for st in STATES:
                 p = fs.precision(st)
-                n = sum(v for (_, f), v in fs.pairs.items() if f == st)
-                if p is not None and n >= 3 and p < TARGET_PR:
+                if p is not None and fs.said(st) >= 3 and p < TARGET_PR:
                     out.append(f"{fs.face}: precision of {st} {p:.2f} < {TARGET_PR}")
             ca = fs.cause_accuracy
             if ca is not None and fs.cause_total >= 3 and ca < TARGET_CAUSE:
