@@ -29,6 +29,7 @@ BENCHMARKS: tuple[tuple[str, str, str], ...] = (
     ("serve", "bench_serve.py", "daemon soak: CPU share, RSS, scrape latency"),
     ("analyze", "bench_analyze.py", "analysis throughput and peak memory"),
     ("detector", "bench_detector.py", "detection precision/recall and latency"),
+    ("live", "bench_live.py", "the live path (watch, serve, analyze) on the live lab"),
 )
 QUICK_SERVE_SECONDS = "30"
 
