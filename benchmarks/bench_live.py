@@ -78,6 +78,84 @@ def scenario_table(name: str, faces: dict[str, score.FaceScore]) -> list[str]:
     return out
 
 
+def markdown(per_scn: dict[str, dict[str, score.FaceScore]], checks: dict[str, list[score.Check]],
+             seeds: dict[str, list[int]]) -> list[str]:  # fmt: skip
+    """The per-scenario tables as benchmarks/README.md shows them."""
+    out = []
+    for name, faces in per_scn.items():
+        states = [
+            s for s in score.STATES if any(fs.support(s) or fs.said(s) for fs in faces.values())
+        ]
+        out += ["", f"**{name}** (seeds {', '.join(map(str, seeds[name]))})", ""]
+        out.append("| face | " + " | ".join(f"{s} P / R" for s in states) + " | cause | reason "
+                   "| latency med / max s | changes / steady min (state, cause) | most cause "
+                   "changes in a phase |")  # fmt: skip
+        out.append("|---" * (len(states) + 6) + "|")
+        for face, fs in faces.items():
+            pr = [f"{_fmt(fs.precision(s))} / {_fmt(fs.recall(s))}" for s in states]
+            spm, cpm = fs.changes_per_min()
+            out.append(f"| {face} | " + " | ".join(pr) + f" | {_fmt(fs.cause_accuracy)} | "
+                       f"{_fmt(fs.reason_accuracy)} | {_latency(fs)} | {_fmt(spm)} / {_fmt(cpm)} "
+                       f"| {fs.max_cause_changes_per_phase} |")  # fmt: skip
+        failed = [c for c in checks[name] if not c.ok]
+        names = sorted({c.name for c in failed})
+        out.append("")
+        out.append(f"Faces agree: {len(checks[name]) - len(failed)}/{len(checks[name])} checks"
+                   + (f"; failed: {'; '.join(names)}." if names else "."))  # fmt: skip
+    return out
+
+
+def _latency(fs: score.FaceScore) -> str:
+    lats = [lat["latency_s"] for lat in fs.latencies if lat["phase"] != "exited"]
+    got = [v for v in lats if v is not None]
+    if not lats:
+        return "-"
+    worst = f"{max(got):.1f}" if len(got) == len(lats) else f"never ({len(lats) - len(got)})"
+    return f"{median(got) if got else 0:.1f} / {worst}"
+
+
+def report(run_dirs: list[Path], json_out: Path | None, md_out: Path | None = None) -> int:
+    """Score the runs, print the tables and the targets; 0 when every target is met."""
+    per_scn: dict[str, dict[str, score.FaceScore]] = {}
+    checks: dict[str, list[score.Check]] = {}
+    seeds: dict[str, list[int]] = {}
+    results = []
+    for run_dir in run_dirs:
+        rs = score.score_run(run_dir)
+        results.append(rs.to_json())
+        seeds.setdefault(rs.scenario, []).append(rs.seed)
+        faces = per_scn.setdefault(rs.scenario, {f: score.FaceScore(f) for f in score.FACES})
+        for f, fs in rs.faces.items():
+            faces[f].add(fs)
+        checks.setdefault(rs.scenario, []).extend(rs.checks)
+    lines = ["\nscores (seeds summed per scenario)"]
+    for name, faces in per_scn.items():
+        lines += scenario_table(name, faces)
+        failed = [c for c in checks[name] if not c.ok]
+        lines.append(f"  faces agree: {len(checks[name]) - len(failed)}/{len(checks[name])} checks")
+        lines += [f"    x {c}" for c in sorted({c.name for c in failed})]
+        off = [(r["seed"], p["phase"]) for r in results if r["scenario"] == name
+               for p in r["invalid_phases"]]  # fmt: skip
+        if off:
+            lines.append(f"  off design, not scored (seed, phase): {off}")
+    print("\n".join(lines))
+    print(f"\n{'target':58}{'result':>10}")
+    totals = {f: score.FaceScore(f) for f in score.FACES}
+    for faces in per_scn.values():
+        for f, fs in faces.items():
+            totals[f].add(fs)
+    for f, fs in totals.items():
+        print(f"{f + ': worst precision/recall over states (>= 0.95)':58}{_fmt(fs.worst()):>10}")
+        print(f"{f + ': cause accuracy (>= 0.95)':58}{_fmt(fs.cause_accuracy):>10}")
+    met = sum(not r["failures"] for r in results)
+    print(f"{'runs with every target met':58}{met:>5}/{len(results)}")
+    if json_out:
+        json_out.write_text(json.dumps(results, indent=1))
+    if md_out:
+        md_out.write_text("\n".join(markdown(per_scn, checks, seeds)) + "\n")
+    return 0 if met == len(results) else 1
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--first-seed", type=int, default=0, help="first seed (held-out: 7000)")
@@ -89,7 +167,14 @@ def main() -> int:
     )
     ap.add_argument("--keep", type=Path, help="keep every run's files under this folder")
     ap.add_argument("--json", type=Path, help="write every run's scores here")
+    ap.add_argument("--markdown", type=Path, help="write the tables as markdown here")
+    ap.add_argument(
+        "--rescore", type=Path, metavar="DIR", help="score the runs kept under DIR (no new runs)"
+    )
     args = ap.parse_args()
+    if args.rescore:
+        runs = sorted(p.parent for p in args.rescore.glob("*/run.json"))
+        return report(runs, args.json, args.markdown)
     if args.quick:
         args.seeds, args.scale = 1, 1.0
     names = args.scenario or workloads.names()
@@ -103,55 +188,17 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="bench-live-") as tmp:
         base = args.keep or Path(tmp)
         data = make_data_file(Path(tmp) / "data.bin", 256 << 20)
-        per_scn: dict[str, dict[str, score.FaceScore]] = {}
-        checks: dict[str, list[score.Check]] = {}
-        results = []
+        run_dirs = []
         started = time.monotonic()
         for name in names:
-            per_scn[name] = {f: score.FaceScore(f) for f in score.FACES}
-            checks[name] = []
             for seed in seeds:
-                scn = workloads.build(name, seed, args.scale)
                 run_dir = base / f"{name}-{seed}"
                 t0 = time.monotonic()
-                runner.run(scn, run_dir, data)
-                rs = score.score_run(run_dir)
-                results.append(rs.to_json())
-                for f, fs in rs.faces.items():
-                    per_scn[name][f].add(fs)
-                checks[name] += rs.checks
-                bad = len(rs.failures())
-                print(
-                    f"{name} seed {seed}: {time.monotonic() - t0:.0f} s, {bad} target(s) "
-                    f"missed, {len(rs.invalid_phases)} phase(s) off design",
-                    flush=True,
-                )
-        lines = [f"\nscores ({time.monotonic() - started:.0f} s)"]
-        for name in names:
-            lines += scenario_table(name, per_scn[name])
-            failed = [c for c in checks[name] if not c.ok]
-            ok = len(checks[name]) - len(failed)
-            lines.append(f"  faces agree: {ok}/{len(checks[name])} checks")
-            for c in sorted({c.name for c in failed}):
-                lines.append(f"    x {c}")
-    missed = [f for r in results for f in r["failures"]]
-    print("\n".join(lines))
-    print(f"\n{'target':58}{'result':>10}")
-    totals = {f: score.FaceScore(f) for f in score.FACES}
-    for faces in per_scn.values():
-        for f, fs in faces.items():
-            totals[f].add(fs)
-    for f, fs in totals.items():
-        worst = fs.worst()
-        print(f"{f + ': worst precision/recall over states (>= 0.95)':58}{_fmt(worst):>10}")
-        print(f"{f + ': cause accuracy (>= 0.95)':58}{_fmt(fs.cause_accuracy):>10}")
-    print(
-        f"{'runs with every target met':58}"
-        f"{sum(not r['failures'] for r in results)}/{len(results):>5}"
-    )
-    if args.json:
-        args.json.write_text(json.dumps(results, indent=1))
-    return 0 if not missed else 1
+                runner.run(workloads.build(name, seed, args.scale), run_dir, data)
+                run_dirs.append(run_dir)
+                print(f"{name} seed {seed}: {time.monotonic() - t0:.0f} s", flush=True)
+        print(f"{len(run_dirs)} runs in {time.monotonic() - started:.0f} s")
+        return report(run_dirs, args.json, args.markdown)
 
 
 if __name__ == "__main__":

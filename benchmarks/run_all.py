@@ -1,7 +1,7 @@
 """Run every gpumon benchmark in sequence; each prints its own results table last.
 
-    python benchmarks/run_all.py            # full runs (about 10 minutes on 2 cores)
-    python benchmarks/run_all.py --quick    # smoke runs (about 2 minutes)
+    python benchmarks/run_all.py            # full runs (about 25 minutes on 2 cores)
+    python benchmarks/run_all.py --quick    # smoke runs (about 6 minutes)
     python benchmarks/run_all.py --only tick peers
 
 Each benchmark runs as its own process (so one's imports, NVML state and memory do not

@@ -421,10 +421,12 @@ def test_starved_by_saturated_workers(lab) -> None:
     _hold_to_targets(lab("starved"), "starved-cpu")
 
 
-@_xfail(
-    "num_workers=0, the main process building every batch: cause cpu, not gil, whenever "
-    "the host's cores are busy (host CPU >= 90 % is taken for saturated workers, and a main "
-    "process held to a share of a core by other work never reads 'pinned')"
+@pytest.mark.xfail(
+    strict=False,
+    reason="num_workers=0, the main process building every batch: cause cpu, not gil, while "
+    "other work keeps the host's cores busy (host CPU >= 90 % is taken for saturated workers; "
+    "a main process held to a share of a core never reads 'pinned'); on a quiet machine gil "
+    "comes, but 8-12 s after the change, through 'unknown' (so it may pass there)",
 )
 def test_gil_bound_main_process(lab) -> None:
     _hold_to_targets(lab("starved"), "starved-gil")
@@ -439,8 +441,9 @@ def test_starved_faces_tell_one_story(lab) -> None:
 
 
 @_xfail(
-    f"{STARTUP_STARVED}; workers in disk-sleep reading ~0.5 GB/s past the page cache: cause "
-    "cpu, not io, when the host's cores are busy (CPU saturation is asked before storage)"
+    f"{STARTUP_STARVED}; and while the host's cores are busy with other work, workers in "
+    "disk-sleep reading ~0.5 GB/s past the page cache get cause cpu, not io (CPU saturation "
+    "is asked before storage)"
 )
 def test_io_bound_workers(lab) -> None:
     _hold_to_targets(lab("io"), "starved-io")
@@ -482,8 +485,9 @@ def test_workers_restarted_every_epoch(lab) -> None:
 
 
 @_xfail(
-    "a checkpoint written synchronously (O_DSYNC) every few seconds: cause cpu, not io, "
-    "when the host's cores are busy (writes are not read bytes, and iowait needs idle cores)"
+    "a checkpoint written synchronously (O_DIRECT|O_DSYNC) every few seconds: the cause stays "
+    "cpu from the epoch restarts before it (or flaps to unknown), never io: writes are not "
+    "read bytes, and iowait needs idle cores"
 )
 def test_checkpoint_every_few_seconds(lab) -> None:
     _hold_to_targets(lab("periodic"), "checkpoints")
@@ -498,9 +502,10 @@ def test_periodic_faces_tell_one_story(lab) -> None:
 
 
 @_xfail(
-    f"{STARTUP} -- and the ranks spinning at the barrier (every sample 100 %, a few SMs "
-    "active, little power) stay healthy live until the whole 8 s window is pinned; the "
-    "straggler is found ~10 s after its peers began waiting"
+    f"{STARTUP}; then the peers, computing ~40 % and spinning ~60 % of every step at the "
+    "barrier, are shown healthy for the whole phase: their SM activity over a tick (~0.37) is "
+    "above the busy-wait line, so neither the busy-wait nor the straggler is found until "
+    "every rank spins (the hang)"
 )
 def test_straggler_at_a_barrier(lab) -> None:
     _hold_to_targets(lab("ranks"), "straggler")

@@ -547,7 +547,7 @@ def agreement(run: Run) -> list[Check]:
     checks.append(
         Check(
             "watch summary = analyze (seconds per state)",
-            worst[0] <= 0.1 * dur,
+            worst[0] <= max(2.0, 0.05 * dur),  # the same recording: the same story
             f"watch {_fmt_secs(summ['seconds'])} vs analyze {_fmt_secs(ana['seconds'])}",
         )
     )
