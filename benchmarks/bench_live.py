@@ -171,6 +171,9 @@ def main() -> int:
     ap.add_argument(
         "--rescore", type=Path, metavar="DIR", help="score the runs kept under DIR (no new runs)"
     )
+    ap.add_argument(
+        "--gpumon-src", type=Path, metavar="DIR", help="observe with the gpumon of this checkout"
+    )
     args = ap.parse_args()
     if args.rescore:
         runs = sorted(p.parent for p in args.rescore.glob("*/run.json"))
@@ -194,7 +197,8 @@ def main() -> int:
             for seed in seeds:
                 run_dir = base / f"{name}-{seed}"
                 t0 = time.monotonic()
-                runner.run(workloads.build(name, seed, args.scale), run_dir, data)
+                scn = workloads.build(name, seed, args.scale)
+                runner.run(scn, run_dir, data, gpumon_src=args.gpumon_src)
                 run_dirs.append(run_dir)
                 print(f"{name} seed {seed}: {time.monotonic() - t0:.0f} s", flush=True)
         print(f"{len(run_dirs)} runs in {time.monotonic() - started:.0f} s")

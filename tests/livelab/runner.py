@@ -167,13 +167,15 @@ def run(
     watch_interval_s: float = 0.5,
     serve_interval_s: float = 1.0,
     use_torch: bool = False,
+    gpumon_src: Path | None = None,
 ) -> Observed:
-    """Run ``scn`` once, observed by watch, serve and (afterwards) analyze."""
+    """Run ``scn`` once, observed by watch, serve and (afterwards) analyze -- this checkout's
+    gpumon, or the one in ``gpumon_src`` (another checkout, to compare)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     scenario_path = fake_machine(scn, run_dir)
     env = fake_env(scenario_path)
     env["PYTHONPATH"] = os.pathsep.join(
-        [str(ROOT), str(TESTS), *filter(None, [env.get("PYTHONPATH")])]
+        [str(gpumon_src or ROOT), str(TESTS), *filter(None, [env.get("PYTHONPATH")])]
     )
     job_env = dict(env, SLURM_JOB_ID=SLURM_JOB_ID)
     job_env.pop("FAKE_NVML_SCENARIO", None)  # the job never calls NVML

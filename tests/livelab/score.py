@@ -60,7 +60,7 @@ ENDS_WITH_JOB = ("watch", "analyze")
 STALE_S = 3.0  # a live observation older than this is no reading
 HOLD_S = 3.0  # latency: the right state shown and kept this long
 # Reasons the truth knows and the faces name (watch's note is for people: not scored).
-REASONS_SCORED = ("memory allocated, no work", "no process", "straggler", "busy-wait")
+REASONS_SCORED = ("memory allocated, no work", "no process", "straggler", "busy-wait", "hang")
 
 TARGET_PR = 0.95
 TARGET_CAUSE = 0.95
@@ -590,6 +590,7 @@ def agreement(run: Run) -> list[Check]:
 #: Words an advice line for a cause contains (advice.py's wording, loosely).
 ADVICE_WORDS = {
     "cpu": ("num_workers", "CPU-saturated", "workers"),
+    "contention": ("outside the job", "other processes", "contention", "share the host"),
     "gil": ("main process", "GIL", "num_workers=0", "worker processes"),
     "io": ("storage", "disk", "read", "I/O", "iowait"),
     "unknown": ("outside", "waits on", "profile", "neither"),

@@ -21,7 +21,12 @@ activity makes, by the rules of ``derive`` (a person could state them):
   building batches (``loader_cpu``) or starting up (``worker_start``): ``cpu``; the main
   process building them itself (``main_cpu``): ``gil``; reads or writes to disk
   (``loader_io``, ``checkpoint``): ``io``; something outside the job (``remote``):
-  ``unknown``.
+  ``unknown``.  CPU work held back by processes outside the job is ``contention``: the
+  job's processes waited on the run queue at least 30 % of the time they wanted a CPU
+  (schedstat) while processes outside the job used at least 60 % of the machine; with
+  them between 40 and 60 % the truth cannot tell (``ambiguous``: the phase is not scored);
+- every rank spinning and none computing (a phase of nothing but spin): **sync_stall**
+  (hang).
 
 A phase is designed to be one of these, far from the lines; ``phase_end`` says whether the
 measured label matches the design (``valid``), so a phase that an overloaded machine kept
@@ -54,6 +59,9 @@ WAIT_CAUSE = {
 IDLE_BUSY = 0.05
 SPIN_STALL = 0.25
 HEALTHY_COMPUTE = 0.85
+CONTENDED_WAIT = 0.3  # share of its wanted CPU time the job spent on the run queue
+OUTSIDE_SHARE = (0.4, 0.6)  # machine share used outside the job: the job's / can't tell / theirs
+CPU_BOUND = ("cpu", "gil")  # causes that contention can take the place of
 
 
 @dataclass(frozen=True)
@@ -77,6 +85,23 @@ class PhaseTotals:
     mem_held: bool = False
     barriers: int = 0
     last_at_barrier: int = 0
+    job_run_s: float = 0.0  # CPU the job's processes ran (schedstat)
+    job_wait_s: float = 0.0  # time they were runnable but waited for a CPU
+    host_busy_s: float = 0.0  # CPU-seconds the whole machine was busy (/proc/stat)
+    host_total_s: float = 0.0  # CPU-seconds the machine had
+
+    @property
+    def outside_share(self) -> float | None:
+        """Share of the machine's CPU used by processes outside the job."""
+        if self.host_total_s <= 0:
+            return None
+        return max(0.0, self.host_busy_s - self.job_run_s) / self.host_total_s
+
+    @property
+    def wait_share(self) -> float | None:
+        """Share of the CPU time the job wanted that it spent waiting on the run queue."""
+        want = self.job_run_s + self.job_wait_s
+        return None if want <= 0 else self.job_wait_s / want
 
 
 def derive(p: PhaseTotals) -> Label:
@@ -89,13 +114,98 @@ def derive(p: PhaseTotals) -> Label:
         return Label("idle", None, "memory allocated, no work" if p.mem_held else "no work")
     if p.barriers and p.last_at_barrier >= 0.8 * p.barriers and spin < 0.1:
         return Label("sync_stall", None, "straggler")
+    if spin >= 0.95 and compute < 0.01:
+        return Label("sync_stall", None, "hang")
     if spin >= SPIN_STALL:
         return Label("sync_stall", None, "busy-wait")
     if compute >= HEALTHY_COMPUTE:
         return Label("healthy")
     waits = p.waits or {}
     why = max(waits, key=lambda k: waits[k]) if waits else None
-    return Label("starved", WAIT_CAUSE.get(why or "", "unknown"))
+    cause = WAIT_CAUSE.get(why or "", "unknown")
+    out, wait = p.outside_share, p.wait_share
+    if cause in CPU_BOUND and out is not None and wait is not None and wait >= CONTENDED_WAIT:
+        if out >= OUTSIDE_SHARE[1]:  # held back by other processes
+            cause = "contention"
+        elif out >= OUTSIDE_SHARE[0]:  # by its own and others' alike: no truth to score
+            cause = "ambiguous"
+    return Label("starved", cause)
+
+
+def matches(label: Label, design: Label | None) -> bool:
+    """Whether a phase did what it was designed to: the same state and cause -- where it
+    was designed CPU-bound, contention counts (whether the CPUs were the job's or taken by
+    other processes is the machine's doing, not the design's)."""
+    if design is None or label.state != design.state:
+        return False
+    return label.cause == design.cause or (
+        design.cause in CPU_BOUND and label.cause == "contention"
+    )
+
+
+class CpuMeter:
+    """CPU of a process tree (schedstat: time run, time waiting for a CPU) and of the whole
+    machine (/proc/stat), as deltas between reads."""
+
+    def __init__(self, root_pid: int) -> None:
+        self.root = root_pid
+        self._last: dict[int, tuple[int, int]] = {}
+        self._primed = False  # after the first read, a new process counts from its birth
+        self._host = _host_ticks()
+        self.read()
+        self._primed = True
+
+    def read(self) -> tuple[float, float, float, float]:
+        """Since the last read: (tree run s, tree run-queue wait s, host busy CPU-s,
+        host CPU-s)."""
+        run = wait = 0
+        seen: dict[int, tuple[int, int]] = {}
+        for pid in _tree(self.root):
+            cur = _schedstat(pid)
+            if cur is None:
+                continue
+            seen[pid] = cur
+            old = self._last.get(pid, (0, 0) if self._primed else cur)
+            run += max(0, cur[0] - old[0])
+            wait += max(0, cur[1] - old[1])
+        self._last = seen
+        host = _host_ticks()
+        busy, total = host[0] - self._host[0], host[1] - self._host[1]
+        self._host = host
+        hz = os.sysconf("SC_CLK_TCK")
+        return run * 1e-9, wait * 1e-9, busy / hz, total / hz
+
+
+def _tree(root: int) -> list[int]:
+    out, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        try:
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                with open(f"/proc/{pid}/task/{tid}/children", encoding="ascii") as f:
+                    todo += [int(c) for c in f.read().split()]
+        except OSError:
+            continue
+    return out
+
+
+def _schedstat(pid: int) -> tuple[int, int] | None:
+    try:
+        with open(f"/proc/{pid}/schedstat", encoding="ascii") as f:
+            run, wait, _ = f.read().split()
+        return int(run), int(wait)
+    except (OSError, ValueError):
+        return None
+
+
+def _host_ticks() -> tuple[int, int]:
+    """(busy, total) clock ticks of all CPUs since boot."""
+    with open("/proc/stat", encoding="ascii") as f:
+        vals = [int(v) for v in f.readline().split()[1:]]
+    idle = vals[3] + (vals[4] if len(vals) > 4 else 0)  # idle + iowait
+    total = sum(vals[:8])  # guest time is already in user
+    return total - idle, total
 
 
 class TruthLog:
@@ -116,6 +226,8 @@ class TruthLog:
         self._totals = PhaseTotals()
         self.mem_held = False
         self.has_context = True
+        self._meter = CpuMeter(os.getpid())
+        self._meter_t = time.monotonic()
 
     # --- what the loop says ----------------------------------------------------------------
 
@@ -166,6 +278,11 @@ class TruthLog:
     def _account(self, a: int, b: int) -> None:
         compute, spin, waits = self._shares(a, b)
         t = self._totals
+        run, wait, busy, total = self._meter.read()
+        t.job_run_s += run
+        t.job_wait_s += wait
+        t.host_busy_s += busy
+        t.host_total_s += total
         t.seconds += (b - a) * 1e-9
         t.compute_s += compute
         t.spin_s += spin
@@ -178,8 +295,10 @@ class TruthLog:
         if os.getpid() != self._pid or self._next_s is None or self._phase is None:
             return
         now = time.monotonic_ns() if now_ns is None else now_ns
-        self._account(self._acc_ns, now)
-        self._acc_ns = now
+        if now * 1e-9 - self._meter_t >= 0.5:  # the CPU meter reads /proc: twice a second
+            self._meter_t = now * 1e-9
+            self._account(self._acc_ns, now)
+            self._acc_ns = now
         while (self._next_s + 1) * 1_000_000_000 <= now:
             a = self._next_s * 1_000_000_000
             b = a + 1_000_000_000
@@ -216,7 +335,7 @@ class TruthLog:
         tot.has_context, tot.mem_held = self.has_context, self.mem_held
         label = derive(tot)
         design = self._design
-        valid = design is not None and (label.state, label.cause) == (design.state, design.cause)
+        valid = matches(label, design)
         self._write(
             {
                 "event": "phase_end",
@@ -235,6 +354,8 @@ class TruthLog:
                     "waits": {k: round(v, 3) for k, v in (tot.waits or {}).items()},
                     "barriers": tot.barriers,
                     "last_at_barrier": tot.last_at_barrier,
+                    "outside_share": _r3(tot.outside_share),
+                    "wait_share": _r3(tot.wait_share),
                 },
             }
         )
@@ -250,6 +371,10 @@ class TruthLog:
     def _write(self, record: dict[str, Any]) -> None:
         if os.getpid() == self._pid:
             self._f.write(json.dumps(record, separators=(",", ":")) + "\n")
+
+
+def _r3(x: float | None) -> float | None:
+    return None if x is None else round(x, 3)
 
 
 def read_truth(path: Path) -> list[dict[str, Any]]:

@@ -46,6 +46,7 @@ from livelab.truth import Label, TruthLog
 HEALTHY = Label("healthy")
 IDLE_HELD = Label("idle", None, "memory allocated, no work")
 BUSY_WAIT = Label("sync_stall", None, "busy-wait")
+HANG = Label("sync_stall", None, "hang")
 STRAGGLER = Label("sync_stall", None, "straggler")
 DATA_FILE_BYTES = 256 << 20
 
@@ -306,7 +307,7 @@ def ranks_barrier(seed: int, scale: float) -> LabScenario:
                 straggler_factor=r.uniform(1.8, 2.6),
                 **common,
             ),
-            Phase("hang", 12 * scale, BUSY_WAIT, mode="hang", **common),
+            Phase("hang", 12 * scale, HANG, mode="hang", **common),
         ),
         ("ranks at a barrier with a straggler", "hang (every rank spinning)"),
         ranks=ranks,
