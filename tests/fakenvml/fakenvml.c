@@ -734,6 +734,7 @@ static inline scn_t *cur(void) {
  * library first sees it dead (the driver frees a dead process's context); what it ran
  * before stays in the past, as the driver's sample buffer keeps it.
  */
+/* (This region's own includes, here so that its changes stay in one place.) */
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/mman.h>
