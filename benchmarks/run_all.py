@@ -1,7 +1,7 @@
 """Run every gpumon benchmark in sequence; each prints its own results table last.
 
-    python benchmarks/run_all.py            # full runs (about 10 minutes on 2 cores)
-    python benchmarks/run_all.py --quick    # smoke runs (about 2 minutes)
+    python benchmarks/run_all.py            # full runs (about 25 minutes on 2 cores)
+    python benchmarks/run_all.py --quick    # smoke runs (about 6 minutes)
     python benchmarks/run_all.py --only tick peers
 
 Each benchmark runs as its own process (so one's imports, NVML state and memory do not
@@ -34,6 +34,7 @@ BENCHMARKS: tuple[tuple[str, str, str], ...] = (
         "bench_stacks.py",
         "--stacks: py-spy and gpumon CPU, the job's step time read or not",
     ),
+    ("live", "bench_live.py", "the live path (watch, serve, analyze) on the live lab"),
 )
 QUICK_SERVE_SECONDS = "30"
 

@@ -264,6 +264,10 @@ class FakeGPU:
     nvlink_tx_kbps: int = 0  #: KiB/s over all links; the throughput fields count KiB
     nvlink_rx_kbps: int = 0
     xid_errors: list[XidError] = field(default_factory=list)  #: delivered as NVML events
+    #: A file processes write their kernels, spins, contexts and allocations into
+    #: (tests/livelab/emulator.py): utilisation, power, GPM, memory and the process list
+    #: then follow what they do, and ``pattern`` is not used.
+    driven: str | os.PathLike[str] | None = None
 
     def default_uuid(self, index: int) -> str:
         """The UUID used when ``uuid`` is None (stable per index)."""
@@ -328,6 +332,11 @@ class FakeGPU:
         ]
         if len(self.mig) > 7:
             raise ValueError("a GPU has at most 7 MIG GPU instances")
+        if self.driven is not None:
+            driven = _clean(str(Path(self.driven).resolve()))
+            if len(driven.encode()) > 255:
+                raise ValueError(f"the driven file's path is too long for the fake: {driven}")
+            out.append(f"driven={driven}")
         for m in self.mig:
             out.append(
                 f"mig_instance={int(m.gpu_instance_id)},{_pct(m.sm_active_pct)},"

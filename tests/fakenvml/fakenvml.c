@@ -21,6 +21,7 @@
  *           memory_temperature_c ecc_corrected ecc_uncorrected ecc_corrected_aggregate
  *           ecc_uncorrected_aggregate pcie_replays nvlink_links nvlink_tx_kbps nvlink_rx_kbps
  *           xid=<CLOCK_MONOTONIC seconds>,<code> (repeatable: an XID critical error then)
+ *           driven=<file>: activity written by real processes (see "driven GPUs" below)
  *
  * Time model: every utilisation pattern is a function of CLOCK_MONOTONIC seconds since the
  * scenario's epoch.  Driver samples sit at multiples of sample_period on the chosen timestamp
@@ -301,6 +302,7 @@ typedef struct {
         double t; /* CLOCK_MONOTONIC seconds */
         unsigned long long code;
     } xid[MAX_XIDS];
+    char driven[256]; /* non-empty: activity written by processes into this file (live lab) */
 } gpu_t;
 
 typedef struct {
@@ -551,6 +553,7 @@ static void gpu_set(gpu_t *g, const char *key, const char *v) {
     else if (KEY("phase_s")) g->pat.phase_s = strtod(v, NULL);
     else if (KEY("noise_pct")) g->pat.noise_pct = strtod(v, NULL);
     else if (KEY("clock_reasons")) g->clock_reasons = strtoull(v, NULL, 0);
+    else if (KEY("driven")) copy_field(g->driven, sizeof g->driven, v);
     else if (KEY("unsupported")) add_errors(g->err, v, NVML_ERROR_NOT_SUPPORTED);
     else if (KEY("error")) add_errors(g->err, v, 0);
     else if (KEY("gpm_supported")) g->gpm_supported = parse_bool(v);
@@ -757,6 +760,409 @@ static inline scn_t *cur(void) {
     return atomic_load_explicit(&g_scn, memory_order_acquire);
 }
 
+/* ------------------------------------------------------------------ driven GPUs (live lab) */
+/*
+ * A GPU whose activity comes from real processes instead of a pattern: "driven=<file>" in its
+ * [gpu] block names a file that processes of a workload write through tests/livelab/emulator.py
+ * (EmulatedDevice) and this library maps read-only.  Layout (native byte order, 8-byte
+ * aligned; the Python side mirrors it with ctypes):
+ *
+ *   header (64 bytes)   magic "GPUEMU01", version, ring_len, max_ctx, entry_size, ctx_off,
+ *                       ring_off, head (entries published), ctx_gen (bumped per ctx change)
+ *   ctx[max_ctx]        32 bytes each: seq (odd while written), pid (0: free), mem_bytes
+ *                       (context overhead + live allocations)
+ *   ring[ring_len]      32 bytes each: seq (i + 1 once entry i is complete), t_ns
+ *                       (CLOCK_MONOTONIC), pid, kind (0 idle, 1 compute, 2 spin), sm (share of
+ *                       SMs active), power (share of the idle-to-busy power range drawn)
+ *
+ * An entry says "from t_ns on, process pid's stream is <kind>": a kernel of s seconds is two
+ * entries, (t, compute) and (t + s, idle), written when it is launched, so a writer that is
+ * descheduled never stretches a kernel.  Writers serialise among themselves with flock; the
+ * entry is written first and published after (seq, then head), and the reader checks seq
+ * before and after copying (a seqlock), so a lagging writer never shows a torn entry.
+ *
+ * What the fake derives over any interval: utilisation = the share covered by any process's
+ * kernel (compute or spin); power = idle + the power shares' integral x (busy - idle); GPM SM
+ * activity = the integral of the SM shares (tensor activity: compute only); memory used = the
+ * scenario's + every live context's mem_bytes; processes = live contexts.  A process that
+ * exited (or is a zombie) leaves the process list at once, and its kernels stop when this
+ * library first sees it dead (the driver frees a dead process's context); what it ran
+ * before stays in the past, as the driver's sample buffer keeps it.
+ */
+/* (This region's own includes, here so that its changes stay in one place.) */
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#define EMU_MAGIC 0x3130554D45555047ULL /* "GPUEMU01" */
+#define EMU_VERSION 1U
+#define EMU_MAX_PIDS 64
+
+typedef struct {
+    uint64_t magic;
+    uint32_t version, ring_len, max_ctx, entry_size, ctx_off, ring_off;
+    _Atomic uint64_t head;
+    _Atomic uint64_t ctx_gen;
+    uint64_t reserved[2];
+} emu_header_t;
+
+typedef struct {
+    _Atomic uint32_t seq;
+    uint32_t pid;
+    uint64_t mem_bytes;
+    uint64_t reserved[2];
+} emu_ctx_t;
+
+typedef struct {
+    _Atomic uint64_t seq;
+    int64_t t_ns;
+    uint32_t pid, kind;
+    float sm, power;
+} emu_entry_t;
+
+enum { EMU_IDLE = 0, EMU_COMPUTE = 1, EMU_SPIN = 2 };
+
+typedef struct { /* integrals over an interval, in seconds */
+    double cover, compute, spin, sm, power;
+} emu_acc_t;
+
+typedef struct {
+    double t;
+    uint64_t idx; /* publication order: ties at one instant apply in it */
+    int slot;     /* index into the snapshot's pids */
+    int kind;
+    float sm, power;
+} emu_ev_t;
+
+typedef struct {
+    int nev, cap, npid, nstream;
+    emu_ev_t *ev;
+    unsigned int pid[EMU_MAX_PIDS]; /* live contexts (the process list) and their memory */
+    unsigned long long mem[EMU_MAX_PIDS];
+    unsigned int stream[EMU_MAX_PIDS]; /* the processes that wrote entries (event slots) */
+    uint64_t head, gen;
+    long long checked_ns;
+    const void *src; /* the mapping it was read from */
+} emu_snap_t;
+
+static struct { /* mapped files, by path; never unmapped (a fake for tests) */
+    char path[256];
+    const void *base;
+    size_t size;
+    long long tried_ns;
+} g_emu_maps[MAX_GPUS];
+static pthread_mutex_t g_emu_lock = PTHREAD_MUTEX_INITIALIZER;
+static __thread emu_snap_t *tl_emu_cache[MAX_GPUS]; /* per thread: readers never lock */
+#define EMU_DEAD_MAX 256
+static struct { /* when this process first saw a writer dead (its stream is idle after) */
+    unsigned int pid;
+    double t;
+} g_emu_dead[EMU_DEAD_MAX];
+static int g_emu_ndead;
+
+static long long emu_now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+static int emu_on(const gpu_t *g) { return g->driven[0] != '\0'; }
+
+/* The header of a GPU's driven file, mapping it on first use (None yet: NULL, retried
+ * every 50 ms, so a workload may create the file after the monitor started). */
+static const emu_header_t *emu_map(const gpu_t *g, int *map_slot) {
+    pthread_mutex_lock(&g_emu_lock);
+    int slot = -1, free_slot = -1;
+    for (int i = 0; i < MAX_GPUS; i++) {
+        if (g_emu_maps[i].path[0] == '\0') { if (free_slot < 0) free_slot = i; continue; }
+        if (strcmp(g_emu_maps[i].path, g->driven) == 0) { slot = i; break; }
+    }
+    if (slot < 0) {
+        slot = free_slot;
+        if (slot < 0) { pthread_mutex_unlock(&g_emu_lock); return NULL; }
+        copy_field(g_emu_maps[slot].path, sizeof g_emu_maps[slot].path, g->driven);
+    }
+    const emu_header_t *h = g_emu_maps[slot].base;
+    long long now = emu_now_ns();
+    if (!h && now - g_emu_maps[slot].tried_ns >= 50000000LL) {
+        g_emu_maps[slot].tried_ns = now;
+        int fd = open(g->driven, O_RDONLY | O_CLOEXEC);
+        struct stat st;
+        if (fd >= 0 && fstat(fd, &st) == 0 && (size_t)st.st_size >= sizeof(emu_header_t)) {
+            void *p = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, fd, 0);
+            const emu_header_t *m = p == MAP_FAILED ? NULL : p;
+            size_t need = m ? (size_t)m->ring_off + (size_t)m->ring_len * sizeof(emu_entry_t) : 0;
+            if (m && m->magic == EMU_MAGIC && m->version == EMU_VERSION &&
+                m->entry_size == sizeof(emu_entry_t) && m->ring_len > 0 &&
+                (size_t)m->ctx_off + (size_t)m->max_ctx * sizeof(emu_ctx_t) <= (size_t)st.st_size &&
+                need <= (size_t)st.st_size) {
+                g_emu_maps[slot].base = m;
+                g_emu_maps[slot].size = (size_t)st.st_size;
+                h = m;
+            } else if (m) {
+                munmap(p, (size_t)st.st_size); /* not (yet) a complete file: try again later */
+            }
+        }
+        if (fd >= 0) close(fd);
+    }
+    pthread_mutex_unlock(&g_emu_lock);
+    *map_slot = slot;
+    return h;
+}
+
+/* A pid that still runs (a zombie has exited: the driver has freed its context). */
+static int emu_alive(unsigned int pid) {
+    if (pid == 0 || (kill((pid_t)pid, 0) != 0 && errno != EPERM)) return 0;
+    char path[64], buf[512];
+    snprintf(path, sizeof path, "/proc/%u/stat", pid);
+    FILE *f = fopen(path, "r");
+    if (!f) return 0;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    const char *close_paren = strrchr(buf, ')');
+    return !(close_paren && close_paren[1] == ' ' && (close_paren[2] == 'Z' || close_paren[2] == 'X'));
+}
+
+/* The event slot of a writing process (added on first sight; -1 when full). */
+static int emu_stream(emu_snap_t *sn, unsigned int pid) {
+    for (int i = 0; i < sn->nstream; i++)
+        if (sn->stream[i] == pid) return i;
+    if (sn->nstream >= EMU_MAX_PIDS) return -1;
+    sn->stream[sn->nstream] = pid;
+    return sn->nstream++;
+}
+
+/* When a dead writer was first seen dead by this process (now, the first time asked). */
+static double emu_death(unsigned int pid) {
+    double now = mono_now();
+    pthread_mutex_lock(&g_emu_lock);
+    double t = now;
+    int found = 0;
+    for (int i = 0; i < g_emu_ndead && !found; i++)
+        if (g_emu_dead[i].pid == pid) { t = g_emu_dead[i].t; found = 1; }
+    if (!found) {
+        int k = g_emu_ndead < EMU_DEAD_MAX ? g_emu_ndead++ : (int)(pid % EMU_DEAD_MAX);
+        g_emu_dead[k].pid = pid;
+        g_emu_dead[k].t = now;
+    }
+    pthread_mutex_unlock(&g_emu_lock);
+    return t;
+}
+
+/* Fill sn from the file: live contexts, then every entry in time order, with each dead
+ * writer's stream going idle when it was seen dead (what ran before stays as it ran: the
+ * driver's sample buffer keeps a process's past after it exits). */
+static void emu_read(const emu_header_t *h, emu_snap_t *sn) {
+    const emu_ctx_t *ctx = (const emu_ctx_t *)((const char *)h + h->ctx_off);
+    const emu_entry_t *ring = (const emu_entry_t *)((const char *)h + h->ring_off);
+    sn->gen = atomic_load_explicit(&h->ctx_gen, memory_order_acquire);
+    sn->npid = 0;
+    for (unsigned int i = 0; i < h->max_ctx && sn->npid < EMU_MAX_PIDS; i++) {
+        uint32_t s1 = atomic_load_explicit(&ctx[i].seq, memory_order_acquire);
+        unsigned int pid = ctx[i].pid;
+        unsigned long long mem = ctx[i].mem_bytes;
+        atomic_thread_fence(memory_order_acquire);
+        uint32_t s2 = atomic_load_explicit(&ctx[i].seq, memory_order_relaxed);
+        if ((s1 & 1U) || s1 != s2 || pid == 0 || !emu_alive(pid)) continue;
+        sn->pid[sn->npid] = pid;
+        sn->mem[sn->npid] = mem;
+        sn->npid++;
+    }
+    uint64_t head = atomic_load_explicit(&h->head, memory_order_acquire);
+    uint64_t first = head > h->ring_len ? head - h->ring_len : 0;
+    int want = (int)(head - first);
+    if (want > sn->cap) {
+        emu_ev_t *p = realloc(sn->ev, (size_t)want * sizeof *p);
+        if (!p) want = sn->cap;
+        else { sn->ev = p; sn->cap = want; }
+    }
+    sn->head = head;
+    sn->nev = 0;
+    sn->nstream = 0;
+    for (uint64_t i = head - (uint64_t)want; i < head; i++) {
+        const emu_entry_t *e = &ring[i % h->ring_len];
+        uint64_t s1 = atomic_load_explicit(&e->seq, memory_order_acquire);
+        if (s1 != i + 1) continue; /* being overwritten by a writer far ahead */
+        emu_entry_t c;
+        c.t_ns = e->t_ns;
+        c.pid = e->pid;
+        c.kind = e->kind;
+        c.sm = e->sm;
+        c.power = e->power;
+        atomic_thread_fence(memory_order_acquire);
+        if (atomic_load_explicit(&e->seq, memory_order_relaxed) != s1) continue;
+        int slot = emu_stream(sn, c.pid);
+        if (slot < 0) continue;
+        emu_ev_t *o = &sn->ev[sn->nev++];
+        o->t = (double)c.t_ns * 1e-9;
+        o->idx = i;
+        o->slot = slot;
+        o->kind = c.kind <= EMU_SPIN ? (int)c.kind : EMU_IDLE;
+        o->sm = c.sm < 0 ? 0 : c.sm > 1 ? 1 : c.sm;
+        o->power = c.power < 0 ? 0 : c.power > 1 ? 1 : c.power;
+    }
+    for (int k = 0; k < sn->nstream; k++) { /* a dead writer's stream stops when seen dead */
+        if (emu_alive(sn->stream[k])) continue;
+        if (sn->nev >= sn->cap) {
+            emu_ev_t *p = realloc(sn->ev, (size_t)(sn->cap + EMU_MAX_PIDS) * sizeof *p);
+            if (!p) break;
+            sn->ev = p;
+            sn->cap += EMU_MAX_PIDS;
+        }
+        emu_ev_t *o = &sn->ev[sn->nev++];
+        o->t = emu_death(sn->stream[k]);
+        o->idx = UINT64_MAX;
+        o->slot = k;
+        o->kind = EMU_IDLE;
+        o->sm = o->power = 0;
+    }
+    /* Insertion sort by (t, idx): entries come almost in order (a kernel's end is written
+     * ahead of time, so only entries of several processes interleave). */
+    for (int i = 1; i < sn->nev; i++) {
+        emu_ev_t x = sn->ev[i];
+        int j = i - 1;
+        while (j >= 0 && (sn->ev[j].t > x.t || (sn->ev[j].t == x.t && sn->ev[j].idx > x.idx))) {
+            sn->ev[j + 1] = sn->ev[j];
+            j--;
+        }
+        sn->ev[j + 1] = x;
+    }
+}
+
+/* This thread's snapshot of GPU g, re-read when the file changed or every 20 ms (process
+ * liveness); NULL when the file is not there yet. */
+static const emu_snap_t *emu_snapshot(const gpu_t *g) {
+    int gi = 0;
+    const emu_header_t *h = emu_map(g, &gi);
+    if (!h) return NULL;
+    emu_snap_t *sn = tl_emu_cache[gi];
+    if (!sn) {
+        sn = calloc(1, sizeof *sn);
+        if (!sn) return NULL;
+        tl_emu_cache[gi] = sn;
+    }
+    long long now = emu_now_ns();
+    if (sn->src != h || now - sn->checked_ns >= 20000000LL ||
+        atomic_load_explicit(&h->head, memory_order_acquire) != sn->head ||
+        atomic_load_explicit(&h->ctx_gen, memory_order_acquire) != sn->gen) {
+        emu_read(h, sn);
+        sn->checked_ns = now;
+        sn->src = h;
+    }
+    return sn;
+}
+
+/* Cumulative integrals at the ascending times ts[0..n-1] (from the first entry on), and the
+ * rates in force at the last of them (rates_end, if asked). */
+static void emu_cum(const emu_snap_t *sn, const double *ts, int n, emu_acc_t *out,
+                    emu_acc_t *rates_end) {
+    int kind[EMU_MAX_PIDS] = {0};
+    float sm[EMU_MAX_PIDS] = {0}, pw[EMU_MAX_PIDS] = {0};
+    emu_acc_t acc = {0, 0, 0, 0, 0}, rate = {0, 0, 0, 0, 0};
+    double t_prev = sn && sn->nev ? fmin(sn->ev[0].t, ts[0]) : ts[0];
+    int e = 0;
+    for (int q = 0; q < n; q++) {
+        for (;;) {
+            int have = sn && e < sn->nev && sn->ev[e].t <= ts[q];
+            double upto = have ? sn->ev[e].t : ts[q];
+            double dt = upto - t_prev;
+            if (dt > 0) {
+                acc.cover += rate.cover * dt;
+                acc.compute += rate.compute * dt;
+                acc.spin += rate.spin * dt;
+                acc.sm += rate.sm * dt;
+                acc.power += rate.power * dt;
+                t_prev = upto;
+            }
+            if (!have) break;
+            const emu_ev_t *v = &sn->ev[e++];
+            kind[v->slot] = v->kind;
+            sm[v->slot] = v->kind ? v->sm : 0;
+            pw[v->slot] = v->kind ? v->power : 0;
+            int any = 0, comp = 0;
+            double smsum = 0, pwsum = 0;
+            for (int i = 0; i < sn->nstream; i++) {
+                any |= kind[i] != EMU_IDLE;
+                comp |= kind[i] == EMU_COMPUTE;
+                smsum += sm[i];
+                pwsum += pw[i];
+            }
+            rate.cover = any;
+            rate.compute = comp;
+            rate.spin = any && !comp;
+            rate.sm = smsum > 1 ? 1 : smsum;
+            rate.power = pwsum > 1 ? 1 : pwsum;
+        }
+        out[q] = acc;
+    }
+    if (rates_end) *rates_end = rate;
+}
+
+/* Integrals over [t0, t1] of a driven GPU (all zero before its file exists). */
+static emu_acc_t emu_between(const gpu_t *g, double t0, double t1) {
+    emu_acc_t r = {0, 0, 0, 0, 0}, c[2];
+    if (t1 <= t0) return r;
+    double ts[2] = {t0, t1};
+    emu_cum(emu_snapshot(g), ts, 2, c, NULL);
+    r.cover = c[1].cover - c[0].cover;
+    r.compute = c[1].compute - c[0].compute;
+    r.spin = c[1].spin - c[0].spin;
+    r.sm = c[1].sm - c[0].sm;
+    r.power = c[1].power - c[0].power;
+    return r;
+}
+
+/* What runs at instant t: rates (each 0 or 1 for cover/compute/spin; shares for sm, power). */
+static emu_acc_t emu_at(const gpu_t *g, double t) {
+    emu_acc_t out, rate;
+    emu_cum(emu_snapshot(g), &t, 1, &out, &rate);
+    return rate;
+}
+
+/* The processes holding a context on g: the scenario's, then a driven GPU's live ones. */
+static int gpu_procs(const gpu_t *g, proc_t *out) {
+    int n = 0;
+    for (int i = 0; i < g->nproc && n < MAX_PROCS; i++) out[n++] = g->procs[i];
+    if (!emu_on(g)) return n;
+    const emu_snap_t *sn = emu_snapshot(g);
+    for (int i = 0; sn && i < sn->npid && n < MAX_PROCS; i++) {
+        if (!emu_alive(sn->pid[i])) continue; /* died since the snapshot */
+        proc_t *p = &out[n++];
+        p->pid = sn->pid[i];
+        p->mem = sn->mem[i];
+        p->sm = -1;
+        p->memutil = 0;
+    }
+    return n;
+}
+
+/* GPM over [t0, t1] of a driven GPU: the share of each metric's percentage it reads.  SM
+ * activity is the integral of the SM shares (scaled so the scenario's percentage is what a
+ * fully busy GPU reads), occupancy follows it, tensor activity comes from compute only. */
+static void gpm_driven(const gpu_t *g, double t0, double t1, const double *pct, double *frac) {
+    emu_acc_t a = emu_between(g, t0, t1);
+    double dt = t1 - t0;
+    double sm_share = a.sm / dt;
+    double full = pct[GPM_SM_ACTIVE] > 0 ? pct[GPM_SM_ACTIVE] / 100.0 : 1.0;
+    sm_share = sm_share < 0 ? 0 : sm_share > 1 ? 1 : sm_share;
+    frac[GPM_SM_ACTIVE] = sm_share / full;
+    frac[GPM_SM_OCCUPANCY] = sm_share / full;
+    frac[GPM_TENSOR_ACTIVE] = a.compute / dt < 0 ? 0 : a.compute / dt > 1 ? 1 : a.compute / dt;
+}
+
+/* Memory in use: the scenario's figure plus every live context's (driven GPUs). */
+static unsigned long long gpu_mem_used(const gpu_t *g) {
+    unsigned long long used = g->mem_used;
+    if (emu_on(g)) {
+        const emu_snap_t *sn = emu_snapshot(g);
+        for (int i = 0; sn && i < sn->npid; i++)
+            if (emu_alive(sn->pid[i])) used += sn->mem[i];
+    }
+    return used > g->mem_total ? g->mem_total : used;
+}
+
 /* ------------------------------------------------------------------ the time model */
 /* Busy seconds of pattern p in [epoch - phase, t]; any t. */
 static double pat_cum(const pat_t *p, double t) {
@@ -797,11 +1203,13 @@ static double gpu_integral(const gpu_t *g, double t0, double t1, int want_util) 
 
 static double busy_between(const scn_t *s, const gpu_t *g, double t0, double t1) {
     (void)s;
+    if (emu_on(g)) return emu_between(g, t0, t1).cover;
     return gpu_integral(g, t0, t1, 0);
 }
 
 static int busy_at(const scn_t *s, const gpu_t *g, double t) {
     (void)s;
+    if (emu_on(g)) return emu_at(g, t).cover > 0;
     return pat_busy_at(g->has_prev && t < g->switch_t ? &g->prev : &g->pat, t);
 }
 
@@ -812,11 +1220,20 @@ static double frac_last_1s(const scn_t *s, const gpu_t *g, double now) {
 
 /* Mean utilisation % over [t0, t1]. */
 static double util_between(const gpu_t *g, double t0, double t1) {
+    if (emu_on(g)) return 100.0 * emu_between(g, t0, t1).cover / (t1 - t0);
     return gpu_integral(g, t0, t1, 1) / (t1 - t0);
 }
 
 static double power_w(const gpu_t *g, double frac) {
     return g->power_idle_w + frac * (g->power_busy_w - g->power_idle_w);
+}
+
+/* Share of the idle-to-busy power range drawn over [t0, t1]: a pattern's busy fraction, or a
+ * driven GPU's power shares (a spinning kernel draws little of it). */
+static double power_frac_between(const scn_t *s, const gpu_t *g, double t0, double t1) {
+    double f = emu_on(g) ? emu_between(g, t0, t1).power : busy_between(s, g, t0, t1);
+    f /= t1 - t0;
+    return f < 0 ? 0 : f > 1 ? 1 : f;
 }
 
 static unsigned int clamp_pct(double v) {
@@ -1497,6 +1914,8 @@ API nvmlReturn_t nvmlGpmMetricsGet(nvmlGpmMetricsGet_t *m) {
     }
     double frac = busy_between(S, G, a->t, b->t) / (b->t - a->t);
     frac = frac < 0 ? 0 : frac > 1 ? 1 : frac;
+    double gpm_frac[N_GPM] = {frac, frac, frac}; /* per metric: the share of pct it reads */
+    if (emu_on(G)) gpm_driven(G, a->t, b->t, pct, gpm_frac);
     for (unsigned int i = 0; i < m->numMetrics; i++) {
         nvmlGpmMetric_t *o = &m->metrics[i];
         int k;
@@ -1515,7 +1934,7 @@ API nvmlReturn_t nvmlGpmMetricsGet(nvmlGpmMetricsGet_t *m) {
             continue;
         }
         o->nvmlReturn = NVML_SUCCESS;
-        o->value = k == N_GPM ? util_between(G, a->t, b->t) : frac * p;
+        o->value = k == N_GPM ? util_between(G, a->t, b->t) : gpm_frac[k] * p;
         const char *const *names = gpm_names[k == N_GPM ? 3 : k];
         o->metricInfo.shortName = (char *)names[0];
         o->metricInfo.longName = (char *)names[1];
@@ -1564,7 +1983,7 @@ static int sample_value(const scn_t *s, const gpu_t *g, int type, long long k, d
     switch (type) {
     case 0: /* NVML_TOTAL_POWER_SAMPLES, mW */
     case 7: /* NVML_MODULE_POWER_SAMPLES */
-        *value = (unsigned int)lround(power_w(g, frac) * 1000.0);
+        *value = (unsigned int)lround(power_w(g, power_frac_between(s, g, t0, t1)) * 1000.0);
         return 1;
     case 1: {
         double v = util_between(g, t0, t1) + g->pat.noise_pct * noise_unit(k, gi, type);
@@ -1636,7 +2055,7 @@ API nvmlReturn_t nvmlDeviceGetSamples(nvmlDevice_t device, int type,
 API nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *mem) {
     DEV(MEMORY);
     NONNULL(mem);
-    unsigned long long used = G->mem_used > G->mem_total ? G->mem_total : G->mem_used;
+    unsigned long long used = gpu_mem_used(G);
     mem->total = G->mem_total;
     mem->used = used;
     mem->free = G->mem_total - used;
@@ -1648,7 +2067,7 @@ API nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t
     NONNULL(mem);
     if (mem->version != NVML_STRUCT_VERSION(nvmlMemory_v2_t, 2U))
         return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
-    unsigned long long used = G->mem_used > G->mem_total ? G->mem_total : G->mem_used;
+    unsigned long long used = gpu_mem_used(G);
     unsigned long long res = G->mem_reserved > used ? used : G->mem_reserved;
     mem->total = G->mem_total;
     mem->reserved = res;
@@ -1671,7 +2090,8 @@ API nvmlReturn_t nvmlDeviceGetBAR1MemoryInfo(nvmlDevice_t device, nvmlBAR1Memory
 API nvmlReturn_t nvmlDeviceGetPowerUsage(nvmlDevice_t device, unsigned int *mw) {
     DEV(POWER);
     NONNULL(mw);
-    *mw = (unsigned int)lround(power_w(G, frac_last_1s(S, G, mono_now())) * 1000.0);
+    double now = mono_now();
+    *mw = (unsigned int)lround(power_w(G, power_frac_between(S, G, now - 1.0, now)) * 1000.0);
     return NVML_SUCCESS;
 }
 
@@ -1698,7 +2118,7 @@ static unsigned long long energy_mj(const scn_t *s, const gpu_t *g) {
     }
     double t0 = g_energy[i].t_last;
     if (now > t0) {
-        double busy = busy_between(s, g, t0, now);
+        double busy = power_frac_between(s, g, t0, now) * (now - t0);
         g_energy[i].mj +=
             1000.0 * (g->power_idle_w * (now - t0) + (g->power_busy_w - g->power_idle_w) * busy);
         g_energy[i].t_last = now;
@@ -1881,12 +2301,13 @@ API nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device,
                                                          nvmlProcessInfo_t *infos) {
     DEV(PROCESSES);
     NONNULL(count);
-    unsigned int n = (unsigned int)G->nproc;
+    proc_t procs[MAX_PROCS];
+    unsigned int n = (unsigned int)gpu_procs(G, procs);
     nvmlReturn_t r = procs_size_query(n, count, infos != NULL);
     if (r != (nvmlReturn_t)-1) return r;
     for (unsigned int i = 0; i < n; i++) {
-        infos[i].pid = G->procs[i].pid;
-        infos[i].usedGpuMemory = G->procs[i].mem;
+        infos[i].pid = procs[i].pid;
+        infos[i].usedGpuMemory = procs[i].mem;
         infos[i].gpuInstanceId = 0xFFFFFFFFU;
         infos[i].computeInstanceId = 0xFFFFFFFFU;
     }
@@ -1904,12 +2325,13 @@ API nvmlReturn_t nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t device, unsig
                                                       nvmlProcessInfo_v1_t *infos) {
     DEV(PROCESSES);
     NONNULL(count);
-    unsigned int n = (unsigned int)G->nproc;
+    proc_t procs[MAX_PROCS];
+    unsigned int n = (unsigned int)gpu_procs(G, procs);
     nvmlReturn_t r = procs_size_query(n, count, infos != NULL);
     if (r != (nvmlReturn_t)-1) return r;
     for (unsigned int i = 0; i < n; i++) {
-        infos[i].pid = G->procs[i].pid;
-        infos[i].usedGpuMemory = G->procs[i].mem;
+        infos[i].pid = procs[i].pid;
+        infos[i].usedGpuMemory = procs[i].mem;
     }
     *count = n;
     return NVML_SUCCESS;
@@ -1952,7 +2374,8 @@ API nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device,
     DEV(PROCESS_UTILIZATION);
     NONNULL(count);
     unsigned long long ts = last_sample_ts(S, G);
-    unsigned int n = ts > lastSeenTimeStamp ? (unsigned int)G->nproc : 0U;
+    proc_t procs[MAX_PROCS];
+    unsigned int n = ts > lastSeenTimeStamp ? (unsigned int)gpu_procs(G, procs) : 0U;
     if (n == 0) {
         *count = 0;
         return NVML_ERROR_NOT_FOUND;
@@ -1962,7 +2385,7 @@ API nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device,
         return NVML_ERROR_INSUFFICIENT_SIZE;
     }
     for (unsigned int i = 0; i < n; i++) {
-        const proc_t *p = &G->procs[i];
+        const proc_t *p = &procs[i];
         memset(&utilization[i], 0, sizeof utilization[i]);
         utilization[i].pid = p->pid;
         utilization[i].timeStamp = ts;
@@ -1980,7 +2403,8 @@ API nvmlReturn_t nvmlDeviceGetProcessesUtilizationInfo(nvmlDevice_t device,
     if (info->version != NVML_STRUCT_VERSION(nvmlProcessesUtilizationInfo_t, 1U))
         return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
     unsigned long long ts = last_sample_ts(S, G);
-    unsigned int n = ts > info->lastSeenTimeStamp ? (unsigned int)G->nproc : 0U;
+    proc_t procs[MAX_PROCS];
+    unsigned int n = ts > info->lastSeenTimeStamp ? (unsigned int)gpu_procs(G, procs) : 0U;
     if (n == 0) {
         info->processSamplesCount = 0;
         return NVML_ERROR_NOT_FOUND;
@@ -1990,7 +2414,7 @@ API nvmlReturn_t nvmlDeviceGetProcessesUtilizationInfo(nvmlDevice_t device,
         return NVML_ERROR_INSUFFICIENT_SIZE;
     }
     for (unsigned int i = 0; i < n; i++) {
-        const proc_t *p = &G->procs[i];
+        const proc_t *p = &procs[i];
         nvmlProcessUtilizationInfo_v1_t *o = &info->procUtilArray[i];
         memset(o, 0, sizeof *o);
         o->pid = p->pid;
@@ -2178,11 +2602,12 @@ API nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t device, int valuesCount,
             break;
         case 185: /* NVML_FI_DEV_POWER_AVERAGE */
             v->valueType = 1;
-            v->value.uiVal = (unsigned int)lround(power_w(G, frac_last_1s(S, G, now)) * 1000);
+            v->value.uiVal = (unsigned int)lround(power_w(G, power_frac_between(S, G, now - 1.0, now)) * 1000);
             break;
         case 186: /* NVML_FI_DEV_POWER_INSTANT */
             v->valueType = 1;
-            v->value.uiVal = (unsigned int)lround(power_w(G, busy_at(S, G, now)) * 1000);
+            v->value.uiVal = (unsigned int)lround(
+                power_w(G, emu_on(G) ? emu_at(G, now).power : busy_at(S, G, now)) * 1000);
             break;
         case 83: /* NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION */
             FIELD_OF(ENERGY);

@@ -1,0 +1,520 @@
+"""The live lab: an emulated GPU that real processes drive, and gpumon's live path scored on it.
+
+First the emulator's causality, through the real pynvml against the fake library: what a
+process does (kernels, spinning at a barrier, allocations, exiting) is what the driver's
+sample buffer, power, GPM counters, memory and process list say, sample by sample.  Then
+the lab: six runs of training jobs (tests/livelab/workloads.py), each observed at once by
+``gpumon watch``, ``gpumon serve`` and ``gpumon analyze`` of watch's recording
+(tests/livelab/runner.py), scored against the jobs' own truth (tests/livelab/score.py).
+The mechanics must hold; each issue scenario then has a test holding the faces to the
+targets (precision and recall >= 0.95 per state, cause accuracy >= 0.95, healthy within
+3 s of a GPU busy from its first sample, at most one cause change per steady phase, and
+the faces telling one story).  Those gpumon misses today are strict xfails whose reason
+says what it gets wrong, so a fix turns them into passes (and a pytest failure until the
+mark is removed).
+
+CI runs seed 0 (of the tuning range, 0-99) at scale 1 (phases of 10-20 s);
+``benchmarks/bench_live.py`` runs longer phases over the tuning and the held-out range.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+from fakenvml import FakeGPU, Scenario
+from livelab import emulator, runner, score, workloads
+from livelab.pipeline import make_data_file
+from livelab.truth import read_truth
+
+pytestmark = pytest.mark.slow
+
+TESTS = Path(__file__).resolve().parent
+CI_SEED = 0
+PERIOD_S = 1.0 / 6.0  # the fake's driver sample period
+
+
+# --------------------------------------------------------------------------- the emulator
+
+
+def _child(emu: Path, body: str, report: bool = True) -> subprocess.Popen[str]:
+    """A process that opens the emulated GPU as ``dev`` and runs ``body``; it prints one
+    JSON line per event and (``report``) its kernels' intervals last."""
+    code = f"""
+import json, sys, time
+sys.path.insert(0, {str(TESTS)!r})
+from livelab.emulator import EmulatedDevice, GiB
+dev = EmulatedDevice({str(emu)!r})
+def say(**kw):
+    print(json.dumps(dict(kw, t=time.monotonic())), flush=True)
+{body}
+if {report!r}:
+    print(json.dumps({{"intervals": dev.intervals}}), flush=True)
+"""
+    return subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, stdin=subprocess.PIPE, text=True
+    )
+
+
+def _intervals(out: str) -> list[tuple[float, float, int]]:
+    last = json.loads(out.strip().splitlines()[-1])
+    return [(a * 1e-9, b * 1e-9, k) for a, b, k in last["intervals"]]
+
+
+def _cover(ivs: list[tuple[float, float, int]], t0: float, t1: float, kind: int | None) -> float:
+    return sum(
+        max(0.0, min(b, t1) - max(a, t0)) for a, b, k in ivs if kind is None or k == kind
+    ) / (t1 - t0)
+
+
+def _mono(ts_us: int, wall_minus_mono: float) -> float:
+    """A driver sample's timestamp (CLOCK_REALTIME µs) on the monotonic clock."""
+    return ts_us * 1e-6 - wall_minus_mono
+
+
+@pytest.fixture
+def driven(fake_nvml, tmp_path: Path) -> Iterator[tuple[Path, object]]:
+    """One driven H100 with GPM, loaded in this process: (its file, pynvml)."""
+    emu = emulator.create(tmp_path / "gpu0.emu")
+    fake_nvml.set(Scenario(gpus=[FakeGPU(driven=emu, gpm_supported=True)]))
+    fake_nvml.load()
+    import pynvml
+
+    pynvml.nvmlInit()
+    yield emu, pynvml
+    pynvml.nvmlShutdown()
+
+
+def test_kernels_then_sleeps_are_the_driver_samples(driven) -> None:
+    """kernel(0.3 s) then sleep(0.3 s): ~50 % in bursts, each sample the busy share of its
+    period as the process's own intervals give it."""
+    emu, pynvml = driven
+    child = _child(emu, "dev.context()\nfor _ in range(6):\n    dev.kernel(0.3); time.sleep(0.3)")
+    out, _ = child.communicate(timeout=30)
+    assert child.returncode == 0
+    ivs = _intervals(out)
+    h = pynvml.nvmlDeviceGetHandleByIndex(0)
+    offset = time.time() - time.monotonic()
+    _, samples = pynvml.nvmlDeviceGetSamples(h, pynvml.NVML_GPU_UTILIZATION_SAMPLES, 0)
+    start, end = ivs[0][0], ivs[-1][1]
+    inside = []
+    for s in samples:
+        t1 = _mono(s.timeStamp, offset)
+        if start + PERIOD_S <= t1 <= end:
+            want = 100 * _cover(ivs, t1 - PERIOD_S, t1, None)
+            assert abs(s.sampleValue.uiVal - want) <= 3, (s.sampleValue.uiVal, want)
+            inside.append(s.sampleValue.uiVal)
+    assert len(inside) >= 18
+    assert 40 <= sum(inside) / len(inside) <= 60
+    assert max(inside) == 100 and min(inside) == 0  # bursts and gaps, not a flat 50 %
+    assert all(
+        abs(a - b) < 0.02 for a, b in zip([b - a for a, b, _ in ivs], [0.3] * len(ivs), strict=True)
+    )
+
+
+def test_spinning_reads_busy_at_low_power_on_few_sms(driven) -> None:
+    """A rank spinning at a barrier: every sample 100 %, power a little above idle, SM
+    activity a few percent -- where a kernel draws the busy power on most SMs."""
+    emu, pynvml = driven
+    child = _child(
+        emu,
+        """
+dev.context()
+dev.kernel(1.2)
+end = time.monotonic() + 1.2
+dev.spin_until(lambda: time.monotonic() >= end)
+time.sleep(0.5)
+""",
+    )
+    h = pynvml.nvmlDeviceGetHandleByIndex(0)
+    gpm: list[tuple[float, object]] = []
+    t_end = time.monotonic() + 3.2
+    while time.monotonic() < t_end:  # GPM samples all along, whenever this process runs
+        s = pynvml.nvmlGpmSampleAlloc()
+        pynvml.nvmlGpmSampleGet(h, s)
+        gpm.append((time.monotonic(), s))
+        time.sleep(0.25)
+    out, _ = child.communicate(timeout=30)
+    ivs = _intervals(out)
+    offset = time.time() - time.monotonic()
+    _, util = pynvml.nvmlDeviceGetSamples(h, pynvml.NVML_GPU_UTILIZATION_SAMPLES, 0)
+    _, power = pynvml.nvmlDeviceGetSamples(h, pynvml.NVML_TOTAL_POWER_SAMPLES, 0)
+    spin = [iv for iv in ivs if iv[2] == emulator.SPIN]
+    comp = [iv for iv in ivs if iv[2] == emulator.COMPUTE]
+    assert len(spin) == 1 and len(comp) == 1
+    idle_w, busy_w = FakeGPU().power_idle_w, FakeGPU().power_busy_w
+    for s in util:
+        t1 = _mono(s.timeStamp, offset)
+        if spin[0][0] + PERIOD_S <= t1 <= spin[0][1]:
+            assert s.sampleValue.uiVal == 100
+    for s in power:
+        t1 = _mono(s.timeStamp, offset)
+        c = _cover(ivs, t1 - PERIOD_S, t1, emulator.COMPUTE)
+        sp = _cover(ivs, t1 - PERIOD_S, t1, emulator.SPIN)
+        want = idle_w + (c * emulator.COMPUTE_POWER + sp * emulator.SPIN_POWER) * (busy_w - idle_w)
+        assert abs(s.sampleValue.uiVal / 1000 - want) <= 2.0
+        if sp == 1.0:
+            assert s.sampleValue.uiVal / 1000 < idle_w + 0.1 * (busy_w - idle_w)
+    seen = set()
+    for (ta, a), (tb, b) in itertools.pairwise(gpm):
+        m = pynvml.c_nvmlGpmMetricsGet_t()
+        m.version = pynvml.NVML_GPM_METRICS_GET_VERSION
+        m.numMetrics, m.sample1, m.sample2 = 1, a, b
+        m.metrics[0].metricId = pynvml.NVML_GPM_METRIC_SM_UTIL
+        pynvml.nvmlGpmMetricsGet(m)
+        c, sp = _cover(ivs, ta, tb, emulator.COMPUTE), _cover(ivs, ta, tb, emulator.SPIN)
+        want = 100 * (c * emulator.COMPUTE_SM + sp * emulator.SPIN_SM)
+        # (The GPM sample is taken a moment before this process reads the clock.)
+        assert abs(m.metrics[0].value - want) <= 100 * 0.02 / (tb - ta) + 1, (ta, tb, want)
+        seen.add("spin" if sp > 0.9 else "compute" if c > 0.9 else "mixed")
+    for _, s in gpm:
+        pynvml.nvmlGpmSampleFree(s)
+    assert {"spin", "compute"} <= seen
+
+
+def test_memory_and_process_list_follow_the_process(driven) -> None:
+    """A context lists the pid with its overhead; allocations add up, frees subtract; a
+    process killed without cleaning up drops out with its memory."""
+    emu, pynvml = driven
+    h = pynvml.nvmlDeviceGetHandleByIndex(0)
+    base = pynvml.nvmlDeviceGetMemoryInfo(h).used
+    assert pynvml.nvmlDeviceGetComputeRunningProcesses(h) == []
+    child = _child(
+        emu,
+        """
+dev.context(); say(step="context"); sys.stdin.readline()
+a = dev.alloc(4 * GiB); say(step="alloc"); sys.stdin.readline()
+dev.free(a); say(step="free"); sys.stdin.readline()
+dev.alloc(2 * GiB); say(step="held"); time.sleep(60)
+""",
+    )
+    assert child.stdout is not None and child.stdin is not None
+
+    def step(expect: str) -> tuple[int, list[tuple[int, int]]]:
+        assert json.loads(child.stdout.readline())["step"] == expect  # type: ignore[union-attr]
+        procs = pynvml.nvmlDeviceGetComputeRunningProcesses(h)
+        return pynvml.nvmlDeviceGetMemoryInfo(h).used, [(p.pid, p.usedGpuMemory) for p in procs]
+
+    ctx = emulator.CONTEXT_BYTES
+    assert step("context") == (base + ctx, [(child.pid, ctx)])
+    child.stdin.write("\n")
+    child.stdin.flush()
+    assert step("alloc") == (base + ctx + 4 * emulator.GiB, [(child.pid, ctx + 4 * emulator.GiB)])
+    child.stdin.write("\n")
+    child.stdin.flush()
+    assert step("free") == (base + ctx, [(child.pid, ctx)])
+    child.stdin.write("\n")
+    child.stdin.flush()
+    assert step("held")[0] == base + ctx + 2 * emulator.GiB
+    child.kill()  # no close(): the driver frees a dead process's context
+    child.wait(10)
+    assert pynvml.nvmlDeviceGetComputeRunningProcesses(h) == []
+    assert pynvml.nvmlDeviceGetMemoryInfo(h).used == base
+
+
+def test_a_writer_lapping_a_small_ring_never_shows_a_torn_entry(fake_nvml, tmp_path) -> None:
+    """Readers racing a writer that overwrites an 8-entry ring thousands of times read only
+    whole entries: every sample, power and SM figure stays within what entries allow."""
+    emu = emulator.create(tmp_path / "gpu0.emu", ring_len=8)
+    fake_nvml.set(Scenario(gpus=[FakeGPU(driven=emu, gpm_supported=True)]))
+    child = _child(
+        emu,
+        """
+dev.context()
+end = time.monotonic() + 2.5
+while time.monotonic() < end:
+    dev.launch(0.0005, sm=0.5, power=0.5); dev.synchronize()
+""",
+        report=False,
+    )
+    fake_nvml.load()
+    import pynvml
+
+    pynvml.nvmlInit()
+    try:
+        h = pynvml.nvmlDeviceGetHandleByIndex(0)
+        idle_w, busy_w = FakeGPU().power_idle_w, FakeGPU().power_busy_w
+        reads = 0
+        while child.poll() is None:
+            for s in pynvml.nvmlDeviceGetSamples(h, pynvml.NVML_GPU_UTILIZATION_SAMPLES, 0)[1]:
+                assert 0 <= s.sampleValue.uiVal <= 100
+            w = pynvml.nvmlDeviceGetPowerUsage(h) / 1000
+            assert idle_w - 0.5 <= w <= idle_w + 0.5 * (busy_w - idle_w) + 0.5
+            reads += 1
+        assert reads > 20 and child.returncode == 0
+    finally:
+        child.communicate(timeout=10)
+        pynvml.nvmlShutdown()
+
+
+def test_pattern_gpus_beside_driven_ones_are_unchanged(fake_nvml, tmp_path) -> None:
+    """A driven GPU added to a scenario leaves the pattern GPUs' readings as they were."""
+    from fakenvml import Pattern, Process
+
+    emu = emulator.create(tmp_path / "gpu1.emu")
+    pattern = FakeGPU(pattern=Pattern.steady(100), processes=[Process(pid=os.getpid())])
+    fake_nvml.set(Scenario(gpus=[pattern, FakeGPU(driven=emu)]))
+    fake_nvml.load()
+    import pynvml
+
+    pynvml.nvmlInit()
+    try:
+        h0, h1 = (pynvml.nvmlDeviceGetHandleByIndex(i) for i in (0, 1))
+        assert pynvml.nvmlDeviceGetUtilizationRates(h0).gpu == 100
+        assert pynvml.nvmlDeviceGetPowerUsage(h0) == 650_000
+        assert [p.pid for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h0)] == [os.getpid()]
+        assert pynvml.nvmlDeviceGetUtilizationRates(h1).gpu == 0  # nothing drives it yet
+        assert pynvml.nvmlDeviceGetComputeRunningProcesses(h1) == []
+    finally:
+        pynvml.nvmlShutdown()
+
+
+# --------------------------------------------------------------------------- the lab runs
+
+
+@pytest.fixture(scope="session")
+def data_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The I/O-bound scenario's data, on the disk (not tmpfs), written once."""
+    return make_data_file(tmp_path_factory.mktemp("livelab-data") / "data.bin", 256 << 20)
+
+
+@pytest.fixture(scope="module")
+def lab(
+    tmp_path_factory: pytest.TempPathFactory, data_file: Path, fake_nvml_lib: Path
+) -> Callable[[str], Path]:
+    """``lab(name)``: the folder of the CI run of scenario ``name`` (run once per module;
+    kept under $LIVELAB_KEEP when set, to read a failure with ``score.timeline``)."""
+    done: dict[str, Path] = {}
+    keep = os.environ.get("LIVELAB_KEEP")
+
+    def get(name: str) -> Path:
+        if name not in done:
+            scn = workloads.build(name, CI_SEED, 1.0)
+            if keep:
+                run_dir = Path(keep) / f"{name}-{time.strftime('%H%M%S')}"
+            else:
+                run_dir = tmp_path_factory.mktemp(f"livelab-{name}")
+            runner.run(scn, run_dir, data_file)
+            done[name] = run_dir
+        return done[name]
+
+    return get
+
+
+RUNS = workloads.names()
+
+
+@pytest.mark.parametrize("name", RUNS)
+def test_each_scenario_starts_logs_its_truth_and_exits_cleanly(lab, name: str) -> None:
+    run_dir = lab(name)
+    meta = json.loads((run_dir / "run.json").read_text())
+    assert meta["errors"] == [], meta["errors"]
+    scn = workloads.LabScenario.from_json(meta["scenario"])
+    for rank in range(scn.ranks):
+        truth = read_truth(run_dir / f"truth-rank{rank}.jsonl")
+        ends = [r for r in truth if r.get("event") == "phase_end"]
+        assert [r["phase"] for r in ends] == [p.name for p in scn.phases]
+        for r, phase in zip(ends, scn.phases, strict=True):
+            assert r["t"] - r["start"] >= phase.seconds - 0.5
+        seconds = [r for r in truth if "event" not in r]
+        assert len(seconds) >= scn.seconds - 2  # one line per second, for the whole run
+        assert truth[-1]["event"] == "exit"
+    # Everything the job started is gone (workers reaped, ranks exited).
+    left = [
+        p.pid
+        for p in psutil.process_iter(["cmdline"])
+        if str(run_dir) in " ".join(p.info["cmdline"] or [])
+    ]
+    assert left == []
+    for f in (
+        "watch.jsonl",
+        "summary.json",
+        "record.jsonl",
+        "metrics.jsonl",
+        "serve.jsonl",
+        "analyze.json",
+    ):
+        assert (run_dir / f).stat().st_size > 0, f
+
+
+def _hold_to_targets(run_dir: Path, *phases: str) -> None:
+    rs = score.score_run(run_dir, phases)
+    if rs.invalid_phases:
+        pytest.skip(f"the machine kept a phase from its design: {rs.invalid_phases}")
+    failures = rs.failures()
+    assert not failures, "\n".join(failures)
+
+
+def _story(run_dir: Path) -> None:
+    rs = score.score_run(run_dir)
+    bad = [f"{c.name}: {c.detail}" for c in rs.checks if not c.ok]
+    assert not bad, "\n".join(bad)
+
+
+def _xfail(why: str) -> pytest.MarkDecorator:
+    return pytest.mark.xfail(strict=True, reason=why)
+
+
+STARTUP = (
+    "a GPU busy from its first sample is shown idle (start-up) for ~9 s by watch and serve "
+    "(serve first says idle (no process) for ~4 s while the job computes); target: healthy "
+    "within 3 s"
+)
+STARTUP_STARVED = (
+    "a GPU starved from its first sample is shown idle (start-up) for ~10 s, past the 8 s "
+    "window, before starved"
+)
+LOST_S = (
+    "the summary's per-GPU lost_s is 0.0 while its lost_gpu_seconds is the run's total; "
+    "watch's lines said start-up for seconds, the summary's startup_s is 0"
+)
+
+
+# --- lifecycle: busy from the first sample, workers forked, evaluation, memory held, exit
+
+
+@_xfail(STARTUP)
+def test_busy_from_its_first_sample_is_healthy_within_3_s(lab) -> None:
+    _hold_to_targets(lab("lifecycle"), "healthy")
+
+
+def test_workers_forked_mid_run_keep_it_healthy(lab) -> None:
+    _hold_to_targets(lab("lifecycle"), "workers-forked")
+
+
+@pytest.mark.xfail(
+    strict=False,
+    reason="passes on a quiet machine; on a busy one the eval worker, held below 80 % of a "
+    "core by other work, leaves the cause to host CPU near 90 %, and serve's log flaps "
+    "cpu <-> unknown for a second or two",
+)
+def test_evaluation_phase_starved_by_its_loader(lab) -> None:
+    _hold_to_targets(lab("lifecycle"), "evaluation")
+
+
+def test_memory_held_with_no_work_is_idle(lab) -> None:
+    _hold_to_targets(lab("lifecycle"), "memory-held")
+
+
+def test_job_exiting_leaves_its_gpu_idle_with_no_process(lab) -> None:
+    _hold_to_targets(lab("lifecycle"), "exited")
+
+
+@_xfail(LOST_S)
+def test_lifecycle_faces_tell_one_story(lab) -> None:
+    _story(lab("lifecycle"))
+
+
+# --- starved: by saturated workers, then GIL-bound
+
+
+@_xfail(STARTUP_STARVED)
+def test_starved_by_saturated_workers(lab) -> None:
+    _hold_to_targets(lab("starved"), "starved-cpu")
+
+
+@pytest.mark.xfail(
+    strict=False,
+    reason="num_workers=0, the main process building every batch: cause cpu, not gil, while "
+    "other work keeps the host's cores busy (host CPU >= 90 % is taken for saturated workers; "
+    "a main process held to a share of a core never reads 'pinned'); on a quiet machine gil "
+    "comes, but 10-21 s after the change, through 'unknown' (so it may pass there)",
+)
+def test_gil_bound_main_process(lab) -> None:
+    _hold_to_targets(lab("starved"), "starved-gil")
+
+
+@_xfail(f"{LOST_S}; the advice says nothing of the GIL-bound phase")
+def test_starved_faces_tell_one_story(lab) -> None:
+    _story(lab("starved"))
+
+
+# --- I/O-bound
+
+
+@_xfail(
+    f"{STARTUP_STARVED}; and while the host's cores are busy with other work, workers in "
+    "disk-sleep reading ~0.5 GB/s past the page cache get cause cpu, not io (CPU saturation "
+    "is asked before storage)"
+)
+def test_io_bound_workers(lab) -> None:
+    _hold_to_targets(lab("io"), "starved-io")
+
+
+@_xfail(f"{LOST_S}; the advice is the CPU's (num_workers), none for storage")
+def test_io_faces_tell_one_story(lab) -> None:
+    _story(lab("io"))
+
+
+# --- a noisy neighbour
+
+
+@_xfail(STARTUP)
+def test_noisy_neighbour_job_healthy(lab) -> None:
+    _hold_to_targets(lab("noisy"), "healthy-beside-neighbours")
+
+
+@_xfail(
+    "the job's tree asleep (no workers, 0 % CPU) waiting on something outside it while "
+    "processes outside the job saturate every core: cause cpu (advice: raise num_workers), "
+    "not unknown"
+)
+def test_noisy_neighbour_job_starved(lab) -> None:
+    _hold_to_targets(lab("noisy"), "starved-remote")
+
+
+@_xfail(f"{LOST_S}; the advice is to raise num_workers for a job with no busy worker")
+def test_noisy_faces_tell_one_story(lab) -> None:
+    _story(lab("noisy"))
+
+
+# --- gaps at a rhythm: workers restarted every epoch, checkpoints
+
+
+@_xfail(STARTUP_STARVED)
+def test_workers_restarted_every_epoch(lab) -> None:
+    _hold_to_targets(lab("periodic"), "epoch-restarts")
+
+
+@_xfail(
+    "a checkpoint written synchronously (O_DIRECT|O_DSYNC) every few seconds: the cause stays "
+    "cpu from the epoch restarts before it (or flaps to unknown), never io: writes are not "
+    "read bytes, and iowait needs idle cores"
+)
+def test_checkpoint_every_few_seconds(lab) -> None:
+    _hold_to_targets(lab("periodic"), "checkpoints")
+
+
+@_xfail(f"{LOST_S}; the advice says nothing of the checkpoints' storage")
+def test_periodic_faces_tell_one_story(lab) -> None:
+    _story(lab("periodic"))
+
+
+# --- ranks at a barrier: a straggler, then a hang
+
+
+@_xfail(
+    f"{STARTUP}; then the peers, computing ~40 % and spinning ~60 % of every step at the "
+    "barrier, are shown healthy for the whole phase: their SM activity over a tick (~0.37) is "
+    "above the busy-wait line, so neither the busy-wait nor the straggler is found until "
+    "every rank spins (the hang)"
+)
+def test_straggler_at_a_barrier(lab) -> None:
+    _hold_to_targets(lab("ranks"), "straggler")
+
+
+def test_hang_every_rank_spinning(lab) -> None:
+    _hold_to_targets(lab("ranks"), "hang")
+
+
+@_xfail(f"{LOST_S}; watch's lines and serve's metrics differ on the straggler's GPUs")
+def test_ranks_faces_tell_one_story(lab) -> None:
+    _story(lab("ranks"))
