@@ -239,3 +239,29 @@ def test_the_sdist_carries_deploy(source_copy: Path, tmp_path: Path) -> None:
         names = {n.split("/", 1)[1] for n in tar.getnames() if "/" in n}
     missing = {f"deploy/{rel}" for rel in repo_deploy_files()} - names
     assert not missing, sorted(missing)
+
+
+def test_a_clone_never_installed_runs_from_its_own_tree(tmp_path: Path) -> None:
+    """``PYTHONPATH=clone python -m gpumon``: the package mappings (deploy/, dstat_plugins/)
+    exist only once installed, so a clone run from its tree reads the folders themselves."""
+    clone = tmp_path / "clone"
+    for name in ("gpumon", "deploy", "dstat_plugins"):
+        shutil.copytree(REPO / name, clone / name, ignore=shutil.ignore_patterns("__pycache__"))
+    # No installed gpumon answers for the clone: an editable install's finder is dropped.
+    prelude = (
+        "import sys; sys.meta_path[:] = [f for f in sys.meta_path"
+        " if not getattr(f, '__module__', '').startswith('__editable__')];"
+        f" sys.path.insert(0, {str(clone)!r});"
+    )
+    env = {**os.environ, "HOME": str(tmp_path)}
+
+    def python(code: str, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-c", prelude + code, *args], capture_output=True, text=True, env=env
+        )
+
+    listed = python("from gpumon.cli import main; sys.exit(main(sys.argv[1:]))", "deploy", "--list")
+    assert listed.returncode == 0, listed.stderr
+    assert listed.stdout.split() == sorted(repo_deploy_files())
+    where = python("from gpumon.faces.dstat.install import PLUGIN_DIR; print(PLUGIN_DIR)")
+    assert where.stdout.strip() == str(clone / "dstat_plugins"), where.stderr

@@ -43,7 +43,13 @@ class Action(Enum):
 
 def shipped() -> list[DeployFile]:
     """Every deployment file in the installed package, sorted by path."""
-    root = importlib.resources.files(PACKAGE)
+    root: Traversable
+    try:
+        root = importlib.resources.files(PACKAGE)
+    except ModuleNotFoundError:  # a clone run from its own tree, never installed
+        import gpumon
+
+        root = Path(gpumon.__file__).resolve().parent.parent / "deploy"
     return sorted(_walk(root, PurePosixPath()), key=lambda f: f.path)
 
 

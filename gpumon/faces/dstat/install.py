@@ -35,7 +35,17 @@ from pathlib import Path
 import gpumon
 from gpumon.errors import GpumonError
 
-PLUGIN_DIR = Path(str(importlib.resources.files("gpumon.faces.dstat.plugins")))
+
+def _plugin_dir() -> Path:
+    """The plugin files: the installed package's, else (a clone run from its own tree,
+    never installed, where the package mapping does not exist) the clone's dstat_plugins/."""
+    try:
+        return Path(str(importlib.resources.files("gpumon.faces.dstat.plugins")))
+    except ModuleNotFoundError:
+        return Path(gpumon.__file__).resolve().parent.parent / "dstat_plugins"
+
+
+PLUGIN_DIR = _plugin_dir()
 MARKER = "gpumon.faces.dstat.columns"  # every plugin file gpumon writes contains it
 SITE_DIRS_LINE = re.compile(r"^GPUMON_SITE_DIRS = .*$", re.MULTILINE)
 MIN_PYTHON = (3, 11)
