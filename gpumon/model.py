@@ -329,6 +329,7 @@ class Evidence(TypedDict, total=False):
     read_bytes_per_s: float
     max_core_pct: float
     tree_cpu_pct: float  # the job's whole process tree, % of one core (300: three cores)
+    tree_runnable: float  # the job's processes running or waiting to run (mean)
     outside_cpu_pct: float  # used by processes outside the job, % of one core
     outside_top: str  # the busiest of them: "name (pid N, 340 %)"
     # The run.
@@ -384,6 +385,7 @@ EvidenceKey = Literal[
     "read_bytes_per_s",
     "max_core_pct",
     "tree_cpu_pct",
+    "tree_runnable",
     "outside_cpu_pct",
     "outside_top",
     "gpus",

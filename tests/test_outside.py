@@ -85,7 +85,8 @@ def test_the_monitor_looks_only_while_the_host_is_busy() -> None:
 
 
 def test_contention_names_the_busiest_outsider_in_its_evidence_and_advice() -> None:
-    """The job asleep, 16 cores busy with someone's build: contention, and who."""
+    """The job's loader runnable but held to a sliver of a core, 16 cores busy with
+    someone's build: contention, and who."""
     det = Detector(DetectorConfig(), (GpuIdentity(0, "GPU-0", power_limit_watts=700.0),))
     culprit = ProcessSample(4242, 1, "cc1plus", 1480.0, None, None, None, None)
     t = 0.0
@@ -98,7 +99,7 @@ def test_contention_names_the_busiest_outsider_in_its_evidence_and_advice() -> N
             pts.append((tp, 100.0 if tp % 1.0 < 0.3 else 0.0))
         gpu = GpuSample(t, 0, "GPU-0", tuple(pts), processes=(GpuProcess(10),), power_watts=200.0)
         host = HostSample(t, (99.0,) * 16, 99.0, busiest_outside=(culprit,))
-        tree = ProcTreeSample(t, 10, (ProcessSample(10, 1, "python", 3.0, 4, 0.0, 0.0, "S"),))
+        tree = ProcTreeSample(t, 10, (ProcessSample(10, 1, "python", 6.0, 4, 0.0, 0.0, "running"),))
         det.update(Snapshot(t, (gpu,), host, tree))
     g = det.verdict().gpus[0]
     assert (g.state, g.cause) == (State.STARVED, Cause.CONTENTION)

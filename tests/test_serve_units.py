@@ -170,8 +170,9 @@ IDENTS = (
 
 
 def busy(pattern: str, t: float) -> bool:
-    """'steady', or 'burst' (0.5 s period, 30 % busy)."""
-    return pattern == "steady" or (t % 0.5) < 0.15
+    """'steady', 'spin' (pinned at half the power: a collective's spin), or 'burst'
+    (0.5 s period, 30 % busy)."""
+    return pattern in ("steady", "spin") or (t % 0.5) < 0.15
 
 
 class Feeder:
@@ -370,6 +371,26 @@ def test_one_job_on_every_gpu_shares_the_node_detector(tmp_path: Path) -> None:
     Feeder(state, {0: (101,), 1: (103,)}).run(5, {0: "steady", 1: "steady"})
     (job,) = state.jobs.values()
     assert job.detector is None and job.gpus == frozenset({0, 1})
+
+
+@pytest.mark.parametrize(
+    "pids, compared", [({0: (101,), 1: (103,)}, True), ({0: (101,), 1: (102,)}, False)]
+)
+def test_gpus_are_compared_as_peers_only_within_one_job(
+    tmp_path: Path, pids: dict[int, tuple[int, ...]], compared: bool
+) -> None:
+    """A GPU pinned at half the power of another is one job's rank spinning on its
+    straggler; the same two GPUs held by two jobs are two healthy jobs of different
+    weight, and the node's detector must not compare them."""
+    state, _ = make_state(tmp_path)
+    Feeder(state, pids).run(40, {0: "spin", 1: "steady"})
+    det = state.session.detector
+    assert det is not None
+    got = {i: ep.state for i, ep in det.open_episodes().items() if i is not None}
+    if compared:
+        assert got[0] == State.SYNC_STALL, got
+    else:
+        assert got == {0: State.HEALTHY, 1: State.HEALTHY}, got
 
 
 def test_jobs_are_forgotten_and_capped(tmp_path: Path) -> None:

@@ -139,6 +139,25 @@ def gil_prescription(ev: Evidence) -> str:
     )
 
 
+# The job's tree CPU (% of one core) during the gaps below which its processes sleep
+# (DetectorConfig.contention_min_tree_pct's default).
+ASLEEP_TREE_PCT = 10.0
+
+
+def asleep_prescription(ev: Evidence) -> str | None:
+    """The job's processes barely run while its GPU waits: neither its CPU nor local
+    storage holds it back, so more workers would not help; say what to look at."""
+    job, iowait = _num(ev, "tree_cpu_pct"), _num(ev, "iowait_pct")
+    if job is None or job >= ASLEEP_TREE_PCT or (iowait is not None and iowait >= 10.0):
+        return None
+    return (
+        f"the job's processes sleep while the GPU waits (together {job:.0f} % of a core): "
+        "the input waits on something outside this host's CPUs and disks -- a network "
+        "filesystem or object store, a remote service, a lock or a queue fed by another "
+        "process; see where the main process waits (gpumon watch --stacks, py-spy dump)"
+    )
+
+
 def contention_prescription(ev: Evidence) -> str:
     """Processes outside the job hold the CPUs: say how much, and who, where known."""
     outside, job = _num(ev, "outside_cpu_pct"), _num(ev, "tree_cpu_pct")
@@ -199,6 +218,8 @@ def advice_for(
     ``host_seen``: the stream carries host data (gpumon watch/record), so the advice never
     asks the user to record it.
     """
+    if reason is Reason.JUDGING:
+        return ()  # a provisional reading: advice waits for the verdict
     out: list[str] = stack_advice(state, reason, ev)
     if state is State.STARVED:
         if cause is Cause.CPU:
@@ -237,7 +258,11 @@ def advice_for(
                 out.append(
                     "record host data too (gpumon watch --pid PID) to tell CPU, GIL and I/O apart"
                 )
-            out.append("try more DataLoader workers, pin_memory=True and prefetch_factor >= 2")
+            asleep = asleep_prescription(ev)
+            if asleep:
+                out.append(asleep)
+            else:
+                out.append("try more DataLoader workers, pin_memory=True and prefetch_factor >= 2")
         out.append("pin_memory=True and non_blocking=True copies let transfers overlap compute")
         out += _memory_advice(ev)
     elif state is State.SYNC_STALL:

@@ -101,11 +101,23 @@ class DetectorConfig:
     gil_rest_max_pct: float = 50.0  # ... while the workers stay below this each
     io_iowait_pct: float = 10.0  # iowait share of all-core time that points at storage
     io_read_bytes_per_s: float = 200e6  # tree read throughput that points at storage
+    # Contention needs a job that asks for the CPU: below this tree CPU (% of one core)
+    # during the gaps, with none of its processes runnable, its processes sleep (on a
+    # remote source, a lock), and however busy the host is with others, the CPU is not
+    # what it waits on.  (A runnable process gets a fair share of a saturated host.)
+    contention_min_tree_pct: float = 10.0
     # A cause holds until its sign falls below this share of the line that named it (the
     # causes' hysteresis: worker CPU 80 % names the CPU, 64 % releases it), and a change
     # of cause alone must hold ``confirm_cause_s`` before a new episode opens.
     cause_release: float = 0.8
-    confirm_cause_s: float = 8.0
+    confirm_cause_s: float = 3.0
+    # A cause is read over the GPUs' latest ``cause_wait_s`` seconds of waiting (at least
+    # ``cause_min_span_s`` back, at most the GPU's window): what the host did during the
+    # latest gaps, not an average reaching back into the phase before -- over at least
+    # ``cause_min_readings`` host readings, so that one noisy reading names no cause.
+    cause_wait_s: float = 2.0
+    cause_min_readings: int = 6
+    cause_min_span_s: float = 2.0
     # Memory: a GPU with process memory above this share of the total is "held" even when
     # the process list is unknown (nvidia-smi CSV logs carry memory.used, not processes).
     held_mem_share: float = 0.05
@@ -148,12 +160,23 @@ class DetectorConfig:
     # default; 30 in releases before 2.2), so 5 minutes names a hang before it fires.
     hang_after_s: float = 300.0
     computing_power_share: float = 0.8
+    # Every GPU pinned and most at no more than this share of the busiest one's SM
+    # activity (GPM), or of its power: they spin for part of each step on it (a
+    # data-parallel rank doing the same work at 60 % of another's rate waits 40 %).
+    partial_wait_sm_share: float = 0.6
+    partial_wait_power_share: float = 0.65
     # A stream that ends before its work could be judged (a log of a few samples) is judged
     # at its end on all it shows, if it has at least this many samples of work.
     short_log_min_samples: int = 3
     # ... unless memory in use grew by more than this factor since its first activity: a
     # job still allocating is warming up (loading a model), not yet working.
     warmup_mem_growth: float = 1.25
+    # New work is not judged while its memory still rises by more than this factor over
+    # the last ``warmup_mem_window_s`` (a rate, so that how often memory is sampled does not
+    # change what counts as rising): the job is loading, warming up.  A job that allocated
+    # in one go and then works is judged at once.
+    warmup_mem_rise: float = 1.1
+    warmup_mem_window_s: float = 2.0
     # Ring sizes: bounded memory whatever the stream length.
     ring_events: int = 64  # recent bursts / gaps / cycles kept per GPU for quantiles
     ring_evals: int = 160  # per-eval history (>= window_max_s / eval_interval_s)

@@ -23,7 +23,13 @@ from gpumon.detect.gpu import GpuTrack, Window
 from gpumon.detect.host import HostTrack, busiest_outside, host_cause
 from gpumon.detect.multi import RunContext, apply_run_rules, hang
 from gpumon.detect.pauses import PauseTracker
-from gpumon.detect.rules import Candidate, GpuContext, bursty, classify
+from gpumon.detect.rules import (
+    Candidate,
+    GpuContext,
+    bursty,
+    classify,
+    unbroken_since_first_activity,
+)
 from gpumon.detect.summary import AdviceWeights, GpuFacts, RunSummary, Tally, summarize
 from gpumon.model import (
     Cause,
@@ -84,11 +90,10 @@ def _phase(reason: Reason | None) -> Reason | None:
 
 def _busy_from_the_first(tr: GpuTrack, cfg: DetectorConfig) -> bool:
     """One unbroken burst since the GPU's first activity, ``busy_run_s`` long so far."""
-    first, last = tr.first_active_t, tr.last_t
-    if not tr.run_busy or first is None or last is None:
+    last = tr.last_t
+    if last is None or not unbroken_since_first_activity(tr):
         return False
-    began_with_it = tr.run_start <= first + 2 * (tr.period_s or 0.0)
-    return began_with_it and last - tr.run_start >= cfg.busy_run_s
+    return last - tr.run_start >= cfg.busy_run_s
 
 
 class Detector:
@@ -119,6 +124,7 @@ class Detector:
         self._closed: list[Episode] = []
         self._multi_cache: tuple[float, Evidence] | None = None
         self._cause_cache: tuple[tuple[float, int, Cause | None], Cause] | None = None
+        self._cause_span_s = 0.0  # how far back the host was read for the latest cause
         self._calm = 0  # consecutive evals with nothing pending
         self._concluded = False
         self._spinning_since: float | None = None  # every GPU spinning, none computing
@@ -126,6 +132,10 @@ class Detector:
         # each GPU, to tell whose stacks are whose.
         self.stacks = ActivityTrack()
         self._gpu_pids: dict[int, frozenset[int]] = {}
+        # Whether the GPUs are one job's: the run rules compare them as peers (a straggler,
+        # a rank's spin).  On a node several jobs share (the daemon knows) each job's GPUs
+        # are compared by that job's own detector, never across jobs.
+        self.one_job = True
         self._stack_windows: dict[tuple[float, float], activities.StackWindow] = {}
 
     # --- public API ----------------------------------------------------------------------
@@ -167,7 +177,8 @@ class Detector:
         self._lost = lost
         if snapshot.host is not None or snapshot.tree is not None:
             weight = gap_w / gap_n if gap_n else 0.02
-            self._host.ingest(snapshot.host, snapshot.tree, weight if weight > 0.02 else 0.02)
+            weight = weight if weight > 0.02 else 0.02
+            self._host.ingest(snapshot.host, snapshot.tree, weight, snapshot.t_s)
         t = snapshot.t_s
         self.stacks.tick(t, gap_w / gap_n if gap_n else None)
         if snapshot.stacks:
@@ -384,7 +395,7 @@ class Detector:
             self._waited_on,
             spinning_since=self._spinning_since,
         )
-        if len(self._tracks) >= 2:
+        if len(self._tracks) >= 2 and self.one_job:
             apply_run_rules(rc)
         else:
             hang(rc)  # one GPU alone can still spin on a rank elsewhere, forever
@@ -419,10 +430,20 @@ class Detector:
         return done <= 1
 
     def _cause(self, t: float, span: float, current: Cause | None = None) -> Cause:
+        """The host's cause over the GPUs' latest ``cause_wait_s`` of waiting within
+        ``span``: what the host did while the GPUs waited lately, read over no more of the
+        past than that needs (a phase's cause follows within seconds of its change, and a
+        long stretch without gaps keeps the cause of the last ones)."""
         key = (t, round(span), current)
         if self._cause_cache is not None and self._cause_cache[0] == key:
             return self._cause_cache[1]
-        cause = host_cause(self._host.window(t, span), self.cfg, current, self._host.cpu_count)
+        cfg = self.cfg
+        lo = min(span, cfg.cause_min_span_s)
+        span = self._host.recent_waits_span(
+            t, cfg.cause_wait_s, cfg.cause_min_readings, lo, max(span, lo)
+        )
+        self._cause_span_s = span
+        cause = host_cause(self._host.window(t, span), cfg, current, self._host.cpu_count)
         self._cause_cache = (key, cause)
         return cause
 
@@ -450,6 +471,10 @@ class Detector:
         pend = self._pending.get(key)
         if pend is None or pend.state is not c.state or pend.cause != c.cause:
             pend = c
+            if ep is not None and c.state is ep.state and c.cause != ep.cause:
+                # The cause alone changes: it began within the host readings that named
+                # it, not a window of the GPU's rhythm back (minutes, for slow cycles).
+                pend.backdate_s = min(pend.backdate_s, self._cause_span_s)
             self._pending[key] = pend
         elif c.clear:
             pend.clear = True  # the case became clear while pending
@@ -463,6 +488,13 @@ class Detector:
         start = pend.since_s - pend.backdate_s
         if ep is not None:
             start = max(start, ep.start_s)
+            if c.state is State.IDLE is ep.state and ep.reason not in _PHASES:
+                # Idle for a new reason (memory held, then no process): it begins when it
+                # is seen, not over the idleness before it.  (A wait that turns out to be
+                # a hang is backdated: it was one since the ranks stopped computing.)
+                start = max(start, pend.since_s)
+            if ep.reason is Reason.JUDGING and c.state is ep.state:
+                start = ep.start_s  # the provisional reading confirmed: it was so all along
             self._close(key, start)
         elif tr.first_t is not None:
             start = max(start, tr.first_t)
@@ -584,6 +616,8 @@ class Detector:
             reason = Counter(ep.reason for ep in starved).most_common(1)[0][0]
         elif State.HEALTHY in kinds:
             st = State.HEALTHY
+            if all(ep.reason is Reason.JUDGING for ep in states if ep.state is st):
+                reason = Reason.JUDGING  # healthy so far, not yet confirmed
         elif kinds == {State.IDLE}:
             st = State.IDLE
             reasons = {ep.reason for ep in states}

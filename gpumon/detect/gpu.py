@@ -7,6 +7,7 @@ only local floats and appends a tuple per completed burst or gap, never per poin
 from __future__ import annotations
 
 from bisect import bisect_left
+from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
@@ -118,7 +119,9 @@ class GpuTrack:
         self.seen_work = False
         self.work_start_s: float | None = None  # start of the current stretch of work
         self.work_began_s: float | None = None  # the first work after start-up
-        self.work_start_mem: int | None = None  # memory in use when the work began
+        # Memory in use at recent ticks (the last ``warmup_mem_window_s``, and the one
+        # before): whether a job is still filling its memory, however often it is sampled.
+        self._mem_marks: deque[tuple[float, int]] = deque()
         self.resume_armed = False  # idle after work: the next burst restarts the window
         self.first_t: float | None = None
 
@@ -156,6 +159,7 @@ class GpuTrack:
         mem = g.mem_used_bytes
         if mem is not None:  # before the samples: the memory a tick's work began with is its own
             self.mem_used_bytes = mem
+            self._mark_mem(g.t_s, mem)
         if pts:
             # A stand-in point for a quiet buffer says nothing about the driver's period.
             self._fold(pts, self.cfg, out_bursts, out_gaps, pts is not g.util_samples)
@@ -183,13 +187,16 @@ class GpuTrack:
         if v is not None:
             self.mem_total_bytes = v
         # Held or not as it has been for the last few ticks: memory that flickers (a
-        # desktop's apps on a GPU the run has left) does not flip it on each reading.
+        # desktop's apps on a GPU the run has left) does not flip it on each reading.  A
+        # process the driver lists holds it at once: a job that has just started is not
+        # "idle, no process" while it computes.
         raw = self._holding()
         if raw == self._held_raw:
             self._held_ticks += 1
         else:
             self._held_raw, self._held_ticks = raw, 1
-        if self._held_ticks >= 3 or self.samples <= 3 or self._held is None:
+        listed = raw is True and (self.processes or 0) > 0
+        if listed or self._held_ticks >= 3 or self.samples <= 3 or self._held is None:
             self._held = raw
 
     # Readings of the latest tick (None before the first, or where not read).
@@ -484,6 +491,25 @@ class GpuTrack:
         # The same quantile as the evidence's, so the rules and the report agree.
         self._gp_val = quantile(vals, 0.9) if len(vals) >= 3 else None
         return self._gp_val
+
+    def _mark_mem(self, t: float, mem: int) -> None:
+        marks = self._mem_marks
+        marks.append((t, mem))
+        horizon = t - self.cfg.warmup_mem_window_s
+        while len(marks) >= 2 and marks[1][0] <= horizon:
+            marks.popleft()
+
+    def mem_at(self, t: float) -> int | None:
+        """Memory in use at ``t`` (the last reading by then), or the oldest reading kept
+        when ``t`` is before it; None without readings."""
+        at = None
+        for mt, mem in self._mem_marks:
+            if mt > t:
+                break
+            at = mem
+        if at is None and self._mem_marks:
+            at = self._mem_marks[0][1]
+        return at
 
     def held(self) -> bool | None:
         """Whether a process holds this GPU (as of the last few ticks folded in)."""

@@ -27,6 +27,7 @@ HostKey = Literal[
     "read_bytes_per_s",
     "max_core_pct",
     "tree_cpu_pct",
+    "tree_runnable",
 ]
 HostWindow = dict[HostKey, float]  # gap-weighted means over a window; never read: absent
 KEYS: tuple[HostKey, ...] = get_args(HostKey)
@@ -35,15 +36,18 @@ NK = len(KEYS)
 
 def _tree_readings(
     tree: ProcTreeSample,
-) -> tuple[float | None, float | None, float | None, float | None, float | None]:
+) -> tuple[float | None, float | None, float | None, float | None, float | None, float | None]:
     """(main CPU, mean CPU per worker, worker count, tree read bytes/s, the whole tree's
-    CPU) of one tree sample; CPU in % of one core."""
+    CPU, its processes running or runnable) of one tree sample; CPU in % of one core."""
     main = None
     wsum = 0.0
     wn = 0
     read = None
     total = None
+    runnable = None
     for p in tree.processes:
+        if p.status is not None:
+            runnable = (runnable or 0.0) + (p.status == "running")
         if p.read_bytes_per_s is not None:
             read = (read or 0.0) + p.read_bytes_per_s
         if p.cpu_pct is not None:
@@ -54,7 +58,7 @@ def _tree_readings(
             wsum += p.cpu_pct
             wn += 1
     workers_mean = wsum / wn if wn else None
-    return main, workers_mean, float(wn), read, total
+    return main, workers_mean, float(wn), read, total, runnable
 
 
 class HostTrack:
@@ -63,19 +67,30 @@ class HostTrack:
     def __init__(self, ring_evals: int) -> None:
         self.cum_w = [0.0] * NK
         self.cum_wx = [0.0] * NK
+        self.cum_wait_s = 0.0  # seconds the GPUs spent waiting, over every host reading
+        self.readings = 0  # ticks with host or tree readings
+        self._last_t: float | None = None
         self.hist = History(ring_evals)
         self.seen = False
         self.cpu_count: int | None = None
         # The busiest process outside the job when last looked for: (time, its sample).
         self.outside: tuple[float, ProcessSample] | None = None
 
-    def ingest(self, host: HostSample | None, tree: ProcTreeSample | None, weight: float) -> None:
+    def ingest(
+        self, host: HostSample | None, tree: ProcTreeSample | None, weight: float, t: float
+    ) -> None:
+        """One tick's readings, ``weight`` the share of the tick the GPUs waited."""
         if host is None and tree is None:
             return
+        if self._last_t is not None and t > self._last_t:
+            self.cum_wait_s += weight * min(t - self._last_t, 10.0)  # a hole: one tick
+        self._last_t = t
+        self.readings += 1
         vals: list[float | None] = [None] * NK
         if tree is not None and tree.processes:
-            main, wmean, wn, read, total = _tree_readings(tree)
+            main, wmean, wn, read, total, runnable = _tree_readings(tree)
             vals[0], vals[1], vals[2], vals[5], vals[7] = main, wmean, wn, read, total
+            vals[8] = runnable
         if host is not None:
             if host.busiest_outside:
                 self.outside = (host.t_s, host.busiest_outside[0])
@@ -96,7 +111,26 @@ class HostTrack:
 
     def record(self, t: float) -> None:
         if self.seen:
-            self.hist.push((t, *self.cum_w, *self.cum_wx))
+            self.hist.push((t, *self.cum_w, *self.cum_wx, self.readings, self.cum_wait_s))
+
+    def recent_waits_span(
+        self, t: float, wait_s: float, min_readings: int, min_s: float, max_s: float
+    ) -> float:
+        """How far back from ``t`` the GPUs' last ``wait_s`` seconds of waiting reach, over
+        ``min_readings`` host readings at least (at least ``min_s``, at most ``max_s``): a
+        cause is read over the latest waits, however long ago the last gap was, no further
+        back than they need, and not on a reading or two of noise."""
+        if not self.seen:
+            return max_s
+        now, count = self.cum_wait_s, self.readings
+        span = min_s
+        while True:
+            old = self.hist.at_or_before(t - span)
+            if old is None or old[0] > t - span:
+                return span  # the history reaches no further back
+            if span >= max_s or (count - old[-2] >= min_readings and now - old[-1] >= wait_s):
+                return span  # enough waiting over enough readings, or the GPU's window
+            span = min(max_s, span * 1.5)
 
     def window(self, t: float, span_s: float) -> HostWindow:
         """Gap-weighted means over the window; a quantity never read is absent (not 0)."""
@@ -123,7 +157,9 @@ def host_cause(
     Storage when iowait or reads are high and the CPUs are not saturated; the CPU when the
     job's workers are saturated, or the host is and the job uses most of it; the GIL when
     the job's main process is pinned at one core while its workers (if any) idle;
-    contention when the host is saturated by processes outside the job; unknown
+    contention when the host is saturated by processes outside the job and the job asks
+    for the CPU (its processes use some, or are runnable: one asleep waits on something
+    else); unknown
     otherwise, or without host data.  Without the job's process tree (a log with host
     CPU only), a saturated host is taken as the job's.  ``current``: the cause named so
     far, which holds until its sign falls ``cause_release`` below its line.
@@ -167,7 +203,13 @@ def host_cause(
     contended = host_cpu is not None and host_cpu >= line(
         Cause.CONTENTION, cfg.cpu_host_saturated_pct
     )
-    if contended and share is not None and share < 0.5:
+    tree_cpu, runnable = h.get("tree_cpu_pct"), h.get("tree_runnable")
+    asks = (
+        tree_cpu is None
+        or tree_cpu >= line(Cause.CONTENTION, cfg.contention_min_tree_pct)
+        or (runnable is not None and runnable >= 0.5)  # runnable, and held back
+    )
+    if contended and share is not None and share < 0.5 and asks:
         return Cause.CONTENTION
     return Cause.UNKNOWN
 

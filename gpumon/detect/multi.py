@@ -5,6 +5,8 @@ Each rule reads every working GPU's window and may replace their candidates:
 - ``busy_wait``: GPUs pinned at high utilisation while their SMs idle (GPM counters) or,
   without them, while drawing little power spin in a collective (NCCL busy-wait), waiting
   on a peer that works less -- the straggler.
+- ``partial_busy_wait``: every GPU pinned while most compute at a fraction of what one
+  does (SM activity, else power): the peers spin for part of each step on that one.
 - ``pinned_peers``: without power or SM activity to tell, a minority of GPUs at a starved duty cycle
   while all their peers read pinned is the same picture in data-parallel training.
 - ``waited_on_rhythm``: a GPU whose periodic gaps its peers wait through (they were seen
@@ -123,6 +125,46 @@ def _spinning(
         and ref is not None
         and (w.power_watts <= cfg.busywait_power_share * ref)
     )
+
+
+def partial_busy_wait(c: RunContext) -> None:
+    """Every GPU pinned, but most compute at a fraction of what one of them does (SM
+    activity where GPM reads, else power): data-parallel peers doing the same work spend
+    the difference spinning in the collective each step -- the rest of the step they wait
+    on the GPU that computes throughout, the straggler.  (A whole-step spin is
+    ``busy_wait``'s; this is the same wait, shorter than a step.)"""
+    if c.straggler is not None or c.busywait:
+        return
+    cfg, t = c.cfg, c.t
+    working = c.working()
+    if len(working) < 2:
+        return
+    pinned = []
+    for i in working:
+        w = c.wins[i]
+        if w.span_s > cfg.busywait_window_s:
+            w = c.tracks[i].window(t, cfg.busywait_window_s)
+        if w.duty is None or w.duty * 100 < cfg.busywait_util_pct:
+            return  # a GPU not pinned: starvation or idleness is the story, not this
+        pinned.append(i)
+    gpm = all(c.tracks[i].sm_active_ratio is not None for i in pinned)
+    level = {i: _computing(c, i) for i in pinned}
+    if not gpm and any(c.wins[i].power_watts is None for i in pinned):
+        return  # nothing tells computing from spinning
+    top = max(level.values())
+    share = cfg.partial_wait_sm_share if gpm else cfg.partial_wait_power_share
+    waiting = [i for i in pinned if level[i] <= share * top]
+    busiest = [i for i in pinned if level[i] > share * top]
+    if top <= 0 or len(waiting) < len(busiest) or not busiest:
+        return
+    s = max(busiest, key=lambda i: level[i])
+    c.straggler = s
+    c.busywait = set(waiting)
+    told = "SM activity" if gpm else "power"
+    for i in waiting:
+        part = 100 * level[i] / top
+        _stall(c, i, Reason.BUSY_WAIT, f"pinned, at {part:.0f} % of GPU {s}'s {told}", False)
+    _stall(c, s, Reason.STRAGGLER, "its peers busy-wait on it for part of each step", False)
 
 
 def _computing(c: RunContext, idx: int) -> float:
@@ -247,6 +289,7 @@ def _minutes(seconds: float) -> str:
 
 RUN_RULES: tuple[RunRule, ...] = (
     busy_wait,
+    partial_busy_wait,
     pinned_peers,
     waited_on_rhythm,
     all_gpu_pauses,

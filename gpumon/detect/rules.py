@@ -117,7 +117,6 @@ def enter_work(c: GpuContext) -> None:
         tr.seen_work = True
         tr.work_start_s = onset + (tr.period_s or 0.0)  # skip the first, partial sample
         tr.work_began_s = tr.work_start_s
-        tr.work_start_mem = tr.mem_used_bytes
         c.w = tr.window(t, max(cfg.eval_interval_s * 2, t - tr.work_start_s))
         c.duty = c.w.duty if c.w.duty is not None else d
         tr.reset_cycles()  # start-up blips are no pattern
@@ -182,16 +181,34 @@ def before_work(c: GpuContext) -> Candidate | None:
         and (w.duty >= cfg.startup_duty or w.active >= cfg.startup_active or bursty(w))
     ):
         return Candidate(State.IDLE, None, Reason.START_UP, None, c.t)
-    return Candidate(State.UNKNOWN, None, Reason.JUDGING, provisional(c, w), c.t)
+    return provisional(c, w)
 
 
-def provisional(c: GpuContext, w: Window) -> str:
-    """What a GPU being judged looks like so far, in words: ``looks healthy so far (duty
-    97 %)``."""
+def provisional(c: GpuContext, w: Window) -> Candidate:
+    """A GPU being judged, shown as what it looks like so far (reason ``judging``): healthy
+    while it is busy, else starved with the cause the host shows so far -- the state a
+    person watching would name, marked as not yet confirmed (never unknown, never idle).
+    A GPU that has looked starved stays so until it is judged (healthy once busy for the
+    seconds a first judgment needs), so a warm-up's reading does not flicker."""
+    tr, cfg = c.tr, c.cfg
     d = w.duty or 0.0
-    cfg = c.cfg
-    looks = "healthy" if d >= cfg.healthy_duty else "starved" if d >= cfg.idle_duty else "idle"
-    return f"looks {looks} so far (duty {100 * d:.0f} %)"
+    detail = f"duty {100 * d:.0f} % so far"
+    looked_starved = tr.reason is Reason.JUDGING and tr.state is State.STARVED
+    if not looked_starved and (d >= cfg.healthy_duty or unbroken_since_first_activity(tr)):
+        return Candidate(State.HEALTHY, None, Reason.JUDGING, detail, c.t)
+    current = tr.cause if looked_starved else None
+    cause = c.cause_of(c.t, max(w.span_s, cfg.eval_interval_s), current)
+    return Candidate(State.STARVED, cause, Reason.JUDGING, detail, c.t)
+
+
+def unbroken_since_first_activity(tr: GpuTrack) -> bool:
+    """Busy without a break since its first activity (its ramp-up sample aside): a GPU
+    that has not yet waited once does not look starved, whatever its first partial sample
+    does to the duty."""
+    first = tr.first_active_t
+    if not tr.run_busy or first is None:
+        return False
+    return tr.run_start <= first + 2 * (tr.period_s or 0.0)
 
 
 def _unjudged(tr: GpuTrack) -> bool:
@@ -212,14 +229,16 @@ def too_young(c: GpuContext) -> Candidate | None:
         return None
     if c.t - tr.work_start_s < _young_s(c):
         return c.keep()
-    mem0, mem = tr.work_start_mem, tr.mem_used_bytes
+    # Memory still rising over the last seconds (since the work began, at most): the job
+    # is loading and warming up, judged once it stops.
+    mem0 = tr.mem_at(max(c.t - c.cfg.warmup_mem_window_s, tr.work_start_s))
+    mem = tr.mem_used_bytes
     if (
         mem0 is not None
         and mem is not None
-        and mem > c.cfg.warmup_mem_growth * max(mem0, 1)
+        and mem > c.cfg.warmup_mem_rise * max(mem0, 1)
         and c.t - tr.work_start_s < c.cfg.startup_max_s
     ):
-        tr.work_start_mem = mem  # judged from when it stops growing
         return c.keep()
     return None
 
@@ -237,6 +256,12 @@ def first_judgment(c: GpuContext) -> Candidate | None:
     ):
         return None
     young = _young_s(c)
+    if tr.reason is Reason.JUDGING and cur is State.STARVED:
+        # It has waited already: the busy stretch now must outlast the bursts between its
+        # waits so far (a warm-up's blips, not the next burst of a rhythm) to be healthy.
+        longest = max(tr.bursts, default=0.0)
+        if not tr.run_busy or c.t - tr.run_start < max(young, 1.5 * longest):
+            return None
     wy = tr.window(c.t, max(young, 2 * c.period_s))
     if (
         wy.duty is not None

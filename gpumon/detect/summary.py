@@ -7,7 +7,9 @@ dstat plugin all read this one summary, so one run never gets two answers.
 The rule, in words: a problem (starved, sync stall) is the verdict once it takes at least
 ``PROBLEM_SHARE`` of the working time (healthy + starved + sync stall; start-up and idle
 are not work) -- the bigger problem if both do; else healthy if the GPUs worked at all;
-else idle, or unknown if nothing could be classified.  A starved verdict's cause is the
+else idle, or unknown if nothing could be classified.  A provisional reading (reason
+``judging``) that the verdict then confirmed is counted as that state (the confirmed
+episode begins where it did); one that was not is start-up.  A starved verdict's cause is the
 cause that held most of the starved time.
 
 Everything is kept as running totals over closed episodes (bounded, however long the
@@ -62,6 +64,12 @@ class Tally:
     def add(self, ep: Episode, end_s: float) -> None:
         dur = max(0.0, end_s - ep.start_s)
         self.episodes += 1
+        if ep.reason is Reason.JUDGING:
+            # A provisional reading the verdict did not take over (a confirmed one is
+            # backdated over it): the work was still warming up, so start-up.
+            self.seconds[State.IDLE] += dur
+            self.startup_s += dur
+            return
         self.seconds[ep.state] += dur
         if ep.state is State.STARVED:
             c = ep.cause or Cause.UNKNOWN

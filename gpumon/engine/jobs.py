@@ -279,6 +279,11 @@ class JobTracker:
         whole = [j for j in self.jobs.values() if j.detector is None and j.tree_sample]
         return whole[0].tree_sample if len(whole) == 1 else None
 
+    def one_job(self) -> bool:
+        """Whether the node's GPUs may be compared as one job's peers: no two jobs hold
+        GPUs of it (no job known at all is a single user's node)."""
+        return len(self.jobs) <= 1 or any(j.detector is None for j in self.jobs.values())
+
     def judge(self, snap: Snapshot) -> list[JobUpdate]:
         """Each job with a detector of its own judges its GPUs with its own tree; expired
         jobs close."""

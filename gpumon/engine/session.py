@@ -259,6 +259,8 @@ class Session:
             judged = snap
             if self.jobs is not None and reading.jobs is not None and snap is polled.due[-1]:
                 job_updates += self.jobs.fold(snap, reading.jobs)
+                if self.detector is not None:
+                    self.detector.one_job = self.jobs.one_job()
                 tree = self.jobs.whole_node_tree()
                 if tree is not None:
                     # One job holding every GPU: its process tree (DataLoader workers) is

@@ -21,7 +21,7 @@ from gpumon.engine.words import (
     state_label,
     verdict_words,
 )
-from gpumon.model import Episode, State
+from gpumon.model import Episode, Reason, State
 
 BLOCKS = " ▁▂▃▄▅▆▇█"
 STATE_CHAR = {
@@ -118,7 +118,9 @@ def _episode_lines(ep: Episode, t0: float, end_s: float | None) -> list[str]:
     if ep.note:
         txt += f" ({ep.note})"
     out = [txt]
-    if ep.state is State.HEALTHY:
+    if ep.reason is Reason.JUDGING:
+        evl = None  # a provisional reading, never confirmed: its numbers judge nothing
+    elif ep.state is State.HEALTHY:
         evl = evidence_line({"duty_cycle": ep.evidence.get("duty_cycle")})
     else:
         evl = evidence_line(ep.evidence)
