@@ -363,25 +363,16 @@ def _xfail(why: str) -> pytest.MarkDecorator:
     return pytest.mark.xfail(strict=True, reason=why)
 
 
-STARTUP = (
-    "a GPU busy from its first sample is shown idle (start-up) for ~9 s by watch and serve "
-    "(serve first says idle (no process) for ~4 s while the job computes); target: healthy "
-    "within 3 s"
-)
-STARTUP_STARVED = (
-    "a GPU starved from its first sample is shown idle (start-up) for ~10 s, past the 8 s "
-    "window, before starved"
-)
-LOST_S = (
-    "the summary's per-GPU lost_s is 0.0 while its lost_gpu_seconds is the run's total; "
-    "watch's lines said start-up for seconds, the summary's startup_s is 0"
+LAG = (
+    "watch's lines lag each change of state by the seconds it takes to confirm it (4-9 s, "
+    "idle the slowest), which the summary places where the change happened: over a short "
+    "phase the seconds per state differ by more than 10 % of the run"
 )
 
 
 # --- lifecycle: busy from the first sample, workers forked, evaluation, memory held, exit
 
 
-@_xfail(STARTUP)
 def test_busy_from_its_first_sample_is_healthy_within_3_s(lab) -> None:
     _hold_to_targets(lab("lifecycle"), "healthy")
 
@@ -408,7 +399,7 @@ def test_job_exiting_leaves_its_gpu_idle_with_no_process(lab) -> None:
     _hold_to_targets(lab("lifecycle"), "exited")
 
 
-@_xfail(LOST_S)
+@_xfail(LAG)
 def test_lifecycle_faces_tell_one_story(lab) -> None:
     _story(lab("lifecycle"))
 
@@ -416,23 +407,30 @@ def test_lifecycle_faces_tell_one_story(lab) -> None:
 # --- starved: by saturated workers, then GIL-bound
 
 
-@_xfail(STARTUP_STARVED)
+@pytest.mark.xfail(
+    strict=False,
+    reason="the cause is right but for a second or two at the phase's start, where watch "
+    "reads processes outside the job (the lab's own faces starting) as contention",
+)
 def test_starved_by_saturated_workers(lab) -> None:
     _hold_to_targets(lab("starved"), "starved-cpu")
 
 
 @pytest.mark.xfail(
     strict=False,
-    reason="num_workers=0, the main process building every batch: cause cpu, not gil, while "
-    "other work keeps the host's cores busy (host CPU >= 90 % is taken for saturated workers; "
-    "a main process held to a share of a core never reads 'pinned'); on a quiet machine gil "
-    "comes, but 10-21 s after the change, through 'unknown' (so it may pass there)",
+    reason="num_workers=0, the main process building every batch: the cause turns from cpu "
+    "to gil within seconds of the change, but serve (a reading a second) and analyze keep "
+    "cpu for 1-2 s past the margin; on a busy machine a main process held to a share of a "
+    "core never reads 'pinned'",
 )
 def test_gil_bound_main_process(lab) -> None:
     _hold_to_targets(lab("starved"), "starved-gil")
 
 
-@_xfail(f"{LOST_S}; the advice says nothing of the GIL-bound phase")
+@_xfail(
+    "watch's lines and serve's metrics differ on the seconds around the change of cause "
+    "(each face reads the host over its own ticks)"
+)
 def test_starved_faces_tell_one_story(lab) -> None:
     _story(lab("starved"))
 
@@ -441,15 +439,13 @@ def test_starved_faces_tell_one_story(lab) -> None:
 
 
 @_xfail(
-    f"{STARTUP_STARVED}; and while the host's cores are busy with other work, workers in "
-    "disk-sleep reading ~0.5 GB/s past the page cache get cause cpu, not io (CPU saturation "
-    "is asked before storage)"
+    "a GPU starved from its first sample is shown idle for its first second (before its "
+    "first kernel ends, nothing shows work): recall 0.92 of a short phase"
 )
 def test_io_bound_workers(lab) -> None:
     _hold_to_targets(lab("io"), "starved-io")
 
 
-@_xfail(f"{LOST_S}; the advice is the CPU's (num_workers), none for storage")
 def test_io_faces_tell_one_story(lab) -> None:
     _story(lab("io"))
 
@@ -457,21 +453,15 @@ def test_io_faces_tell_one_story(lab) -> None:
 # --- a noisy neighbour
 
 
-@_xfail(STARTUP)
 def test_noisy_neighbour_job_healthy(lab) -> None:
     _hold_to_targets(lab("noisy"), "healthy-beside-neighbours")
 
 
-@_xfail(
-    "the job's tree asleep (no workers, 0 % CPU) waiting on something outside it while "
-    "processes outside the job saturate every core: cause cpu (advice: raise num_workers), "
-    "not unknown"
-)
 def test_noisy_neighbour_job_starved(lab) -> None:
     _hold_to_targets(lab("noisy"), "starved-remote")
 
 
-@_xfail(f"{LOST_S}; the advice is to raise num_workers for a job with no busy worker")
+@_xfail(LAG)
 def test_noisy_faces_tell_one_story(lab) -> None:
     _story(lab("noisy"))
 
@@ -479,21 +469,27 @@ def test_noisy_faces_tell_one_story(lab) -> None:
 # --- gaps at a rhythm: workers restarted every epoch, checkpoints
 
 
-@_xfail(STARTUP_STARVED)
+@_xfail(
+    "workers restarted every epoch: the GPU busy for the first epoch's seconds is judged "
+    "healthy (4-5 s) before its first gap, and the workers' CPU over the gaps (~80 %) sits on "
+    "the CPU's line, so the cause reads unknown for a third of the phase"
+)
 def test_workers_restarted_every_epoch(lab) -> None:
     _hold_to_targets(lab("periodic"), "epoch-restarts")
 
 
 @_xfail(
-    "a checkpoint written synchronously (O_DIRECT|O_DSYNC) every few seconds: the cause stays "
-    "cpu from the epoch restarts before it (or flaps to unknown), never io: writes are not "
-    "read bytes, and iowait needs idle cores"
+    "a checkpoint written synchronously (O_DIRECT|O_DSYNC) every few seconds: io, but cpu or "
+    "unknown for 1-2 s after the change from the epoch restarts (cause accuracy 0.82-0.94)"
 )
 def test_checkpoint_every_few_seconds(lab) -> None:
     _hold_to_targets(lab("periodic"), "checkpoints")
 
 
-@_xfail(f"{LOST_S}; the advice says nothing of the checkpoints' storage")
+@_xfail(
+    f"{LAG}; watch's lines and serve's metrics differ on 6 of 23 settled seconds; the lines "
+    "say start-up for 1 s where the summary counts 7 s (the first epoch judged later)"
+)
 def test_periodic_faces_tell_one_story(lab) -> None:
     _story(lab("periodic"))
 
@@ -502,10 +498,9 @@ def test_periodic_faces_tell_one_story(lab) -> None:
 
 
 @_xfail(
-    f"{STARTUP}; then the peers, computing ~40 % and spinning ~60 % of every step at the "
-    "barrier, are shown healthy for the whole phase: their SM activity over a tick (~0.37) is "
-    "above the busy-wait line, so neither the busy-wait nor the straggler is found until "
-    "every rank spins (the hang)"
+    "the peers computing ~40 % and spinning ~60 % of every step are found (busy-wait on the "
+    "straggler, from SM activity), but 4 s late in watch and 12 s in serve (its window reads "
+    "one tick a second)"
 )
 def test_straggler_at_a_barrier(lab) -> None:
     _hold_to_targets(lab("ranks"), "straggler")
@@ -515,6 +510,6 @@ def test_hang_every_rank_spinning(lab) -> None:
     _hold_to_targets(lab("ranks"), "hang")
 
 
-@_xfail(f"{LOST_S}; watch's lines and serve's metrics differ on the straggler's GPUs")
+@_xfail(LAG)
 def test_ranks_faces_tell_one_story(lab) -> None:
     _story(lab("ranks"))
