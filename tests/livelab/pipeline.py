@@ -75,6 +75,11 @@ class CpuDataset:
         burn(self.init_cpu_s)
 
     def load(self, index: int) -> int:
+        return self.decode(index)
+
+    def decode(self, index: int) -> int:
+        """Decode and augment one sample: the CPU it costs, under the name a real dataset's
+        frame has (what ``--stacks`` reads as decoding)."""
         burn(self.cpu_s)
         return 3 * 224 * 224
 

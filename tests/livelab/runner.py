@@ -1,10 +1,11 @@
 """Run one lab scenario and observe it with every face of gpumon at once.
 
 One run of the job is watched by ``gpumon watch --pid PID --plain --summary-json F --record
-R`` (its lines stamped as they arrive), by ``gpumon serve`` on a loopback port with
-``--log`` (``/metrics`` scraped every second), and afterwards by ``gpumon analyze --json R``
-of watch's recording: only gpumon's public command line, each in its own process, against
-the fake NVML whose GPUs the job drives.  Everything lands in the run's folder::
+R`` (its lines stamped as they arrive; with ``--stacks`` where a test asks), by ``gpumon
+serve`` on a loopback port with ``--log`` (``/metrics`` scraped every second), and
+afterwards by ``gpumon analyze --json R`` of watch's recording: only gpumon's public command
+line, each in its own process, against the fake NVML whose GPUs the job drives.
+Everything lands in the run's folder::
 
     run.json        the scenario, seed, when the job was told to go and when it exited
     truth-rank*.jsonl  the job's truth (truth.py)
@@ -168,9 +169,11 @@ def run(
     serve_interval_s: float = 1.0,
     use_torch: bool = False,
     gpumon_src: Path | None = None,
+    stacks_every_s: float | None = None,
 ) -> Observed:
     """Run ``scn`` once, observed by watch, serve and (afterwards) analyze -- this checkout's
-    gpumon, or the one in ``gpumon_src`` (another checkout, to compare)."""
+    gpumon, or the one in ``gpumon_src`` (another checkout, to compare).  ``stacks_every_s``:
+    watch (only watch) also reads the job's Python stacks, a window that often."""
     run_dir.mkdir(parents=True, exist_ok=True)
     scenario_path = fake_machine(scn, run_dir)
     env = fake_env(scenario_path)
@@ -209,10 +212,14 @@ def run(
         ready = job.stdout.readline().split()
         if not ready or ready[0] != "ready":
             raise RuntimeError(f"the job did not start: {(run_dir / 'job.err').read_text()}")
+        stacks = (
+            [] if stacks_every_s is None else ["--stacks", "--stacks-every", str(stacks_every_s)]
+        )
         watch = _face(
             run_dir, "watch", env, "--pid", str(job.pid), "--plain",
             "--interval", str(watch_interval_s), "--summary-json", str(run_dir / "summary.json"),
             "--record", str(run_dir / "record.jsonl"),
+            *stacks,
         )  # fmt: skip
         assert watch.stdout is not None
         lines = _Lines(watch.stdout, run_dir / "watch.jsonl")

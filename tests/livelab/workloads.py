@@ -62,7 +62,9 @@ class Phase:
     name: str
     seconds: float
     design: Label
-    mode: str = "train"  # train: the loop; hold: memory held, no work; hang: every rank spins
+    # train: the loop; evaluate: the loop inside an evaluation function (as a validation
+    # loop runs); hold: memory held, no work; hang: every rank spins
+    mode: str = "train"
     step_s: float = 0.2  # a step's kernels
     loader: str = "train"  # the same name keeps the same loader (and its workers) going
     data: str = "cpu"  # cpu | io | remote: what a batch costs
@@ -148,6 +150,7 @@ def lifecycle(seed: int, scale: float) -> LabScenario:
                 12 * scale,
                 starved("cpu"),
                 step_s=eval_step,
+                mode="evaluate",
                 loader="val",
                 workers=1,
                 batch_cost_s=eval_step / _duty(r),
@@ -418,6 +421,9 @@ class RankJob:
                     self._hold(dev, truth, end)
                 elif ph.mode == "hang":
                     dev.spin_until(lambda end=end: time.monotonic() >= end)  # type: ignore[misc]
+                elif ph.mode == "evaluate":
+                    self.evaluate(dev, truth, ph, i, end)
+                    dev.synchronize()
                 else:
                     self._train(dev, truth, ph, i, end)
                     dev.synchronize()  # the phase's queued steps run within it
@@ -437,6 +443,13 @@ class RankJob:
         while time.monotonic() < end:
             time.sleep(min(0.1, max(0.0, end - time.monotonic())))
             truth.tick()
+
+    def evaluate(
+        self, dev: EmulatedDevice, truth: TruthLog, ph: Phase, idx: int, end: float
+    ) -> None:
+        """An evaluation loop: the training loop's batches and kernels, called from a
+        function named as real validation code is (what ``--stacks`` reads as evaluation)."""
+        self._train(dev, truth, ph, idx, end)
 
     def _train(self, dev: EmulatedDevice, truth: TruthLog, ph: Phase, idx: int, end: float) -> None:
         step = ph.step_s * (ph.straggler_factor if ph.straggler == self.rank else 1.0)
