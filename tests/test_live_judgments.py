@@ -469,3 +469,23 @@ def test_peers_that_spin_for_part_of_each_step_name_the_gpu_they_wait_on(gpm: bo
         assert eps[i].state is State.SYNC_STALL and eps[i].reason is Reason.BUSY_WAIT, eps[i]
     even = _pinned(lambda i: 0.8 if i == 2 else 0.72, gpm=gpm).open_episodes()
     assert {even[i].state for i in range(4)} == {State.HEALTHY}, even
+
+
+def test_gpus_held_by_no_one_are_idle_from_a_short_logs_first_table() -> None:
+    """Two nvidia-smi tables 14 s apart (a pasted pair): six GPUs at 0 % with 7 MiB (no
+    context: held by no one), one holding 5.7 GB at 0 %, one at 3-7 %.  The GPUs no one holds
+    were idle since the first table, not from the second: the log is an idle node."""
+
+    def table(t: float, k: int) -> Snapshot:
+        gpus = []
+        for i in range(8):
+            mib, u = (5729, 0.0) if i == 0 else (2415, (3.0, 7.0)[k]) if i == 5 else (7, 0.0)
+            gpus.append(GpuSample(t, i, f"GPU-{i}", ((t, u),), util_pct=u,
+                                  mem_used_bytes=mib << 20, mem_total_bytes=80 << 30,
+                                  power_watts=70.0, power_limit_watts=400.0))  # fmt: skip
+        return Snapshot(t, tuple(gpus))
+
+    res = analyze(TraceHeader(1, "nvidia-smi-table"), [table(T0, 0), table(T0 + 14, 1)])
+    free = [g for g in res.summary.gpus if g.gpu not in (0, 5)]
+    assert all(g.seconds[State.IDLE] == pytest.approx(14.0) for g in free), free
+    assert res.summary.verdict is State.IDLE, res.summary

@@ -167,8 +167,9 @@ def before_work(c: GpuContext) -> Candidate | None:
     tr, cfg = c.tr, c.cfg
     if tr.seen_work:
         return None
-    if c.held is False:
-        return Candidate(State.IDLE, None, Reason.NO_PROCESS, None, c.t)
+    if c.held is False:  # held by no one since the stream began: idle since then
+        since = c.t - tr.first_t if tr.first_t is not None else 0.0
+        return Candidate(State.IDLE, None, Reason.NO_PROCESS, None, c.t, since)
     if tr.first_t is not None and c.t - tr.first_t >= cfg.startup_max_s:
         # No work came: it was never starting up, just idle (backdated to the start).
         reason = Reason.MEMORY_HELD if c.held else Reason.NO_WORK
