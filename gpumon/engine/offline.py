@@ -74,11 +74,8 @@ class Analysis:
 def analyze(
     header: TraceHeader, snapshots: Iterable[Snapshot], config: DetectorConfig | None = None
 ) -> Analysis:
-    """Judge ``snapshots`` once, keeping bounded summaries per GPU.
-
-    Without a config, calm stretches are re-evaluated only every third second: offline,
-    episodes are backdated to their onset, so detection latency costs nothing and a
-    day-long trace analyses several times faster.
+    """Judge ``snapshots`` once, keeping bounded summaries per GPU, at the live detector's
+    cadence (``OFFLINE_CONFIG``): a recording analysed tells the story the live faces told.
     """
     session = Session.offline(header, config)
     feed = session.feed

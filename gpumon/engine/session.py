@@ -40,10 +40,11 @@ from gpumon.model import Episode, GpuIdentity, Snapshot, TraceHeader, Verdict
 if TYPE_CHECKING:
     from gpumon.sample.joblabels import JobResolver
 
-# Offline (and replayed), calm stretches are re-evaluated only every third second:
-# episodes are backdated to their onset, so detection latency costs nothing there and a
-# day-long trace analyses several times faster.
-OFFLINE_CONFIG = DetectorConfig(calm_factor=5.0)
+# Offline (and replayed) judging keeps the live cadence: analyze of watch's recording is
+# then watch's own story to the second.  (Judging calm stretches every fifth second made a
+# day's trace judge twice as fast, but placed a change after a calm stretch up to 4 s off
+# the live detector's, and the two summaries of one run disagreed.)
+OFFLINE_CONFIG = DetectorConfig()
 
 _NO_UPDATE = DetectorUpdate()
 
