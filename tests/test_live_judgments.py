@@ -489,3 +489,33 @@ def test_gpus_held_by_no_one_are_idle_from_a_short_logs_first_table() -> None:
     free = [g for g in res.summary.gpus if g.gpu not in (0, 5)]
     assert all(g.seconds[State.IDLE] == pytest.approx(14.0) for g in free), free
     assert res.summary.verdict is State.IDLE, res.summary
+
+
+@pytest.mark.parametrize(
+    "change_s, cycle_s, duty", [(40.7, 1, 0.35), (41.3, 2, 0.5), (43.6, 4, 0.6)]
+)
+def test_analyze_of_a_recording_tells_the_live_summarys_story(
+    change_s: float, cycle_s: float, duty: float
+) -> None:
+    """A GPU healthy for 40-odd s, then starved: the change comes after a calm stretch.
+    Analyze of the recording judges at the live cadence, so it places the change where the
+    live detector did, to the second (judging calm stretches every fifth second offline put
+    it up to 3 s off, and watch's summary and analyze of its recording disagreed)."""
+
+    def starve(x: float) -> float:
+        return busy(x) if x < change_s or x % cycle_s < duty * cycle_s else 0.0
+
+    snaps = ticks({0: starve}, 80)
+    s = live()
+    for snap in snaps:
+        s.fold(s.read(snap))
+    s.finish()
+    live_run = s.summary()
+    assert live_run is not None
+    offline = analyze(TraceHeader(1, "gpumon"), snaps).summary
+    for state in (State.HEALTHY, State.STARVED):
+        assert offline.seconds[state] == pytest.approx(live_run.seconds[state], abs=0.01), (
+            state,
+            offline.seconds,
+            live_run.seconds,
+        )
