@@ -19,8 +19,9 @@ class DetectorConfig:
     # Classification is re-evaluated at most this often (stream time); per-point work stays
     # a tight loop, the rules run once per interval.
     eval_interval_s: float = 1.0
-    # While nothing is pending or changing for ``calm_evals`` evals, evaluate only every
-    # ``calm_factor`` intervals: most of a long trace is calm, and the rules are the cost.
+    # While nothing is pending or changing for ``calm_evals`` evals, up to ``calm_factor``
+    # - 1 evals in a row are skipped while every GPU's work since the last one is what its
+    # state says (offline: most of a long trace is calm, and the rules are the cost).
     calm_evals: int = 5
     calm_factor: float = 1.0
     # The short window over which the duty cycle is judged; stretched to

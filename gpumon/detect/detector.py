@@ -126,6 +126,8 @@ class Detector:
         self._cause_cache: tuple[tuple[float, int, Cause | None], Cause] | None = None
         self._cause_span_s = 0.0  # how far back the host was read for the latest cause
         self._calm = 0  # consecutive evals with nothing pending
+        self._skipped = 0  # evals skipped in a row while steady (offline, calm_factor > 1)
+        self._at_eval: dict[int, tuple[float, float]] = {}  # each GPU's totals at the last eval
         self._concluded = False
         self._spinning_since: float | None = None  # every GPU spinning, none computing
         # The job's Python stacks (--stacks), weighted by the GPUs' waiting; the pids on
@@ -190,8 +192,14 @@ class Detector:
             for tr in tracks.values():
                 tr.record(t)
             self._host.record(t)
-        elif t - self._last_eval >= 0.9 * self._interval():  # 0.9: ticks jitter
-            self._evaluate(t)
+        elif t - self._last_eval >= 0.9 * self.cfg.eval_interval_s:  # 0.9: ticks jitter
+            if self._steady(t):
+                self._skipped += 1  # calm: the history as an eval keeps it, no rules
+                for tr in tracks.values():
+                    tr.record(t)
+                self._host.record(t)
+            else:
+                self._evaluate(t)
             self._last_eval = t
         if not (bursts or gaps or self._opened or self._closed):
             return _NO_UPDATE  # the common tick: nothing to report (frozen, so shared)
@@ -362,19 +370,42 @@ class Detector:
             w = max(2 * cfg.eval_interval_s, self._t - ws)  # never reach into start-up
         return w
 
-    def _interval(self) -> float:
-        """Eval interval: stretched while calm (nothing pending, nothing changed)."""
+    def _steady(self, t: float) -> bool:
+        """Whether this eval may be skipped (``calm_factor`` > 1): calm for ``calm_evals``
+        evals, fewer than ``calm_factor`` skipped in a row, and every GPU's work since the
+        last eval what its state already says (healthy at a healthy duty cycle, idle below
+        the idle line).  Anything else -- a gap on a healthy GPU, work on an idle one, a
+        GPU in any other state -- is judged at once, as live, so a change is placed where
+        the live detector places it."""
         cfg = self.cfg
-        if self._calm >= cfg.calm_evals:
-            return cfg.eval_interval_s * cfg.calm_factor
-        return cfg.eval_interval_s
+        if cfg.calm_factor <= 1.0 or self._calm < cfg.calm_evals:
+            return False
+        if self._skipped + 1 >= cfg.calm_factor:
+            return False
+        for idx, tr in self._tracks.items():
+            cov0, busy0 = self._at_eval.get(idx, (0.0, 0.0))
+            cov = tr.cum_cov - cov0
+            if cov <= 0:
+                return False
+            duty = (tr.cum_busy - busy0) / cov
+            if tr.state is State.HEALTHY and tr.reason is None:
+                if duty < cfg.healthy_duty:
+                    return False
+            elif tr.state is State.IDLE and tr.reason is not Reason.START_UP:
+                if duty >= cfg.idle_duty:
+                    return False
+            else:
+                return False
+        return True
 
     def _context(self, tr: GpuTrack, w: Window, t: float) -> GpuContext:
         return GpuContext(tr, w, t, self.cfg, self._cause, self._isolated)
 
     def _evaluate(self, t: float) -> None:
-        for tr in self._tracks.values():
+        self._skipped = 0
+        for idx, tr in self._tracks.items():
             tr.record(t)
+            self._at_eval[idx] = (tr.cum_cov, tr.cum_busy)
         self._host.record(t)
         cands: dict[int, Candidate] = {}
         wins: dict[int, Window] = {}

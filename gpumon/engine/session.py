@@ -40,11 +40,12 @@ from gpumon.model import Episode, GpuIdentity, Snapshot, TraceHeader, Verdict
 if TYPE_CHECKING:
     from gpumon.sample.joblabels import JobResolver
 
-# Offline (and replayed) judging keeps the live cadence: analyze of watch's recording is
-# then watch's own story to the second.  (Judging calm stretches every fifth second made a
-# day's trace judge twice as fast, but placed a change after a calm stretch up to 4 s off
-# the live detector's, and the two summaries of one run disagreed.)
-OFFLINE_CONFIG = DetectorConfig()
+# Offline (and replayed), an eval may be skipped while every GPU's work since the last one
+# is what its state already says (up to four in a row): a day's trace judges about twice as
+# fast.  Anything else is judged at the live cadence, so analyze of watch's recording tells
+# watch's own story (skipping calm evals blindly placed a change after a calm stretch up
+# to 4 s off, and the two summaries of one run disagreed).
+OFFLINE_CONFIG = DetectorConfig(calm_factor=5.0)
 
 _NO_UPDATE = DetectorUpdate()
 
