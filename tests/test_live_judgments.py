@@ -519,3 +519,27 @@ def test_analyze_of_a_recording_tells_the_live_summarys_story(
             offline.seconds,
             live_run.seconds,
         )
+
+
+def test_offline_judging_places_a_process_arriving_where_live_does() -> None:
+    """A job works for 20 s and exits; its GPU idles, held by no one, until (at 61.3 s) a
+    process allocates on it and does not work yet: idle, memory held.  Offline skips evals
+    only while nothing changes, and a process arriving is a change: the new reason begins
+    where the live detector puts it."""
+
+    def starts(cfg: DetectorConfig) -> list[tuple[Reason | None, float]]:
+        det = Detector(cfg, (GpuIdentity(0, "GPU-0", power_limit_watts=700.0),))
+        out = []
+        for snap in ticks({0: lambda x: busy(x) if x < 20 else 0.0}, 90):
+            x = snap.t_s - T0
+            held = x < 20 or x >= 61.3
+            g = replace(snap.gpus[0], processes=(GpuProcess(100),) if held else (),
+                        mem_used_bytes=(20 << 30) if held else (3 << 20))  # fmt: skip
+            upd = det.update(Snapshot(snap.t_s, (g,), snap.host))
+            out += [(e.reason, round(e.start_s - T0, 2)) for e in upd.opened if e.gpu == 0]
+        return out
+
+    live_starts = starts(DetectorConfig())
+    held = [at for reason, at in live_starts if reason is Reason.MEMORY_HELD]
+    assert held and 61.3 <= held[0] <= 64.0, live_starts
+    assert starts(DetectorConfig(calm_factor=5.0)) == live_starts

@@ -127,7 +127,8 @@ class Detector:
         self._cause_span_s = 0.0  # how far back the host was read for the latest cause
         self._calm = 0  # consecutive evals with nothing pending
         self._skipped = 0  # evals skipped in a row while steady (offline, calm_factor > 1)
-        self._at_eval: dict[int, tuple[float, float]] = {}  # each GPU's totals at the last eval
+        # Each GPU's totals and whether it was held, at the last eval.
+        self._at_eval: dict[int, tuple[float, float, bool | None]] = {}
         self._concluded = False
         self._spinning_since: float | None = None  # every GPU spinning, none computing
         # The job's Python stacks (--stacks), weighted by the GPUs' waiting; the pids on
@@ -374,8 +375,9 @@ class Detector:
         """Whether this eval may be skipped (``calm_factor`` > 1): calm for ``calm_evals``
         evals, fewer than ``calm_factor`` skipped in a row, and every GPU's work since the
         last eval what its state already says (healthy at a healthy duty cycle, idle below
-        the idle line).  Anything else -- a gap on a healthy GPU, work on an idle one, a
-        GPU in any other state -- is judged at once, as live, so a change is placed where
+        the idle line, held or not as it was).  Anything else -- a gap on a healthy GPU,
+        work on an idle one, a process come or gone, a GPU in any other state -- is judged
+        at once, and at every eval until calm again, as live, so a change is placed where
         the live detector places it."""
         cfg = self.cfg
         if cfg.calm_factor <= 1.0 or self._calm < cfg.calm_evals:
@@ -383,18 +385,18 @@ class Detector:
         if self._skipped + 1 >= cfg.calm_factor:
             return False
         for idx, tr in self._tracks.items():
-            cov0, busy0 = self._at_eval.get(idx, (0.0, 0.0))
+            cov0, busy0, held0 = self._at_eval.get(idx, (0.0, 0.0, None))
             cov = tr.cum_cov - cov0
-            if cov <= 0:
-                return False
-            duty = (tr.cum_busy - busy0) / cov
-            if tr.state is State.HEALTHY and tr.reason is None:
-                if duty < cfg.healthy_duty:
-                    return False
-            elif tr.state is State.IDLE and tr.reason is not Reason.START_UP:
-                if duty >= cfg.idle_duty:
-                    return False
+            duty = (tr.cum_busy - busy0) / cov if cov > 0 else None
+            steady = duty is not None and tr.held() is held0
+            if steady and tr.state is State.HEALTHY and tr.reason is None:
+                steady = duty is not None and duty >= cfg.healthy_duty
+            elif steady and tr.state is State.IDLE and tr.reason is not Reason.START_UP:
+                steady = duty is not None and duty < cfg.idle_duty
             else:
+                steady = False
+            if not steady:
+                self._calm = 0  # a change: judged at the live cadence until calm again
                 return False
         return True
 
@@ -405,7 +407,7 @@ class Detector:
         self._skipped = 0
         for idx, tr in self._tracks.items():
             tr.record(t)
-            self._at_eval[idx] = (tr.cum_cov, tr.cum_busy)
+            self._at_eval[idx] = (tr.cum_cov, tr.cum_busy, tr.held())
         self._host.record(t)
         cands: dict[int, Candidate] = {}
         wins: dict[int, Window] = {}
