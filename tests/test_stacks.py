@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -204,7 +205,9 @@ def test_torch_save_is_a_checkpoint(jobs: list[Job]) -> None:
     samples = record([Target(job.pid, ProcessRole.MAIN)])
     act, share = top(shares(samples)[(ProcessRole.MAIN, job.pid)])
     assert act is Activity.CHECKPOINT and share >= 0.6
-    assert "-> torch.serialization.save" in wheres(samples, ProcessRole.MAIN).most_common(1)[0][0]
+    # Named at torch's own save: ``save`` or the ``_save`` it calls, as py-spy catches it.
+    place = wheres(samples, ProcessRole.MAIN).most_common(1)[0][0]
+    assert re.search(r"-> torch\.serialization\._?save$", place), place
 
 
 # --- what py-spy cannot read ----------------------------------------------------------------
