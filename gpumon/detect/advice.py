@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from enum import StrEnum
 
+from gpumon.detect.config import DetectorConfig
 from gpumon.model import Cause, Evidence, EvidenceKey, Reason, State
 
 _GIB = 1024**3
@@ -139,16 +140,19 @@ def gil_prescription(ev: Evidence) -> str:
     )
 
 
-# The job's tree CPU (% of one core) during the gaps below which its processes sleep
-# (DetectorConfig.contention_min_tree_pct's default).
-ASLEEP_TREE_PCT = 10.0
+# The lines the cause was judged by (the advice reads evidence, not the detector's config):
+# below the tree CPU that asks for the CPU the job's processes sleep; iowait that points at
+# storage.
+_LINES = DetectorConfig()
 
 
 def asleep_prescription(ev: Evidence) -> str | None:
     """The job's processes barely run while its GPU waits: neither its CPU nor local
     storage holds it back, so more workers would not help; say what to look at."""
     job, iowait = _num(ev, "tree_cpu_pct"), _num(ev, "iowait_pct")
-    if job is None or job >= ASLEEP_TREE_PCT or (iowait is not None and iowait >= 10.0):
+    if job is None or job >= _LINES.contention_min_tree_pct:
+        return None
+    if iowait is not None and iowait >= _LINES.io_iowait_pct:
         return None
     return (
         f"the job's processes sleep while the GPU waits (together {job:.0f} % of a core): "

@@ -77,9 +77,9 @@ def busy_wait(c: RunContext) -> None:
     few SMs active, well below what the run's GPUs show when they compute, is NCCL
     spinning), whatever the power; without them, low power does (a spinning GPU draws
     little)."""
-    cfg, t = c.cfg, c.t
+    cfg = c.cfg
     sm_peak = sm_active_peak(c.tracks.values())
-    waiting = {i for i in c.wins if _spinning(c, i, cfg, t, sm_peak)}
+    waiting = {i for i in c.wins if _spinning(c, i, sm_peak)}
     c.busywait = waiting
     if not waiting:
         return
@@ -103,28 +103,36 @@ def busy_wait(c: RunContext) -> None:
         _stall(c, s, Reason.STRAGGLER, "its peers busy-wait on it", clear)
 
 
-def _spinning(
-    c: RunContext, idx: int, cfg: DetectorConfig, t: float, sm_peak: float | None
-) -> bool:
+def _spinning(c: RunContext, idx: int, sm_peak: float | None) -> bool:
     """Pinned at high utilisation while few of its SMs are active (GPM) or, without GPM,
     at low power, now and over the last few seconds."""
-    tr, w = c.tracks[idx], c.wins[idx]
+    cfg, tr, w = c.cfg, c.tracks[idx], c.wins[idx]
     if not tr.seen_work or w.duty is None or w.duty * 100 < cfg.busywait_util_pct - 10:
         return False
     if not tr.spinning_now(c.run_peak_watts, sm_peak):
         return False  # SMs busy or real power now, or neither read: never taken for a wait
-    if w.span_s > cfg.busywait_window_s:  # a short window will do (power is a 1 s mean)
-        w = tr.window(t, cfg.busywait_window_s)
-    if w.duty is None or w.duty * 100 < cfg.busywait_util_pct:
+    pinned = _pinned_window(c, idx)
+    if pinned is None:
         return False
     if tr.sm_active_ratio is not None:  # GPM: SM activity over the last tick says it
         return True
     ref = tr.power_ref_watts(c.run_peak_watts)
     return (
-        w.power_watts is not None
+        pinned.power_watts is not None
         and ref is not None
-        and (w.power_watts <= cfg.busywait_power_share * ref)
+        and (pinned.power_watts <= cfg.busywait_power_share * ref)
     )
+
+
+def _pinned_window(c: RunContext, idx: int) -> Window | None:
+    """The GPU's last ``busywait_window_s`` (a short window will do: power is a 1 s mean),
+    if its utilisation over it reads pinned; else None."""
+    cfg, w = c.cfg, c.wins[idx]
+    if w.span_s > cfg.busywait_window_s:
+        w = c.tracks[idx].window(c.t, cfg.busywait_window_s)
+    if w.duty is None or w.duty * 100 < cfg.busywait_util_pct:
+        return None
+    return w
 
 
 def partial_busy_wait(c: RunContext) -> None:
@@ -135,22 +143,17 @@ def partial_busy_wait(c: RunContext) -> None:
     ``busy_wait``'s; this is the same wait, shorter than a step.)"""
     if c.straggler is not None or c.busywait:
         return
-    cfg, t = c.cfg, c.t
-    working = c.working()
-    if len(working) < 2:
-        return
-    pinned = []
-    for i in working:
-        w = c.wins[i]
-        if w.span_s > cfg.busywait_window_s:
-            w = c.tracks[i].window(t, cfg.busywait_window_s)
-        if w.duty is None or w.duty * 100 < cfg.busywait_util_pct:
-            return  # a GPU not pinned: starvation or idleness is the story, not this
-        pinned.append(i)
-    gpm = all(c.tracks[i].sm_active_ratio is not None for i in pinned)
-    level = {i: _computing(c, i) for i in pinned}
-    if not gpm and any(c.wins[i].power_watts is None for i in pinned):
+    cfg = c.cfg
+    pinned = c.working()
+    if len(pinned) < 2 or any(_pinned_window(c, i) is None for i in pinned):
+        return  # a GPU not pinned: starvation or idleness is the story, not this
+    sm = {i: c.tracks[i].sm_active_ratio for i in pinned}
+    power = {i: c.wins[i].power_watts for i in pinned}
+    gpm = all(v is not None for v in sm.values())
+    if not gpm and any(v is None for v in power.values()):
         return  # nothing tells computing from spinning
+    # The same measure for every GPU: SM activity where all read it, else power.
+    level = {i: float((sm if gpm else power)[i] or 0.0) for i in pinned}
     top = max(level.values())
     share = cfg.partial_wait_sm_share if gpm else cfg.partial_wait_power_share
     waiting = [i for i in pinned if level[i] <= share * top]
@@ -265,9 +268,7 @@ def hang(c: RunContext) -> None:
     else:  # one GPU: only GPM can tell a spin from light work at full utilisation
         peak = sm_active_peak(c.tracks.values())
         spinning = {
-            i
-            for i in working
-            if c.tracks[i].sm_active_ratio is not None and _spinning(c, i, cfg, t, peak)
+            i for i in working if c.tracks[i].sm_active_ratio is not None and _spinning(c, i, peak)
         }
     if not working or not set(working) <= spinning:
         c.spinning_since = None
