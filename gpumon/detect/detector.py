@@ -194,7 +194,7 @@ class Detector:
                 tr.record(t)
             self._host.record(t)
         elif t - self._last_eval >= 0.9 * self.cfg.eval_interval_s:  # 0.9: ticks jitter
-            if self._steady(t):
+            if self._steady():
                 self._skipped += 1  # calm: the history as an eval keeps it, no rules
                 for tr in tracks.values():
                     tr.record(t)
@@ -371,7 +371,7 @@ class Detector:
             w = max(2 * cfg.eval_interval_s, self._t - ws)  # never reach into start-up
         return w
 
-    def _steady(self, t: float) -> bool:
+    def _steady(self) -> bool:
         """Whether this eval may be skipped (``calm_factor`` > 1): calm for ``calm_evals``
         evals, fewer than ``calm_factor`` skipped in a row, and every GPU's work since the
         last eval what its state already says (healthy at a healthy duty cycle, idle below
@@ -387,12 +387,12 @@ class Detector:
         for idx, tr in self._tracks.items():
             cov0, busy0, held0 = self._at_eval.get(idx, (0.0, 0.0, None))
             cov = tr.cum_cov - cov0
-            duty = (tr.cum_busy - busy0) / cov if cov > 0 else None
-            steady = duty is not None and tr.held() is held0
-            if steady and tr.state is State.HEALTHY and tr.reason is None:
-                steady = duty is not None and duty >= cfg.healthy_duty
-            elif steady and tr.state is State.IDLE and tr.reason is not Reason.START_UP:
-                steady = duty is not None and duty < cfg.idle_duty
+            if cov <= 0 or tr.held() is not held0:
+                steady = False
+            elif tr.state is State.HEALTHY and tr.reason is None:
+                steady = (tr.cum_busy - busy0) / cov >= cfg.healthy_duty
+            elif tr.state is State.IDLE and tr.reason is not Reason.START_UP:
+                steady = (tr.cum_busy - busy0) / cov < cfg.idle_duty
             else:
                 steady = False
             if not steady:
