@@ -31,6 +31,8 @@ CORE_PREFIXES = (
     "gpumon.detect",
     "gpumon.engine",
     "gpumon.loop",
+    "gpumon.files",
+    "gpumon.terminal",
     "gpumon.lab",
 )
 
@@ -131,7 +133,7 @@ def test_faces_never_import_the_samplers_or_the_detector(module: str) -> None:
 
 # Floors, bottom up: a module imports only its own floor and those below it.
 FLOORS = (
-    ("gpumon.model", "gpumon.errors", "gpumon.loop"),
+    ("gpumon.model", "gpumon.errors", "gpumon.loop", "gpumon.files", "gpumon.terminal"),
     ("gpumon.detect", "gpumon.traces"),
     ("gpumon.sample", "gpumon.lab"),
     ("gpumon.engine",),

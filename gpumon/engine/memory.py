@@ -259,8 +259,12 @@ class RunMemory:
         *,
         live: bool = True,
         stacks: ActivityTrack | None = None,
+        known: Callable[[], Sequence[GpuIdentity]] | None = None,
     ) -> None:
         self.live = live
+        # The GPUs the source knows now (a live sampler opens hot-plugged ones with their
+        # name and bus id): asked when a GPU appears that the identities lack.
+        self._known = known
         # The job's Python stacks over the gaps (--stacks): the detector's track, kept
         # once; its run totals per role are what faces show.
         self.stacks = stacks
@@ -369,6 +373,9 @@ class RunMemory:
 
     def _identity(self, g: GpuSample) -> GpuIdentity:
         ident = self._identities.get(g.gpu)
+        if (ident is None or ident.uuid != g.uuid) and self._known is not None:
+            self._identities.update({k.index: k for k in self._known()})
+            ident = self._identities.get(g.gpu)
         if ident is not None and ident.uuid == g.uuid:
             return ident
         return GpuIdentity(index=g.gpu, uuid=g.uuid)

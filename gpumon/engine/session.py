@@ -109,6 +109,7 @@ class Session:
             (lambda: {}) if det is None else det.gpu_totals,
             live=live,
             stacks=det.stacks if isinstance(det, Detector) else None,  # (a test's stub: none)
+            known=lambda: source.gpus,
         )
         self.jobs: JobTracker | None = None
         if jobs is not None:

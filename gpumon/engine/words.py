@@ -14,6 +14,7 @@ from typing import Final
 from gpumon.detect import RunSummary
 from gpumon.detect.activities import RoleShares, StackWindow
 from gpumon.model import Cause, Evidence, State
+from gpumon.terminal import printable
 
 
 def state_label(state: State, cause: Cause | None) -> str:
@@ -72,7 +73,7 @@ def fmt_bytes(n: float | None, suffix: str = "") -> str:
 def short_command(command: tuple[str, ...], limit: int = 60) -> str:
     """``/usr/bin/python3 /a/b/train.py --lr 3e-4`` -> ``python3 train.py --lr 3e-4``."""
     text = " ".join(os.path.basename(a) if i < 2 and "/" in a else a for i, a in enumerate(command))
-    return text if len(text) <= limit else text[: limit - 1] + "…"
+    return printable(text, limit)  # a command line is anyone's text: shown escaped
 
 
 def seconds_by_state(seconds: Mapping[State, float] | None) -> dict[str, float]:

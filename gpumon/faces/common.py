@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 from typing import TYPE_CHECKING
 
 from gpumon.errors import GpumonError
@@ -12,14 +13,50 @@ if TYPE_CHECKING:
     from gpumon.traces.jsonl import TraceWriter
 
 
+# Seconds between ticks, for every face that samples (record, watch, serve, demo): below
+# 50 ms a tick is a busy loop that costs more than it tells (the driver samples every
+# 1/6 s at best); above a minute the driver's buffer of samples (about 20 s) has long
+# been overwritten between ticks, and a face answers its stop only at the next tick.
+MIN_INTERVAL_S = 0.05
+MAX_INTERVAL_S = 60.0
+
+
 def positive_float(text: str) -> float:
+    """A finite number above 0 (``inf``, ``1e400`` and ``nan`` are refused: no wait or
+    deadline can be computed from them)."""
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number: {text!r}")
     if not value > 0:
         raise argparse.ArgumentTypeError(f"must be greater than 0: {text!r}")
     return value
+
+
+def check_interval(value: object) -> float:
+    """Seconds between ticks, checked against the one range every face takes;
+    ValueError saying the range otherwise."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ValueError(f"must be a number of seconds, not {value!r}")
+    if not MIN_INTERVAL_S <= value <= MAX_INTERVAL_S:
+        raise ValueError(
+            f"must be between {MIN_INTERVAL_S:g} and {MAX_INTERVAL_S:g} seconds, not {value!r}"
+        )
+    return float(value)
+
+
+def interval(text: str) -> float:
+    """``--interval S`` for argparse (``check_interval``)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    try:
+        return check_interval(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def write_tick(writer: TraceWriter, snapshot: Snapshot, path: str) -> None:

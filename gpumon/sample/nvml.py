@@ -123,6 +123,17 @@ def _text(value: bytes | str) -> str:
     return value.decode(errors="replace") if isinstance(value, bytes) else value
 
 
+# A sample is never stamped in the future, but two clocks are read a few µs apart: a
+# stamp this far ahead of the clock is the clock having stepped back, not jitter.
+_STEP_SLACK_US = 1_000_000
+# A GPU whose samples stopped this long ago is looked at (once per this) for a step back.
+_STEP_PROBE_S = 1.0
+
+
+# A buffered sample can be up to ~20 s old (120 samples at 1/6 s); allow slack.
+_MAX_AGE_S = 120.0
+
+
 class SampleClock:
     """Converts NVML sample timestamps (µs on some CPU clock) to gpumon's monotonic clock.
 
@@ -137,11 +148,12 @@ class SampleClock:
         ("monotonic", time.CLOCK_MONOTONIC),
         ("boottime", getattr(time, "CLOCK_BOOTTIME", 7)),
     )
-    # A buffered sample can be up to ~20 s old (120 samples at 1/6 s); allow slack.
-    _MAX_AGE_S = 120.0
     _MAX_AHEAD_S = 1.0
 
-    def __init__(self) -> None:
+    def __init__(self, max_age_s: float = _MAX_AGE_S) -> None:
+        # How old the newest sample may be on the clock chosen (after a step, the newest
+        # is known to be recent: a clock it is seconds old on is not the driver's).
+        self._max_age_s = max_age_s
         self.clock_name: str | None = None
         self._clock_id: int | None = None
         self._anchor_offset_s: float | None = None
@@ -171,12 +183,26 @@ class SampleClock:
             return self._anchor_offset_s
         for name, clock_id in self._CLOCKS:
             age = time.clock_gettime(clock_id) - newest_s
-            if -self._MAX_AHEAD_S <= age <= self._MAX_AGE_S:
+            if -self._MAX_AHEAD_S <= age <= self._max_age_s:
                 self.clock_name, self._clock_id = name, clock_id
                 return time.clock_gettime(clock_id) - time.monotonic()
         self.clock_name = "anchored"
         self._anchor_offset_s = newest_s - time.monotonic()
         return self._anchor_offset_s
+
+    def chosen_offset_s(self, tick: dict[int, tuple[float, float]] | None = None) -> float | None:
+        """The chosen clock's offset from time.monotonic() now (None while none is chosen:
+        an anchored clock is no clock the system can be asked)."""
+        clock_id = self._clock_id
+        if clock_id is None:
+            return None
+        known = None if tick is None else tick.get(clock_id)
+        if known is not None:
+            return known[0]
+        offset = time.clock_gettime(clock_id) - (now := time.monotonic())
+        if tick is not None:
+            tick[clock_id] = (offset, now)
+        return offset
 
 
 # nvmlSample_t: unsigned long long timeStamp; nvmlValue_t sampleValue (an 8-byte union;
@@ -558,6 +584,10 @@ class _GpuState:
     identity: GpuIdentity
     handle: Any
     last_sample_ts_us: int = 0
+    # The newest driver sample taken, on the monotonic clock: the samples' own clock,
+    # which a step of the wall clock does not move (None: none taken yet).
+    last_sample_t: float | None = None
+    step_probe_at: float = 0.0  # when a silent GPU is next looked at for a step back
     last_proc_ts_us: int = 0
     lost: bool = False
     lost_since_s: float | None = None  # monotonic time NVML first said GpuIsLost
@@ -613,6 +643,7 @@ class NvmlSampler:
         self.known_error_kinds = KNOWN_ERROR_KINDS
         self.rediscoveries = 0  # how often _rediscover ran (its cost is measured on it)
         self._clock_offsets: dict[int, tuple[float, float]] = {}  # this tick's (SampleClock)
+        self.clock_steps_back = 0  # times a GPU's sample clock was found stepped back
         self._events = _XidEvents.create()
         self._xid_gpus: dict[int | None, _GpuState] = {}  # by the handle's address
         self._gpus = self._discover()
@@ -1033,9 +1064,79 @@ class NvmlSampler:
         )
 
     def _util_samples(self, st: _GpuState, fast: bool) -> tuple[Point, ...]:
+        """The driver's samples since the last one taken, on the monotonic clock.
+
+        Only samples after the newest one taken (``last_sample_t``) are kept, whatever the
+        wall clock did meanwhile: a step forward re-stamps the driver's buffer (its older
+        samples would come again, now "newer"), and a step back leaves every new sample
+        stamped before ``last_sample_ts_us``, which NVML then never returns; that is found
+        (``_after_step_back``) and the samples since are read from their new stamps."""
         if not fast and self._skip(st, "samples"):
             return ()
         last_seen = st.last_sample_ts_us
+        stamped = self._driver_samples(st, last_seen)
+        if stamped is None:
+            return ()
+        if not stamped and last_seen and st.last_sample_t is not None:
+            stamped = self._after_step_back(st, last_seen)
+        if not stamped:
+            return ()
+        newest = stamped[-1][0]
+        offset = st.clock.offset_s(newest, self._clock_offsets)
+        if newest > last_seen or newest < last_seen - _STEP_SLACK_US:
+            st.last_sample_ts_us = newest
+        after = st.last_sample_t
+        if after is None:  # the first call: drop what was buffered before the start
+            points = [
+                (t, float(v))
+                for ts, v in stamped
+                if ts > 0 and (t := ts / 1e6 - offset) >= self.start_s
+            ]
+        else:
+            # Plain (t, util) pairs: a UtilPoint per sample would cost a third of the tick.
+            points = [
+                (t, float(v)) for ts, v in stamped if ts > 0 and (t := ts / 1e6 - offset) > after
+            ]
+        if points:
+            st.last_sample_t = points[-1][0]
+        return tuple(points)
+
+    def _after_step_back(self, st: _GpuState, last_seen: int) -> list[tuple[int, int]]:
+        """Nothing new after ``last_seen``: has the clock the driver stamps with stepped
+        back (NTP, a VM resumed), leaving every new sample stamped below it?  Found when
+        that clock, read now, is behind ``last_seen``, or when a GPU silent for a while
+        holds only samples stamped behind it (looked at once a second: one more NVML
+        call).  Then the clock is chosen afresh from the new stamps and the samples after
+        the newest one taken are read from the buffer.  Said once per sampler."""
+        now = time.monotonic()
+        offset = st.clock.chosen_offset_s(self._clock_offsets)
+        clock_now_us = None if offset is None else (offset + now) * 1e6
+        behind = clock_now_us is not None and clock_now_us < last_seen - _STEP_SLACK_US
+        if not behind:
+            silent = st.last_sample_t is not None and now - st.last_sample_t >= _STEP_PROBE_S
+            if not silent or now < st.step_probe_at:
+                return []
+            st.step_probe_at = now + _STEP_PROBE_S
+        buffered = self._driver_samples(st, 0) or []
+        newest = buffered[-1][0] if buffered else None
+        if newest is None or newest >= last_seen - _STEP_SLACK_US or st.last_sample_t is None:
+            return []  # the GPU has no new samples: nothing stepped
+        self.clock_steps_back += 1
+        if self.clock_steps_back == 1:
+            log.warning(
+                "the clock GPU %d stamps its samples with stepped back by %.0f s (NTP, a "
+                "resumed VM?); its samples are read from their new times on",
+                st.identity.index,
+                (last_seen - newest) / 1e6,
+            )
+        st.clock = SampleClock(max_age_s=_STEP_SLACK_US / 1e6)  # chosen from the new stamps
+        reference = int(clock_now_us) if behind and clock_now_us is not None else newest
+        resume = (st.last_sample_t + st.clock.offset_s(reference, self._clock_offsets)) * 1e6
+        return [p for p in buffered if resume < p[0] <= reference + _STEP_SLACK_US]
+
+    def _driver_samples(self, st: _GpuState, last_seen: int) -> list[tuple[int, int]] | None:
+        """(timestamp µs, value) of the buffered samples after ``last_seen``, oldest first;
+        [] when there are none, None when they cannot be read (counted)."""
         try:
             stamped = None
             if st.sample_buffer is not None:
@@ -1048,25 +1149,13 @@ class NvmlSampler:
                 # code and builds a union object for the value, about 1 µs each.
                 stamped = sorted([(s.timeStamp, s.sampleValue.uiVal) for s in raw])
         except pynvml.NVMLError_NotFound:
-            return ()  # nothing new since lastSeenTimeStamp: not an error
+            return []  # nothing new since lastSeenTimeStamp: not an error
         except pynvml.NVMLError as exc:
             # Unsupported (MIG), lost, or failing; util_pct from GetUtilizationRates
             # still carries the duty cycle.
             self._fault(st, "samples", exc)
-            return ()
-        if not stamped:
-            return ()
-        newest = stamped[-1][0]
-        offset = st.clock.offset_s(newest, self._clock_offsets)
-        if newest > last_seen:
-            st.last_sample_ts_us = newest
-        if last_seen == 0:  # the first call: drop what was buffered before the start
-            start = self.start_s
-            return tuple(
-                [(t, float(v)) for ts, v in stamped if ts > 0 and (t := ts / 1e6 - offset) >= start]
-            )
-        # Plain (t, util) pairs: a UtilPoint per sample would cost a third of the tick.
-        return tuple([(ts / 1e6 - offset, float(v)) for ts, v in stamped if ts > 0])
+            return None
+        return stamped
 
     def _pcie(self, st: _GpuState, t_s: float) -> tuple[float | None, float | None]:
         if t_s - st.pcie_read_at >= self.pcie_every_s:

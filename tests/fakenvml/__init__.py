@@ -377,6 +377,8 @@ class Scenario:
     cuda_version: int = 12040
     init_error: str | None = None  #: e.g. "DRIVER_NOT_LOADED": nvmlInit fails with it
     timestamp_clock: str = "realtime"  #: clock of driver-sample timestamps (µs)
+    #: seconds added to that clock: rewritten mid-run, the clock steps (NTP, a resumed VM)
+    timestamp_offset_s: float = 0.0
     #: time.monotonic() origin of the patterns.  None: when the file is written, snapped back
     #: (by less than one sample period) to each GPU's sample grid, so a burst starts on a sample
     #: boundary and sample values do not depend on where the write fell between two samples.
@@ -426,6 +428,7 @@ class Scenario:
             f"cuda_version={int(self.cuda_version)}",
             f"init_error={self.init_error or ''}",
             f"timestamp_clock={self.timestamp_clock}",
+            f"timestamp_offset_s={float(self.timestamp_offset_s)!r}",
             f"epoch={epoch!r}",
             f"epoch_align={int(self.epoch is None)}",
             *_error_lines(self.unsupported, self.errors),

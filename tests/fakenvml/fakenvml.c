@@ -9,7 +9,9 @@
  * Scenario format (written by tests/fakenvml/__init__.py): one "key=value" per line; global
  * keys first, then one "[gpu]" line per GPU followed by that GPU's keys.  '#' starts a comment.
  *   global: driver_version nvml_version cuda_version init_error timestamp_clock epoch
- *           epoch_align unsupported=<call,...> error=<call>=<ERROR_NAME> (repeatable)
+ *           epoch_align timestamp_offset_s (seconds added to the timestamp clock: rewrite
+ *           it to step the clock, as NTP or a resumed VM does)
+ *           unsupported=<call,...> error=<call>=<ERROR_NAME> (repeatable)
  *   [gpu]:  uuid name bus_id serial mem_total mem_used mem_reserved power_limit_w
  *           power_idle_w power_busy_w sm_clock_mhz sm_clock_idle_mhz temperature_c fan_pct
  *           pcie_rx_kbps pcie_tx_kbps sample_period_s buffer_len idle_no_samples
@@ -308,6 +310,7 @@ typedef struct {
 typedef struct {
     char driver_version[80], nvml_version[80];
     int cuda_version, init_error, ts_clock, epoch_align;
+    long long ts_offset_us; /* added to the timestamp clock: a step of it, as NTP makes */
     double epoch;
     int err[N_CALLS];
     int ngpu;
@@ -356,6 +359,9 @@ static long long ts_now_us(int which) {
     default: return clock_us(CLOCK_REALTIME);
     }
 }
+
+/* The scenario's timestamp clock, with its offset (timestamp_offset_s: a clock stepped). */
+static long long scn_ts_us(const scn_t *s) { return ts_now_us(s->ts_clock) + s->ts_offset_us; }
 
 static const struct {
     const char *name;
@@ -613,6 +619,7 @@ static void global_set(scn_t *s, const char *key, const char *v) {
         s->ts_clock = strcmp(v, "monotonic") == 0 ? TS_MONOTONIC
                       : strcmp(v, "boottime") == 0 ? TS_BOOTTIME : TS_REALTIME;
     else if (KEY("epoch")) s->epoch = strtod(v, NULL);
+    else if (KEY("timestamp_offset_s")) s->ts_offset_us = llround(strtod(v, NULL) * 1e6);
     else if (KEY("epoch_align")) s->epoch_align = parse_bool(v);
     else if (KEY("unsupported")) add_errors(s->err, v, NVML_ERROR_NOT_SUPPORTED);
     else if (KEY("error")) add_errors(s->err, v, 0);
@@ -654,7 +661,7 @@ static scn_t *parse_scenario(char *text) {
     }
     if (isnan(s->epoch)) s->epoch = mono_now();
     /* Offset of the timestamp clock from CLOCK_MONOTONIC, to snap epochs to sample grids. */
-    long long off_us = ts_now_us(s->ts_clock) - llround(mono_now() * 1e6);
+    long long off_us = scn_ts_us(s) - llround(mono_now() * 1e6);
     for (int i = 0; i < s->ngpu; i++) {
         gpu_t *gi = &s->gpus[i];
         for (int c = 0; c < N_CALLS; c++)
@@ -2020,7 +2027,7 @@ API nvmlReturn_t nvmlDeviceGetSamples(nvmlDevice_t device, int type,
     if (!G->samples_supported) return NVML_ERROR_NOT_SUPPORTED;
     if (type < 0 || type > 9) return NVML_ERROR_INVALID_ARGUMENT;
     long long sp = sample_period_us(G);
-    long long now_ts = ts_now_us(S->ts_clock);
+    long long now_ts = scn_ts_us(S);
     double now_m = mono_now();
     long long off_us = now_ts - llround(now_m * 1e6); /* ts clock minus monotonic */
     long long kmax = now_ts / sp;
@@ -2357,7 +2364,7 @@ EMPTY_PROCS(nvmlDeviceGetMPSComputeRunningProcesses)
 /* Timestamp of the newest driver sample: per-process samples carry it. */
 static unsigned long long last_sample_ts(const scn_t *s, const gpu_t *g) {
     long long sp = sample_period_us(g);
-    return (unsigned long long)((ts_now_us(s->ts_clock) / sp) * sp);
+    return (unsigned long long)((scn_ts_us(s) / sp) * sp);
 }
 
 static unsigned int proc_sm(const scn_t *s, const gpu_t *g, const proc_t *p) {

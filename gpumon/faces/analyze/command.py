@@ -24,6 +24,7 @@ from collections.abc import Iterator
 from gpumon.errors import GpumonError, TraceFormatError
 from gpumon.faces.analyze.notalog import check_exists, why_not_a_log
 from gpumon.model import Snapshot
+from gpumon.terminal import printable
 from gpumon.traces.sniff import FORMATS, open_trace
 
 # Assumptions a reader had to make (header ``extra``) that change how to read the report;
@@ -130,7 +131,7 @@ def run(args: argparse.Namespace) -> int:
         json.dump(_finite(to_json(result)), sys.stdout, indent=2, allow_nan=False)
         sys.stdout.write("\n")
     else:
-        print(render_text(result))
+        print(printable(render_text(result), keep_newlines=True))
     sys.stdout.flush()
     for warning in trace.warnings:
         print(f"gpumon: warning: {warning}", file=sys.stderr)

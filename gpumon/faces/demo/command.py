@@ -25,7 +25,7 @@ from typing import Any
 
 from gpumon.engine import DetectorConfig, Reading, Session
 from gpumon.errors import GpumonError
-from gpumon.faces.common import positive_float
+from gpumon.faces.common import interval, positive_float
 from gpumon.loop import paced
 from gpumon.model import Snapshot, TraceHeader
 from gpumon.traces.jsonl import TraceReader
@@ -78,7 +78,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--interval",
-        type=positive_float,
+        type=interval,
         metavar="S",
         help="wall seconds between the view's ticks (default 0.25 on a terminal, 1 for "
         f"plain lines, less when a tick would cover over {MAX_TRACE_S_PER_TICK:g} s of the "

@@ -9,13 +9,13 @@ what is read from the package lives here; ``plan`` and ``write`` are pure about 
 from __future__ import annotations
 
 import importlib.resources
-import os
-import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from enum import Enum
 from importlib.resources.abc import Traversable
 from pathlib import Path, PurePosixPath
+
+from gpumon.files import replace_whole
 
 PACKAGE = "gpumon.faces.deploy.files"
 # The package's own marker and byte code are not deployment files.
@@ -81,13 +81,5 @@ def write(f: DeployFile, dest: Path) -> Path:
     """Write one file whole (a temporary file renamed over the target): never half a file."""
     target = dest / f.path
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(f.data)
-        os.chmod(tmp, f.mode)
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    replace_whole(target, f.data, mode=f.mode)
     return target

@@ -34,6 +34,7 @@ from pathlib import Path
 
 import gpumon
 from gpumon.errors import GpumonError
+from gpumon.files import replace_whole
 
 
 def _plugin_dir() -> Path:
@@ -403,19 +404,11 @@ def _is_pcp_dstat(program: Path) -> bool:
 
 
 def _write(dest: Path, text: str, args: argparse.Namespace) -> None:
-    tmp: str | None = None
     try:
         dest.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", dir=dest.parent)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, dest)
-        tmp = None
+        # Whole, through an exclusive temporary file (a failed write leaves none behind).
+        replace_whole(dest, text.encode("utf-8"), mode=0o644)
     except OSError as exc:
-        if tmp is not None:  # a failed write (disk full...) leaves no stray temporary file
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
         hint = (
             " (run it with sudo, or install for yourself without --system)" if args.system else ""
         )

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import argparse
 import sys
+import threading
 
 from gpumon.engine import Session, StackOptions
 from gpumon.errors import UsageError
-from gpumon.faces.common import positive_float, write_tick
+from gpumon.faces.common import interval, positive_float, write_tick
 from gpumon.faces.record.output import trace_writer
-from gpumon.loop import StopFlag, paced
+from gpumon.loop import ExitWatch, StopFlag, paced
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -37,7 +38,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--force", action="store_true", help="replace FILE if it exists")
     p.add_argument(
         "--interval",
-        type=positive_float,
+        type=interval,
         default=1.0,
         metavar="S",
         help="seconds between ticks (default 1; the driver's sub-second samples "
@@ -75,12 +76,16 @@ def run(args: argparse.Namespace) -> int:
         pid=args.pid, interval_s=args.interval, judge=stacks is not None, stacks=stacks
     )
     stop = StopFlag().install()
+    # The pid's exit (or a stop) ends the wait between ticks at once.
+    wake = threading.Event()
+    stop.wakes.append(wake)
+    exits = ExitWatch(args.pid, wake) if args.pid is not None else None
     ticks = 0
     try:
         header = session.header()
         with trace_writer(args.output, header, force=args.force) as writer:
             print(_starting(args, len(header.gpus)), file=sys.stderr, flush=True)
-            for _ in paced(args.interval, stop.event, duration_s=args.duration):
+            for _ in paced(args.interval, stop.event, duration_s=args.duration, wake=wake):
                 tick = session.tick()
                 write_tick(writer, tick.snapshot, args.output)
                 ticks += 1
@@ -93,6 +98,8 @@ def run(args: argparse.Namespace) -> int:
                 write_tick(writer, session.tick().snapshot, args.output)
                 ticks += 1
     finally:
+        if exits is not None:
+            exits.close()
         stop.restore()
         session.close()
     print(f"gpumon: wrote {ticks} ticks to {args.output}", file=sys.stderr)

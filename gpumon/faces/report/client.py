@@ -29,6 +29,7 @@ from typing import Any
 
 from gpumon.errors import GpumonError
 from gpumon.faces.report.httpconfig import HttpConfig
+from gpumon.terminal import printable
 
 # The most one answer may hold.  The largest answer of a report is the presence query,
 # about 21 bytes a point and at most 1,000 points per node: 21 MiB for a job of 1,000 nodes.
@@ -356,13 +357,8 @@ def _jsonable(value: Any) -> bool:
 
 
 def _printable(text: str, limit: int = _MAX_SAID) -> str:
-    """Text from the server as it may be said on a terminal: control and format characters
-    (an escape sequence that clears the screen, a bidi override) written as escapes, and
-    at most ``limit`` characters."""
-    out = "".join(
-        c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text
-    )
-    return out if len(out) <= limit else out[: limit - 1] + "…"
+    """Text from the server as it may be said on a terminal (see ``gpumon.terminal``)."""
+    return printable(text, limit)
 
 
 def _redacted(url: str) -> str:

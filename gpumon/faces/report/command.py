@@ -38,10 +38,16 @@ from gpumon.faces.report.kept import (
     read_kept,
     valid_job_id,
 )
+from gpumon.terminal import printable
 
 _DURATION = re.compile(r"(\d+)(ms|s|m|h|d|w|y)")
 _UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y": 31536000}
 DEFAULT_LAST = "24h"
+# The times a report can be about, and say as dates: from 1970 (Unix time 0) to the end
+# of year 9999 (the last date Python writes).
+EARLIEST_S = 0.0
+LATEST_S = 253402300800.0
+_RANGE = "from 1970-01-01 to 9999-12-31"
 
 
 def parse_duration(text: str) -> float:
@@ -64,16 +70,19 @@ def parse_time(text: str, now: float | None = None) -> float:
     if t == "now":
         return time.time() if now is None else now
     try:
-        return float(t[1:] if t.startswith("@") else t)
+        value = float(t[1:] if t.startswith("@") else t)
     except ValueError:
-        pass
-    try:
-        dt = datetime.datetime.fromisoformat(t)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not a time (RFC 3339 such as 2026-05-01T12:00:00Z, Unix seconds, or now)"
-        ) from None
-    return dt.timestamp() if dt.tzinfo else dt.astimezone().timestamp()
+        try:
+            dt = datetime.datetime.fromisoformat(t)
+            value = dt.timestamp() if dt.tzinfo else dt.astimezone().timestamp()
+        except (ValueError, OverflowError, OSError):
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is not a time (RFC 3339 such as 2026-05-01T12:00:00Z, Unix seconds, "
+                "or now)"
+            ) from None
+    if not EARLIEST_S <= value < LATEST_S:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a time {_RANGE}")
+    return value
 
 
 def _pod(text: str) -> tuple[str, str]:
@@ -181,6 +190,8 @@ def run(args: argparse.Namespace) -> int:
         since = args.since
     else:
         since = until - (args.last if args.last is not None else parse_duration(DEFAULT_LAST))
+    if since < EARLIEST_S:
+        raise UsageError(f"--last reaches back before 1970: a report covers times {_RANGE}")
     if since >= until:
         raise UsageError("--since must be before --until")
     if not 0 < args.timeout <= 3600:
@@ -199,7 +210,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(report, indent=2, allow_nan=False))
     else:
-        print(text, end="")
+        print(printable(text, keep_newlines=True), end="")
     sys.stdout.flush()
     for m in missing_sentences(fetched):
         print(f"gpumon: warning: {m}", file=sys.stderr)
@@ -223,11 +234,11 @@ def _print_kept(kept: Kept, as_json: bool) -> int:
         doc = {**kept.report, "kept": {"where": kept.where, "made": kept.made_s}}
         print(json.dumps(doc, indent=2, allow_nan=False))
     else:
-        print(kept.text, end="")
+        print(printable(kept.text, keep_newlines=True), end="")
     sys.stdout.flush()
     print(
-        f"gpumon: note: the report of job {kept.job} kept in {kept.where}, made {made} from "
-        f"{kept.prometheus}; --fresh asks Prometheus again",
+        f"gpumon: note: the report of job {kept.job} kept in {printable(kept.where)}, made "
+        f"{made} from {printable(kept.prometheus)}; --fresh asks Prometheus again",
         file=sys.stderr,
     )
     return 0

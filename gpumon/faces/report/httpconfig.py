@@ -21,6 +21,7 @@ from pathlib import Path
 import yaml
 
 from gpumon.errors import ConfigError
+from gpumon.files import CONFIG_LIMIT, PEM_LIMIT, SECRET_LIMIT, checked_path, read_text_bounded
 
 _UNSUPPORTED = {
     "oauth2": "OAuth 2 is not supported by gpumon report; use a bearer token file",
@@ -53,12 +54,17 @@ class HttpConfig:
 
     def ssl_context(self) -> ssl.SSLContext:
         """The TLS context for https:// URLs (the system's CAs unless ``ca_file``)."""
-        ctx = ssl.create_default_context(cafile=self.ca_file)
-        if self.insecure_skip_verify:
-            ctx.check_hostname = False
-            ctx.verify_mode = ssl.CERT_NONE
-        if self.cert_file:
-            ctx.load_cert_chain(self.cert_file, self.key_file)
+        with (
+            checked_path(self.ca_file, PEM_LIMIT) as ca,
+            checked_path(self.cert_file, PEM_LIMIT) as cert,
+            checked_path(self.key_file, PEM_LIMIT) as key,
+        ):
+            ctx = ssl.create_default_context(cafile=ca)
+            if self.insecure_skip_verify:
+                ctx.check_hostname = False
+                ctx.verify_mode = ssl.CERT_NONE
+            if cert:
+                ctx.load_cert_chain(cert, key)
         if self.min_version:
             ctx.minimum_version = _TLS_VERSIONS[self.min_version]
         return ctx
@@ -105,9 +111,10 @@ class _Doc:
     def secret(self, node: yaml.Node, key: str) -> str:
         path = self.file(node, key)
         try:
-            return Path(path).read_text().strip()
-        except OSError as exc:
-            raise self.error(node, key, f"cannot read {path} ({exc.strerror})") from None
+            return read_text_bounded(path, SECRET_LIMIT).strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            why = getattr(exc, "strerror", None) or str(exc)
+            raise self.error(node, key, f"cannot read {path} ({why})") from None
 
 
 def parse(text: str, path: str = "<http config>") -> HttpConfig:
@@ -256,7 +263,8 @@ def _tls(doc: _Doc, node: yaml.Node) -> dict[str, object]:
 
 def load(path: str) -> HttpConfig:
     try:
-        text = Path(path).read_text()
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read the HTTP configuration ({exc.strerror})") from None
+        text = read_text_bounded(path, CONFIG_LIMIT)
+    except (OSError, UnicodeDecodeError) as exc:
+        why = getattr(exc, "strerror", None) or str(exc)
+        raise ConfigError(f"{path}: cannot read the HTTP configuration ({why})") from None
     return parse(text, path)

@@ -21,11 +21,12 @@ import os
 import re
 import shutil
 import subprocess
-import tempfile
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from gpumon.files import REPORT_LIMIT, read_bounded, replace_whole
 
 FORMAT = "gpumon-report"
 VERSION = 1
@@ -112,8 +113,8 @@ class FileStore:
     def read(self, job: str) -> Kept | None:
         path = self.path(job)
         try:
-            obj = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
+            obj = json.loads(read_bounded(path, REPORT_LIMIT))
+        except (OSError, ValueError, RecursionError):
             return None
         kept = from_record(obj, str(path))
         return kept if kept is not None and kept.job == job else None
@@ -122,16 +123,9 @@ class FileStore:
         """Write the job's file; OSError when the folder cannot be made or written."""
         target = self.path(kept.job)
         self.folder.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=self.folder)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                json.dump(kept.to_record(), fh, separators=(",", ":"))
-                fh.write("\n")
-            os.chmod(tmp, 0o644)  # a report is the job's user's to read, like its output
-            os.replace(tmp, target)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        data = json.dumps(kept.to_record(), separators=(",", ":")).encode() + b"\n"
+        # 0644: a report is the job's user's to read, like its output.
+        replace_whole(target, data, mode=0o644)
         return str(target)
 
 

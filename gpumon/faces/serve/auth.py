@@ -9,7 +9,14 @@ between a legitimate scrape and its answer:
 - a wrong password costs its sender, not others: each client address (an IPv6 one by
   its /64, which one host holds whole) has a budget of failed checks
   (``FAILURES_BURST``, one more every ``FAILURE_REFILL_S``), kept in a bounded table;
-  spent, the address gets 429 without a bcrypt check until it refills;
+  spent, the address gets 429 without a bcrypt check until it refills.  A failure is
+  counted once bcrypt has answered "wrong", never before: twenty scrapes with the right
+  password arriving at once on a fresh daemon all pass (counted up front, the second
+  half found the budget spent by checks that had not yet answered).  The budget is
+  looked at again once a check may run, so guesses queued for a check slot stop there
+  when it is spent: at most ``CHECKS_AT_ONCE`` guesses run past it;
+- a request that waited for a check slot first looks whether the same header was found
+  good meanwhile (one bcrypt check for a burst of identical scrapes);
 - at most ``CHECKS_AT_ONCE`` bcrypt checks run at once, so guesses from many addresses
   cost the node a bounded share of its CPU;
 - an unknown user is checked against a decoy hash of the users' highest cost, so the
@@ -101,22 +108,34 @@ class FailureBudget:
         self._table: OrderedDict[str, TokenBucket] = OrderedDict()
         self._lock = threading.Lock()
 
-    def take(self, client: str) -> bool:
-        """Spend one of ``client``'s failures before a check (False: none left)."""
+    def _bucket(self, client: str, now: float) -> TokenBucket:
+        """``client``'s bucket, made the most recent (caller holds the lock)."""
+        bucket = self._table.pop(client, None) or TokenBucket(self.refill_s, self.burst, now)
+        self._table[client] = bucket  # the most recent last
+        while len(self._table) > self.size:
+            self._table.popitem(last=False)
+        return bucket
+
+    def left(self, client: str) -> bool:
+        """Whether ``client`` may still fail a check (spends nothing)."""
         now = self._clock()
         with self._lock:
-            bucket = self._table.pop(client, None) or TokenBucket(self.refill_s, self.burst, now)
-            self._table[client] = bucket  # the most recent last
-            while len(self._table) > self.size:
-                self._table.popitem(last=False)
-            return bucket.take(now)
+            return self._bucket(client, now).refill(now) >= 1.0
 
-    def refund(self, client: str) -> None:
-        """The check succeeded: the failure spent on it comes back."""
+    def failed(self, client: str) -> None:
+        """A check of ``client``'s answered "wrong": one failure spent (below zero when
+        checks that were let in together all failed: the refill takes that much longer)."""
+        now = self._clock()
         with self._lock:
-            bucket = self._table.get(client)
-            if bucket is not None:
-                bucket.tokens = min(bucket.burst, bucket.tokens + 1.0)
+            bucket = self._bucket(client, now)
+            bucket.refill(now)
+            bucket.tokens -= 1.0
+
+    def take(self, client: str) -> bool:
+        """Spend one of ``client``'s failures if it has one left (False: none left)."""
+        now = self._clock()
+        with self._lock:
+            return self._bucket(client, now).take(now)
 
 
 def client_key(address: str) -> str:
@@ -164,24 +183,27 @@ class BasicAuth:
             user, _, password = base64.b64decode(header[6:], validate=True).decode().partition(":")
         except (ValueError, UnicodeDecodeError):
             return Verdict.REFUSED  # no check made: nothing spent
-        # Spent before the check, given back when it succeeds: a client's parallel
-        # guesses cannot all pass before the first one fails.
         client = client_key(client)
-        if not self.failures.take(client):
+        if not self.failures.left(client):
             return Verdict.THROTTLED
         hashed = self.users.get(user)
         if not self._checks.acquire(timeout=CHECK_WAIT_S):
-            self.failures.refund(client)  # nothing was checked
             return Verdict.THROTTLED
         try:
-            ok = self._bcrypt.checkpw(password.encode(), hashed or self._decoy)
-        except ValueError:  # webconfig refuses hashes bcrypt cannot read; never a crash
-            ok = False
+            with self._lock:  # found good while this request waited for its slot
+                if digest in self._good:
+                    return Verdict.OK
+            if not self.failures.left(client):  # spent by guesses checked while it waited
+                return Verdict.THROTTLED
+            try:
+                ok = self._bcrypt.checkpw(password.encode(), hashed or self._decoy)
+            except ValueError:  # webconfig refuses hashes bcrypt cannot read; never a crash
+                ok = False
         finally:
             self._checks.release()
         if not (ok and hashed is not None):
+            self.failures.failed(client)  # counted now that bcrypt has said "wrong"
             return Verdict.REFUSED
-        self.failures.refund(client)
         with self._lock:
             self._good[digest] = None
             while len(self._good) > GOOD_CACHE_SIZE:

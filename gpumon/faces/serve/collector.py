@@ -672,7 +672,10 @@ def node_name() -> str:
     """The node's name for the ``hostname`` label (dcgm-exporter's ``Hostname``): NODE_NAME
     where set (a Kubernetes pod's hostname is the pod's; the DaemonSet passes the node's),
     else the host name."""
-    return os.environ.get("NODE_NAME") or socket.gethostname()
+    name = os.environ.get("NODE_NAME") or socket.gethostname()
+    # The environment's bytes that are not UTF-8 (held as surrogates) cannot be written in
+    # an exposition: shown as \xNN escapes instead of failing every scrape.
+    return name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
 
 
 def make_registry(state: ServeState, http: ConnectionStats | None = None) -> CollectorRegistry:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from gpumon import __version__
 from gpumon.engine import Session
 from gpumon.errors import GpumonError
-from gpumon.faces.common import positive_float
+from gpumon.faces.common import interval
 from gpumon.faces.serve import config as serve_config
 from gpumon.faces.serve.stderrlog import FORMATS as LOG_FORMATS
 from gpumon.faces.serve.stderrlog import formatter
@@ -95,7 +95,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--interval",
-        type=positive_float,
+        type=interval,
         metavar="S",
         help="seconds between ticks (default 1; the driver's sub-second samples between "
         "ticks are kept whatever the interval)",

@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpumon.errors import ConfigError
+from gpumon.faces.common import check_interval
+from gpumon.files import CONFIG_LIMIT, read_text_bounded
 
 if TYPE_CHECKING:  # read only with --web.config.file: PyYAML is not loaded otherwise
     from gpumon.faces.serve.webconfig import WebConfig
@@ -165,7 +167,7 @@ SCHEMA: dict[str, dict[str, tuple[str, Callable[[Any], Any]]]] = {
         "web_config_file": ("web_config_file", _optional_path),
     },
     "sampling": {
-        "interval_s": ("interval_s", _seconds(0.05, 60.0)),
+        "interval_s": ("interval_s", check_interval),
     },
     "log": {
         "path": ("log_path", _optional_path),
@@ -271,7 +273,7 @@ def load(path: str | None) -> ServeConfig:
     explicit = path is not None
     target = Path(path) if path is not None else DEFAULT_PATH
     try:
-        text = target.read_text(encoding="utf-8")
+        text = read_text_bounded(target, CONFIG_LIMIT)
     except FileNotFoundError:
         if explicit:
             raise ConfigError(f"{target}: no such configuration file.") from None
@@ -323,7 +325,7 @@ def with_overrides(
         cfg = replace(cfg, log_path=log or None)
     if interval_s is not None:
         try:
-            cfg = replace(cfg, interval_s=_seconds(0.05, 60.0)(interval_s))
+            cfg = replace(cfg, interval_s=check_interval(interval_s))
         except ValueError as exc:
             raise ConfigError(f"--interval: {exc}.") from None
     return cfg

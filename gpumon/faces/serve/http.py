@@ -41,6 +41,7 @@ from gpumon.faces.serve.auth import FAILURE_REFILL_S, BasicAuth, RateLimit, Verd
 from gpumon.faces.serve.config import ServeConfig
 from gpumon.faces.serve.door import CONNECTION_ERROR_KINDS as CONNECTION_ERROR_KINDS
 from gpumon.faces.serve.door import ConnectionStats, FrontDoorMixIn, error_kind
+from gpumon.files import PEM_LIMIT, checked_path
 
 _TLS_VERSIONS = {
     "TLS10": ssl.TLSVersion.TLSv1,
@@ -253,7 +254,11 @@ def tls_context(cfg: ServeConfig) -> ssl.SSLContext:
     ctx.minimum_version = _TLS_VERSIONS[cfg.tls_min_version]
     ctx.maximum_version = _TLS_VERSIONS[cfg.tls_max_version]
     try:
-        ctx.load_cert_chain(certfile=cfg.tls_cert_file or "", keyfile=cfg.tls_key_file)
+        with (
+            checked_path(cfg.tls_cert_file or "", PEM_LIMIT) as cert,
+            checked_path(cfg.tls_key_file, PEM_LIMIT) as key,
+        ):
+            ctx.load_cert_chain(certfile=cert or "", keyfile=key)
     except (OSError, ssl.SSLError) as exc:
         # A configuration error (exit 2): restarting would not fix it.
         raise ConfigError(
@@ -263,7 +268,8 @@ def tls_context(cfg: ServeConfig) -> ssl.SSLContext:
     if cfg.tls_client_ca_file is not None or cfg.tls_client_ca_pem is not None:
         what = cfg.tls_client_ca_file or "(inline client_ca)"
         try:
-            ctx.load_verify_locations(cafile=cfg.tls_client_ca_file, cadata=cfg.tls_client_ca_pem)
+            with checked_path(cfg.tls_client_ca_file, PEM_LIMIT) as ca:
+                ctx.load_verify_locations(cafile=ca, cadata=cfg.tls_client_ca_pem)
         except (OSError, ssl.SSLError) as exc:
             raise ConfigError(
                 f"cannot load the client CA {what}: {getattr(exc, 'strerror', None) or exc}."

@@ -32,9 +32,10 @@ import errno
 import json
 import math
 import os
-import stat
 import sys
 from typing import IO, Any
+
+from gpumon.files import what_is_at, what_it_is
 
 FILE_MODE = 0o640
 _OPEN_FLAGS = (
@@ -59,24 +60,10 @@ _NOT_A_FILE = "it is {} (gpumon writes its log only into a regular file of its o
 
 def _refusal(st: os.stat_result) -> str | None:
     """What the opened path is when it is not a log gpumon may append to, else None."""
-    if stat.S_ISREG(st.st_mode):
-        return None if st.st_nlink <= 1 else f"a file with {st.st_nlink} names (hard links)"
-    if stat.S_ISFIFO(st.st_mode):
-        return "a FIFO"
-    if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode):
-        return "a device"
-    if stat.S_ISSOCK(st.st_mode):
-        return "a socket"
-    return "not a plain file"
-
-
-def _what_is(path: str) -> str:
-    """What is at ``path``, in words, for the open that refused it."""
-    try:
-        st = os.lstat(path)
-    except OSError:
-        return "not a plain file"
-    return "a symbolic link" if stat.S_ISLNK(st.st_mode) else (_refusal(st) or "a file")
+    what = what_it_is(st)
+    if what is not None:
+        return what
+    return None if st.st_nlink <= 1 else f"a file with {st.st_nlink} names (hard links)"
 
 
 def _clean(value: Any) -> Any:
@@ -129,7 +116,7 @@ class EventLog:
             fd = os.open(self.path, _OPEN_FLAGS, FILE_MODE)
         except OSError as exc:
             if exc.errno in (errno.ELOOP, errno.ENXIO):  # a link; a FIFO without a reader
-                return OSError(exc.errno, _NOT_A_FILE.format(_what_is(self.path)))
+                return OSError(exc.errno, _NOT_A_FILE.format(what_is_at(self.path)))
             return exc
         try:
             st = os.fstat(fd)

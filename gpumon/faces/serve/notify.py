@@ -17,6 +17,9 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 
+# The longest watchdog period taken as given: a longer one is pinged as if it were this.
+MAX_PERIOD_S = 86400.0
+
 
 class Notifier:
     """Sends notify datagrams to ``$NOTIFY_SOCKET``; does nothing where it is unset."""
@@ -60,7 +63,9 @@ def watchdog_period_s(env: Mapping[str, str] | None = None) -> float | None:
     pid = env.get("WATCHDOG_PID")
     if usec <= 0 or (pid and pid != str(os.getpid())):
         return None
-    return usec / 1e6
+    # A period beyond any wait the system can make (a WATCHDOG_USEC past time_t) would
+    # kill the pinging thread; pinging at least daily is always soon enough for it.
+    return min(usec / 1e6, MAX_PERIOD_S)
 
 
 class Watchdog:

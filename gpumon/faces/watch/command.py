@@ -27,14 +27,16 @@ from typing import TYPE_CHECKING, Any
 
 from gpumon.engine import Session, StackOptions
 from gpumon.errors import GpumonError, ProcessGoneError, UsageError
-from gpumon.faces.common import positive_float, write_tick
+from gpumon.faces.common import interval, positive_float, write_tick
 from gpumon.faces.watch.child import Child
 from gpumon.faces.watch.keys import KeyReader, ViewControls
 from gpumon.faces.watch.layout import MIN_WIDTH, LiveView
 from gpumon.faces.watch.summary import EXIT_FAIL_ON, GpuLine, Summary, parse_states
 from gpumon.faces.watch.view import WatchState, plain_line
-from gpumon.loop import StopFlag, paced
+from gpumon.files import check_replaceable
+from gpumon.loop import ExitWatch, StopFlag, paced
 from gpumon.model import State, Verdict
+from gpumon.terminal import printable
 
 if TYPE_CHECKING:
     from gpumon.traces.jsonl import TraceWriter
@@ -59,7 +61,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--pid", type=int, help="watch this running process and its descendants")
     p.add_argument(
         "--interval",
-        type=positive_float,
+        type=interval,
         default=0.5,
         metavar="S",
         help="seconds between ticks (default 0.5; every driver sample between ticks is "
@@ -183,13 +185,15 @@ class _Run:
         self.args = args
         self.session_factory = session_factory
         self.command = command or None
-        self.tui = sys.stdout.isatty() and not args.plain and _wide_enough()
+        self.tui = sys.stdout.isatty() and not args.plain and _in_foreground() and _wide_enough()
         self.child: Child | None = None
         self.session: Session | None = None
         self.verdict: Verdict | None = None
         self.ended = "exited"
         self.started_mono_s = time.monotonic()
         self.quit_view = threading.Event()
+        # Ends the wait between ticks at once: the watched process exited, or a stop.
+        self.wake = threading.Event()
         self.view_open = False
         self._closer = _Closer()
         self.quiet = False  # plain lines stopped (their reader went away)
@@ -239,7 +243,7 @@ class _Run:
     def loop(self, stop: threading.Event, writer: TraceWriter | None, live: Any) -> None:
         session = self.session
         assert session is not None
-        for _ in paced(self.args.interval, stop):
+        for _ in paced(self.args.interval, stop, wake=self.wake):
             reading = session.read()  # NVML, the host, the tree: before the lock
             with self.state.lock:
                 snap = session.fold(reading).snapshot
@@ -249,7 +253,7 @@ class _Run:
                 write_tick(writer, snap, self.args.record)
             if not self.view_open:
                 if not self.tui and not self.quiet:
-                    self._print_line(plain_line(self.state))
+                    self._print_line(printable(plain_line(self.state)))
             elif live is not None:
                 live.refresh()
             if snap.tree is not None and not snap.tree.root_alive:
@@ -402,16 +406,22 @@ def watch(args: WatchOptions, *, session_factory: Callable[..., Session] = Sessi
         )
     if args.pid is not None and args.pid <= 0:
         raise ProcessGoneError(f"no process with pid {args.pid} exists.", pid=args.pid)
+    if args.summary_json:
+        _check_output(args.summary_json)  # before the run, not after it
     r = _Run(args, command, session_factory)
     r.start()
     assert r.session is not None
     stop_flag = StopFlag()
+    stop_flag.wakes.append(r.wake)
     if r.child is not None:
         r.child.forward_signals()  # the command decides when Ctrl-C ends the run
     else:
         stop_flag.install()
     exit_status: int | None = None
     failure: GpumonError | None = None
+    # A live process only (a replay's pid is a recorded number, maybe another process now).
+    pid = r.state.pid
+    exits = ExitWatch(pid, r.wake) if session_factory is Session.live and pid is not None else None
     try:
         try:
             _watch(r, stop_flag)
@@ -427,13 +437,16 @@ def watch(args: WatchOptions, *, session_factory: Callable[..., Session] = Sessi
                 r.child.pump.release()
             exit_status = r.child.wait()
     finally:
+        if exits is not None:
+            exits.close()
         stop_flag.restore()
         if r.child is not None:
             r.child.restore_signals()
     summary = r.summary(exit_status)
     r.session.close()  # py-spy windows still running, kept /proc files
     try:
-        print(("" if r.tui else "\n") + summary.text(), flush=True)
+        text = printable(summary.text(), keep_newlines=True)
+        print(("" if r.tui else "\n") + text, flush=True)
     except BrokenPipeError:
         if r.child is None:
             raise
@@ -448,6 +461,32 @@ def watch(args: WatchOptions, *, session_factory: Callable[..., Session] = Sessi
     if failure is not None:
         return failure.exit_status
     return EXIT_FAIL_ON if summary.failed else 0
+
+
+def _check_output(path: str) -> None:
+    """Refuse, before watching, a --summary-json that could not be written at the end."""
+    try:
+        check_replaceable(path)
+    except OSError as exc:
+        raise UsageError(f"--summary-json {path}: {exc.strerror}; give a file's path.") from None
+
+
+def _in_foreground() -> bool:
+    """The full view sets the terminal up, which the kernel stops (SIGTTOU) a process of a
+    background group for doing (``gpumon watch ... &``, ``timeout`` without
+    ``--foreground``): there it prints plain lines instead, saying why."""
+    try:
+        foreground = os.tcgetpgrp(sys.stdout.fileno()) == os.getpgrp()
+    except OSError:
+        return True  # no controlling terminal to ask: nothing can stop us
+    if not foreground:
+        print(
+            "gpumon: running in the background of this terminal; printing one plain line "
+            "per interval instead of the full view.",
+            file=sys.stderr,
+            flush=True,
+        )
+    return foreground
 
 
 def _wide_enough() -> bool:

@@ -127,10 +127,20 @@ class KeyReader:
         self._thread = threading.Thread(target=self._run, name="gpumon-keys", daemon=True)
 
     def start(self) -> KeyReader:
-        if os.isatty(self.fd):
+        if not os.isatty(self.fd):
+            return self
+        try:
+            if os.tcgetpgrp(self.fd) != os.getpgrp():
+                return self  # a background group setting the terminal up is stopped
             self._saved = termios.tcgetattr(self.fd)
             tty.setcbreak(self.fd)
-            self._thread.start()
+        except (OSError, termios.error):  # EINTR from a signal, EIO: the view goes on without keys
+            if self._saved is not None:
+                with contextlib.suppress(OSError, termios.error):
+                    termios.tcsetattr(self.fd, termios.TCSADRAIN, self._saved)
+                self._saved = None
+            return self
+        self._thread.start()
         return self
 
     def _run(self) -> None:

@@ -43,6 +43,7 @@ from gpumon.faces.watch.view import (
     timeline,
 )
 from gpumon.model import GpuVerdict, ProcessSample, Reason, State, Verdict
+from gpumon.terminal import printable
 
 MIN_WIDTH = 80
 LABEL_WIDTH = 6  # "GPU 10": the label column of GPU rows and evidence lines
@@ -183,10 +184,12 @@ def _framed(top: Text, body: list[Text], footer: Text, height: int | None) -> li
 
 def _crop(text: Text, width: int) -> Text:
     """One row: cut at ``width`` cells with an ellipsis, never wrapped.  A line break or
-    tab inside (a command line given to ``python -c``, a worker's output) is a space."""
-    if any(c in text.plain for c in "\n\r\t"):
+    tab inside (a command line given to ``python -c``, a worker's output) is a space; any
+    other control character (a process's name holding an escape sequence) is shown escaped,
+    never sent to the terminal (``gpumon.terminal``)."""
+    if not text.plain.isprintable():
         plain = text.plain.replace("\r", " ").replace("\n", " ").replace("\t", " ")
-        text = Text(plain, style=text.style)
+        text = Text(printable(plain), style=text.style)
     text.no_wrap = True
     text.overflow = "ellipsis"
     if text.cell_len > width:

@@ -9,7 +9,6 @@ ended, GPU names) and renders it.  No classification happens here.
 from __future__ import annotations
 
 import json
-import os
 import textwrap
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -17,6 +16,7 @@ from typing import Any
 
 from gpumon.engine import RunSummary
 from gpumon.engine.words import duration, short_command, speedup_sentence, stacks_json, stacks_line
+from gpumon.files import replace_whole
 from gpumon.model import Cause, State
 
 # Exit status when --fail-on trips (and the watched command itself succeeded).  Distinct
@@ -163,12 +163,10 @@ class Summary:
         }
 
     def write_json(self, path: str) -> None:
-        """Write atomically, so a CI step never reads half a file."""
-        tmp = f"{path}.tmp{os.getpid()}"
-        with open(tmp, "w", encoding="utf-8") as fh:
-            json.dump(self.to_json(), fh, indent=2)
-            fh.write("\n")
-        os.replace(tmp, path)
+        """Write whole, so a CI step never reads half a file; only over a regular file
+        (``gpumon.files.replace_whole``)."""
+        data = (json.dumps(self.to_json(), indent=2) + "\n").encode()
+        replace_whole(path, data)
 
     def text(self) -> str:
         """The summary as plain lines (printed after the live view or the plain lines)."""
