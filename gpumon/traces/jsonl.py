@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import gzip
 import json
+import logging
 import os
 from collections.abc import Iterable, Iterator
 from dataclasses import fields, replace
@@ -30,10 +31,12 @@ from gpumon.model import (
     StackSample,
     TraceHeader,
 )
-from gpumon.traces._common import non_finite_times, shown
+from gpumon.traces._common import Tally, non_finite_times, shown
 from gpumon.traces.reader import Reader
-from gpumon.traces.source import Source, as_source
+from gpumon.traces.source import MAX_LINE, Source, as_source
 from gpumon.traces.timefmt import NonFiniteTime
+
+log = logging.getLogger(__name__)
 
 FORMAT_NAME = "gpumon-trace"
 # 2: GPM fields (sm_active_ratio, sm_occupancy_ratio, tensor_active_ratio, mig_activity).
@@ -153,6 +156,30 @@ def decode_stacks(obj: dict[str, Any]) -> tuple[StackSample, ...]:
     return tuple(out)
 
 
+# The command line a header keeps: the header must fit in the head every reader looks at
+# (HEAD_CHARS), and a 200 KB command line (a job's arguments inline) does not.
+MAX_COMMAND_CHARS = 4096
+
+
+def _bounded_header(header: TraceHeader) -> TraceHeader:
+    """``header`` with its command cut to ``MAX_COMMAND_CHARS`` (the cut said in it)."""
+    command = header.command
+    if command is None or sum(len(a) + 1 for a in command) <= MAX_COMMAND_CHARS:
+        return header
+    kept: list[str] = []
+    room = MAX_COMMAND_CHARS
+    for arg in command:
+        if len(arg) + 1 > room:
+            if room > 1:
+                kept.append(arg[: room - 1])
+            break
+        kept.append(arg)
+        room -= len(arg) + 1
+    total = sum(len(a) + 1 for a in command)
+    kept.append(f"[command cut: {total - MAX_COMMAND_CHARS} more characters not kept]")
+    return replace(header, command=tuple(kept))
+
+
 def encode_header(header: TraceHeader) -> dict[str, Any]:
     body = _plain(header, skip=("gpus", "extra", "version"))
     body["gpus"] = [_plain(g) for g in header.gpus]
@@ -176,7 +203,8 @@ class TraceWriter:
         self._stream = stream
         self._fsync = fsync
         self._failed = False
-        self._write_line(_dumps(encode_header(header)))
+        self._said_cut = False
+        self._write_line(_dumps(encode_header(_bounded_header(header))))
 
     @classmethod
     def open(cls, path: str | os.PathLike[str], header: TraceHeader, **kw: Any) -> TraceWriter:
@@ -191,7 +219,33 @@ class TraceWriter:
     def write(self, snapshot: Snapshot) -> None:
         if snapshot.stacks:  # before its tick, so a reader hands them over with it
             self._write_line(_dumps(encode_stacks(snapshot.t_s, snapshot.stacks)))
-        self._write_line(_dumps(encode_snapshot(snapshot)))
+        line = _dumps(encode_snapshot(snapshot))
+        if len(line) > MAX_LINE:
+            line = self._bounded_tick(snapshot)
+        self._write_line(line)
+
+    def _bounded_tick(self, snapshot: Snapshot) -> str:
+        """A tick too long for one line a reader takes (MAX_LINE): its tree's processes
+        cut to the busiest that fit (a job of ~8,500 processes), said once."""
+        tree = snapshot.tree
+        procs = () if tree is None else tree.processes
+        busiest = sorted(procs, key=lambda p: -(p.cpu_pct or 0.0))
+        keep = len(busiest)
+        while True:
+            keep //= 2
+            cut = replace(tree, processes=tuple(busiest[:keep])) if tree is not None else None
+            line = _dumps(encode_snapshot(replace(snapshot, tree=cut)))
+            if len(line) <= MAX_LINE or keep == 0:
+                break
+        if not self._said_cut:
+            self._said_cut = True
+            log.warning(
+                "a tick of %d processes is too long for one trace line; the busiest %d of "
+                "them are kept in each such tick",
+                len(procs),
+                keep,
+            )
+        return line
 
     def write_event(self, t_s: float, event: str, **data: Any) -> None:
         """A marker line (a phase label, a note); readers skip what they don't know."""
@@ -377,6 +431,7 @@ class TraceReader:
         line_no = 1
         stacks: tuple[StackSample, ...] = ()  # a stacks line's, for the tick after it
         non_finite = non_finite_times()  # a NaN or inf time: the tick is skipped, not fatal
+        one_run = _OneRun()
         try:
             for line in self._lines:
                 line_no += 1
@@ -384,6 +439,13 @@ class TraceReader:
                     continue
                 try:
                     obj = json.loads(line)
+                    if "format" in obj and "t" not in obj:
+                        self.warnings.append(
+                            f"{self.path}:{line_no}: another recording's header: this file "
+                            "holds more than one recording (two recorders on one path, or "
+                            "files joined); only the first is read"
+                        )
+                        return
                     if "event" in obj:
                         if obj.get("event") == "stacks":
                             stacks += self._stacks(obj)
@@ -414,10 +476,14 @@ class TraceReader:
                     raise TraceFormatError(
                         f"malformed trace line ({_describe(exc)})", path=self.path, line=line_no
                     ) from None
+                checked = one_run.check(snapshot, line_no, line)
+                if checked is None:
+                    continue
                 self.line = line_no
-                yield snapshot
+                yield checked
         finally:
             non_finite.say(self.path, self.warnings)
+            one_run.say(self.path, self.warnings)
             self.close()
 
     def _stacks(self, obj: dict[str, Any]) -> tuple[StackSample, ...]:
@@ -429,6 +495,53 @@ class TraceReader:
                 self.warnings.append(note)
             return ()
         return decode_stacks(obj)
+
+
+class _OneRun:
+    """What one recording's ticks cannot be, found as they are read and said once each:
+    a tick earlier than the one before (two recorders' ticks interleaved: skipped), a GPU
+    listed twice in a tick (the later reading skipped), a GPU whose uuid changes mid-file
+    (said: another card, or recordings joined)."""
+
+    def __init__(self) -> None:
+        self.back = Tally(
+            "tick(s) earlier than the tick before them: not one recording's ticks (two "
+            "recorders on one file?); skipped"
+        )
+        self.twice = Tally("tick(s) listing a GPU twice: the later reading of it skipped")
+        self.uuids: dict[int, str] = {}
+        self.changed: list[str] = []
+        self.last_t = -_INF
+
+    def check(self, snap: Snapshot, line_no: int, line: str) -> Snapshot | None:
+        if snap.t_s < self.last_t:
+            self.back.note(line_no, line)
+            return None
+        self.last_t = snap.t_s
+        gpus = snap.gpus
+        uuids = self.uuids
+        for g in gpus:
+            known = uuids.setdefault(g.gpu, g.uuid)
+            if known != g.uuid:
+                uuids[g.gpu] = g.uuid
+                unknown = known.startswith("unknown-gpu-") or g.uuid.startswith("unknown-gpu-")
+                if not unknown and len(self.changed) < 8:  # the first few are enough
+                    self.changed.append(
+                        f"line {line_no}: GPU {g.gpu} is {g.uuid}, {known} before: not one "
+                        "run's GPU (another card at that index, or recordings joined)"
+                    )
+        if len(gpus) > 1 and len({g.gpu for g in gpus}) < len(gpus):
+            self.twice.note(line_no, line)
+            firsts: dict[int, GpuSample] = {}
+            for g in gpus:
+                firsts.setdefault(g.gpu, g)
+            return replace(snap, gpus=tuple(firsts.values()))
+        return snap
+
+    def say(self, path: str, warns: list[str]) -> None:
+        self.back.say(path, warns)
+        self.twice.say(path, warns)
+        warns.extend(f"{path}: {c}" for c in self.changed)
 
 
 def _describe(exc: Exception) -> str:

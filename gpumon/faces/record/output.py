@@ -14,7 +14,7 @@ import io
 from typing import IO, cast
 
 from gpumon.errors import GpumonError, UsageError
-from gpumon.files import Locked, open_stream
+from gpumon.files import Locked, NotARegularFile, open_stream
 from gpumon.model import TraceHeader
 from gpumon.traces.jsonl import TraceWriter
 
@@ -29,6 +29,8 @@ def open_output(path: str, *, force: bool = False) -> IO[str]:
             f"{path} already exists; gpumon does not overwrite a trace: give --force to "
             "replace it, or another -o."
         ) from None
+    except NotARegularFile as exc:
+        raise UsageError(f"cannot write {path}: {exc.strerror}.") from None
     except Locked:
         raise UsageError(
             f"{path} is being written by another process (another gpumon record?); two "

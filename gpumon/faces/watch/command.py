@@ -421,7 +421,7 @@ def watch(args: WatchOptions, *, session_factory: Callable[..., Session] = Sessi
     failure: GpumonError | None = None
     # A live process only (a replay's pid is a recorded number, maybe another process now).
     pid = r.state.pid
-    exits = ExitWatch(pid, r.wake) if session_factory is Session.live and pid is not None else None
+    exits = ExitWatch(pid, r.wake) if session_factory == Session.live and pid is not None else None
     try:
         try:
             _watch(r, stop_flag)
