@@ -239,3 +239,14 @@ def test_what_cannot_be_one_run_is_said_not_merged_silently(tmp_path) -> None:
     assert "1 tick(s) listing a GPU twice" in err
     assert "GPU 0 is GPU-b, GPU-a before" in err
     assert ":7: another recording's header" in err
+
+
+@pytest.mark.parametrize(
+    "when", [["--last", "800000d"], ["--since", "-99999999999"], ["--until", "253402300800"]]
+)
+def test_report_times_outside_1970_to_9999_are_refused_not_a_traceback(when) -> None:
+    """They ended in "year -164 is out of range" (a traceback), before any query."""
+    done = gpumon(None, "report", "--prometheus", "http://127.0.0.1:9", "--job", "81423",
+                  "--fresh", *when)  # fmt: skip
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert "1970" in done.stderr
