@@ -130,8 +130,12 @@ class KeyReader:
         if not os.isatty(self.fd):
             return self
         try:
-            if os.tcgetpgrp(self.fd) != os.getpgrp():
-                return self  # a background group setting the terminal up is stopped
+            background = os.tcgetpgrp(self.fd) != os.getpgrp()
+        except OSError:  # not this process's controlling terminal: it cannot stop us
+            background = False
+        if background:
+            return self  # a background group setting its terminal up is stopped (SIGTTOU)
+        try:
             self._saved = termios.tcgetattr(self.fd)
             tty.setcbreak(self.fd)
         except (OSError, termios.error):  # EINTR from a signal, EIO: the view goes on without keys
