@@ -357,9 +357,19 @@ class JobResolver:
         return self._facts(child.ppid) if child.ppid > 0 else None
 
     def _start(self, pid: int) -> int | None:
-        stat = _read_text(f"{self.procfs}/{pid}/stat", 4096)
+        """The process's start time: one read of its stat, no parse of the rest."""
         try:
-            return None if stat is None else parse_stat(pid, stat).start_ticks
+            fd = os.open(f"{self.procfs}/{pid}/stat", os.O_RDONLY)
+        except OSError:
+            return None
+        try:
+            raw = os.read(fd, 4096)
+        except OSError:
+            return None
+        finally:
+            os.close(fd)
+        try:  # the 20th field after the name's closing parenthesis
+            return int(raw[raw.rindex(b")") + 2 :].split(None, 20)[19])
         except (ValueError, IndexError):
             return None
 
