@@ -15,7 +15,11 @@ and reports per scenario and face:
 - state and cause changes per steady minute, the most cause changes in one steady phase;
 - whether the faces tell one story (watch's lines against serve's metrics and against its
   own summary; the summary against analyze; per-GPU against run-level GPU-seconds lost;
-  the advice: no repeats, a line for each cause).
+  the advice: no repeats, a line for each cause; serve's job series naming the job).
+
+``--placement plain`` runs the jobs as commands on a node with no scheduler, and
+``--placement container`` in a container-like cgroup (as root): serve must find each job
+itself (tests/livelab/runner.py).
 
 Targets (the issue "Live verdicts you can trust"): precision and recall >= 0.95 per state,
 cause accuracy >= 0.95, a GPU busy from its first sample shown healthy within 3 s, at most
@@ -174,6 +178,13 @@ def main() -> int:
     ap.add_argument(
         "--gpumon-src", type=Path, metavar="DIR", help="observe with the gpumon of this checkout"
     )
+    ap.add_argument(
+        "--placement",
+        choices=runner.PLACEMENTS,
+        default="slurm",
+        help="where the jobs run: as Slurm jobs (default), plain commands on a node with no "
+        "scheduler, or in a container-like cgroup (root); serve must find them itself",
+    )
     args = ap.parse_args()
     if args.rescore:
         runs = sorted(p.parent for p in args.rescore.glob("*/run.json"))
@@ -198,7 +209,7 @@ def main() -> int:
                 run_dir = base / f"{name}-{seed}"
                 t0 = time.monotonic()
                 scn = workloads.build(name, seed, args.scale)
-                runner.run(scn, run_dir, data, gpumon_src=args.gpumon_src)
+                runner.run(scn, run_dir, data, gpumon_src=args.gpumon_src, placement=args.placement)
                 run_dirs.append(run_dir)
                 print(f"{name} seed {seed}: {time.monotonic() - t0:.0f} s", flush=True)
         print(f"{len(run_dirs)} runs in {time.monotonic() - started:.0f} s")

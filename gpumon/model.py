@@ -242,27 +242,49 @@ class JobLabels:
     /proc only, ``pod`` is the pod's name where the process environment is readable, else
     its UID, and ``container`` the container id's first 12 hex digits (what ``crictl ps``
     shows), since /proc has no container names.
+
+    Every job also has a ``kind`` (``slurm``, ``pod``, ``container``: Docker, Podman,
+    containerd, nspawn outside Kubernetes; ``unit``: a systemd service or named scope;
+    ``session``: a process tree in a login session or a desktop's terminal; ``process``: a
+    process tree nobody placed), a ``name`` a person knows it by (the Slurm job id, the
+    pod's, container's or unit's name; for a session or process, the pid of its top
+    process, the one to give ``gpumon watch --pid``), its ``user`` (Slurm's job user, a
+    pod's namespace, else the top process's user) and ``command`` (the top process's
+    program and script, ``python train.py``).  A Docker or Podman container's name is also
+    its ``container``.
     """
 
     hpc_job: str = ""
     pod: str = ""
     namespace: str = ""
     container: str = ""
+    kind: str = ""
+    name: str = ""
+    user: str = ""
+    command: str = ""
 
     @property
     def known(self) -> bool:
-        return bool(self.hpc_job or self.pod)
+        return bool(self.hpc_job or self.pod or self.kind)
 
-    def job_key(self) -> tuple[str, str, str]:
-        """What makes two processes the same job (containers of one pod are one job)."""
-        return (self.hpc_job, self.namespace, self.pod)
+    def job_key(self) -> tuple[str, ...]:
+        """What makes two processes the same job (containers of one pod are one job; a
+        Slurm job is its id, whatever else its processes say)."""
+        if self.hpc_job or self.pod:
+            return (self.hpc_job, self.namespace, self.pod)
+        return ("", self.kind, self.name, self.user)
 
     def as_dict(self) -> dict[str, str]:
+        """The label names and values (as the exporter's series carry them)."""
         return {
             "hpc_job": self.hpc_job,
             "pod": self.pod,
             "namespace": self.namespace,
             "container": self.container,
+            "job_kind": self.kind,
+            "job_name": self.name,
+            "user": self.user,
+            "command": self.command,
         }
 
 

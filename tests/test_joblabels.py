@@ -8,6 +8,8 @@ implementation, not against itself.  /proc is a fake tree of cgroup/environ file
 
 from __future__ import annotations
 
+import os
+import pwd
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -165,6 +167,16 @@ def fake_proc(root: Path, pid: int, cgroup: str | None, environ: bytes | None = 
         (d / "environ").write_bytes(environ)
 
 
+ME = pwd.getpwuid(os.getuid()).pw_name  # who owns the fake /proc's files
+
+
+def pod_job(name: str, namespace: str = "", container: str = "") -> JobLabels:
+    """A pod's labels: its kind, name and (a pod's user) namespace."""
+    return JobLabels(
+        pod=name, namespace=namespace, container=container, kind="pod", name=name, user=namespace
+    )
+
+
 IN_POD = f"0::/kubepods.slice/kubepods-burstable.slice/kubepods-pod{POD_UID.replace('-', '_')}"
 IN_POD += f".slice/cri-containerd-{CID}.scope\n"
 
@@ -226,9 +238,9 @@ def test_pod_processes_get_container_names(kubelet: Kubelet, tmp_path: Path) -> 
     fake_proc(tmp_path, 10, IN_POD)  # no environ readable: names still come
     fake_proc(tmp_path, 11, IN_POD, b"SLURM_JOB_ID=77\0")
     r = resolver(kubelet.socket, tmp_path)
-    assert r.labels(10, GPU_A) == JobLabels(pod="bert-0", namespace="ml", container="trainer")
+    assert r.labels(10, GPU_A) == pod_job("bert-0", "ml", "trainer")
     # Slurm inside a pod keeps its job id beside the pod's names.
-    assert r.labels(11, GPU_B) == JobLabels("77", "bert-1", "ml", "trainer")
+    assert r.labels(11, GPU_B) == JobLabels("77", "bert-1", "ml", "trainer", "slurm", "77", ME)
     assert kubelet.calls == 1  # new pids of one moment share one answer
 
 
@@ -243,16 +255,16 @@ def test_a_shared_gpu_is_told_apart_by_the_pod_name(kubelet: Kubelet, tmp_path: 
     fake_proc(tmp_path, 30, IN_POD, b"HOSTNAME=nb-y\0")
     fake_proc(tmp_path, 31, IN_POD)  # no environment: /proc's own labels
     r = resolver(kubelet.socket, tmp_path)
-    assert r.labels(30, GPU_SHARED) == JobLabels(pod="nb-y", namespace="dev", container="lab")
-    assert r.labels(31, GPU_SHARED) == JobLabels(pod=POD_UID, container=CID[:12])
+    assert r.labels(30, GPU_SHARED) == pod_job("nb-y", "dev", "lab")
+    assert r.labels(31, GPU_SHARED) == pod_job(POD_UID, container=CID[:12])
 
 
 def test_an_unknown_gpu_or_no_gpu_falls_back_to_proc(kubelet: Kubelet, tmp_path: Path) -> None:
     fake_proc(tmp_path, 40, IN_POD, b"HOSTNAME=bert-9\0")
     fake_proc(tmp_path, 41, IN_POD, b"HOSTNAME=bert-8\0")
     r = resolver(kubelet.socket, tmp_path)
-    assert r.labels(40, "GPU-not-allocated") == JobLabels(pod="bert-9", container=CID[:12])
-    assert r.labels(41) == JobLabels(pod="bert-8", container=CID[:12])
+    assert r.labels(40, "GPU-not-allocated") == pod_job("bert-9", container=CID[:12])
+    assert r.labels(41) == pod_job("bert-8", container=CID[:12])
 
 
 def test_the_kubelet_is_asked_again_for_new_pods_only_after_a_while(
@@ -279,7 +291,7 @@ def test_a_failing_kubelet_backs_off_and_proc_answers(kubelet: Kubelet, tmp_path
         fake_proc(tmp_path, pid, IN_POD, b"HOSTNAME=bert-0\0")
     r = resolver(kubelet.socket, tmp_path, clock)
     kubelet.fail = True
-    assert r.labels(60, GPU_A) == JobLabels(pod="bert-0", container=CID[:12])
+    assert r.labels(60, GPU_A) == pod_job("bert-0", container=CID[:12])
     assert r.pod_resources_errors == 1 and "kubelet restarting" in (r.pod_resources_error or "")
     kubelet.fail = False
     clock.t += POD_RESOURCES_BACKOFF_S / 2

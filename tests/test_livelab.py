@@ -11,7 +11,9 @@ targets (precision and recall >= 0.95 per state, cause accuracy >= 0.95, healthy
 3 s of a GPU busy from its first sample, at most one cause change per steady phase, and
 the faces telling one story).  Those gpumon misses today are strict xfails whose reason
 says what it gets wrong, so a fix turns them into passes (and a pytest failure until the
-mark is removed).
+mark is removed).  The jobs run as Slurm jobs; the noisy neighbour's run also runs on a
+node with no scheduler (a typed command, and a container-like cgroup), where serve must
+find the job itself for its story to be watch's.
 
 CI runs seed 0 (of the tuning range, 0-99) at scale 1 (phases of 10-20 s);
 ``benchmarks/bench_live.py`` runs longer phases over the tuning and the held-out range.
@@ -31,7 +33,7 @@ from pathlib import Path
 import psutil
 import pytest
 from fakenvml import FakeGPU, Scenario
-from livelab import emulator, runner, score, workloads
+from livelab import cgroup, emulator, runner, score, workloads
 from livelab.pipeline import make_data_file
 from livelab.truth import read_truth
 
@@ -289,22 +291,24 @@ def data_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def lab(
     tmp_path_factory: pytest.TempPathFactory, data_file: Path, fake_nvml_lib: Path
-) -> Callable[[str], Path]:
-    """``lab(name)``: the folder of the CI run of scenario ``name`` (run once per module;
-    kept under $LIVELAB_KEEP when set, to read a failure with ``score.timeline``)."""
-    done: dict[str, Path] = {}
+) -> Callable[..., Path]:
+    """``lab(name, placement="slurm")``: the folder of the CI run of scenario ``name``, the
+    job run as ``placement`` says (runner.PLACEMENTS; run once per module; kept under
+    $LIVELAB_KEEP when set, to read a failure with ``score.timeline``)."""
+    done: dict[tuple[str, str], Path] = {}
     keep = os.environ.get("LIVELAB_KEEP")
 
-    def get(name: str) -> Path:
-        if name not in done:
+    def get(name: str, placement: str = "slurm") -> Path:
+        if (name, placement) not in done:
             scn = workloads.build(name, CI_SEED, 1.0)
+            label = name if placement == "slurm" else f"{name}-{placement}"
             if keep:
-                run_dir = Path(keep) / f"{name}-{time.strftime('%H%M%S')}"
+                run_dir = Path(keep) / f"{label}-{time.strftime('%H%M%S')}"
             else:
-                run_dir = tmp_path_factory.mktemp(f"livelab-{name}")
-            runner.run(scn, run_dir, data_file)
-            done[name] = run_dir
-        return done[name]
+                run_dir = tmp_path_factory.mktemp(f"livelab-{label}")
+            runner.run(scn, run_dir, data_file, placement=placement)
+            done[(name, placement)] = run_dir
+        return done[(name, placement)]
 
     return get
 
@@ -505,3 +509,23 @@ def test_hang_every_rank_spinning(lab) -> None:
 
 def test_ranks_faces_tell_one_story(lab) -> None:
     _story(lab("ranks"))
+
+
+# --- a node with no scheduler: serve finds the job from its process tree or its cgroup
+
+
+def test_plain_node_faces_tell_one_story(lab) -> None:
+    """The noisy neighbour's run with no SLURM_JOB_ID, started below a session-leading
+    shell as a typed command is: serve must find the job from its process tree (its top
+    process, the one watch is given) for its cause to be watch's, and name it."""
+    _story(lab("noisy", "plain"))
+
+
+def test_container_faces_tell_one_story(lab) -> None:
+    """The same run inside a cgroup shaped as a Docker container's (made as root): serve
+    finds the job from its cgroup, follows its tree from the container's first process,
+    and names it by the container's id."""
+    why = cgroup.unavailable()
+    if why is not None:
+        pytest.skip(f"cgroups cannot be made here: {why}")
+    _story(lab("noisy", "container"))

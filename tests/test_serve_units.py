@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import pwd
 import weakref
 from pathlib import Path
 
@@ -90,9 +92,12 @@ def test_resolver_reads_each_pid_once_and_forgets_gone_pids(tmp_path: Path) -> N
     )
     fake_proc(tmp_path, 12, f"0::/kubepods/burstable/pod{POD_UID}/{CID}\n")  # no environ
     r = JobResolver(procfs=str(tmp_path))
-    assert r.labels(10) == JobLabels(hpc_job="55")
-    assert r.labels(11) == JobLabels(pod="bert-worker-1", namespace="ml", container=CID[:12])
-    assert r.labels(12) == JobLabels(pod=POD_UID, container=CID[:12])  # uid when no name
+    me = pwd.getpwuid(os.getuid()).pw_name  # who owns the fake /proc's files
+    assert r.labels(10) == JobLabels(hpc_job="55", kind="slurm", name="55", user=me)
+    pod = JobLabels("", "bert-worker-1", "ml", CID[:12], "pod", "bert-worker-1", user="ml")
+    assert r.labels(11) == pod  # a pod's user is its namespace
+    uid_only = JobLabels(pod=POD_UID, container=CID[:12], kind="pod", name=POD_UID)
+    assert r.labels(12) == uid_only  # the pod's uid when no name
     assert r.labels(999) == JobLabels() and not r.labels(999).known  # vanished: no labels
     assert r.reads == 4
     r.labels(10)

@@ -10,17 +10,22 @@ A tick's job work comes in two halves, so a face can keep its lock short: ``read
 the /proc reads (labels of new pids, each tracked job's tree) and changes nothing a reader
 sees; ``fold()`` and ``judge()`` change the table.  Only the thread that ticks calls them.
 
+A job's process tree starts at its top process where the resolver followed the GPU
+process's ancestors (a container, a unit, a session, a process tree: the process ``gpumon
+watch --pid`` would be given, so the DataLoader workers and the job's own CPU are seen as
+watch sees them), and at its lowest GPU pid for a Slurm job or a pod (rank 0, usually).
+
 Everything is bounded: the table holds at most ``max_jobs`` and forgets a job
-``linger_s`` after its last GPU process left; the resolver forgets pids that left the
-GPUs; jobs left untracked are remembered (to count each once) up to
-``MAX_UNTRACKED_REMEMBERED``.
+``linger_s`` after its last GPU process left; a GPU lists at most ``MAX_JOBS_PER_GPU``
+jobs; the resolver forgets pids that left the GPUs; jobs left untracked are remembered
+(to count each once) up to ``MAX_UNTRACKED_REMEMBERED``.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from gpumon.detect import Detector, DetectorConfig, DetectorUpdate
@@ -31,17 +36,23 @@ if TYPE_CHECKING:
     from gpumon.sample.host import ProcessTreeSampler
     from gpumon.sample.joblabels import JobResolver
 
-JobKey = tuple[str, str, str]
+JobKey = tuple[str, ...]
+# A job's tree root: its pid and, where the resolver found it, its start time (the pid
+# may be reused by another process: a new start time is a new root).
+TreeRoot = tuple[int, int | None]
 
 # Jobs left untracked (max_jobs reached) are remembered so that each is counted once.
 MAX_UNTRACKED_REMEMBERED = 4096
+# Jobs listed per GPU (gpumon_gpu_job_info): a GPU shared by more is listed by its first
+# (lowest pids); the series stay bounded whatever runs on it.
+MAX_JOBS_PER_GPU = 16
 
 
 @dataclass(frozen=True, slots=True)
 class JobOptions:
     """How a session follows jobs (the daemon's ``job_sources``, ``max_jobs``, ...)."""
 
-    sources: tuple[str, ...] = ("slurm", "kubernetes")
+    sources: tuple[str, ...] = ("slurm", "kubernetes", "containers", "units", "processes")
     max_jobs: int = 64
     linger_s: float = 60.0
     process_trees: bool = True
@@ -111,8 +122,8 @@ class JobTracker:
         self._untracked: OrderedDict[JobKey, None] = OrderedDict()
         self._all_pids: frozenset[int] = frozenset()
         self._expired: list[JobKey] = []
-        # Each tracked job's tree sampler and its root pid (None: the root is unreadable).
-        self._trees: dict[JobKey, tuple[int, ProcessTreeSampler | None]] = {}
+        # Each tracked job's tree sampler and its root (None: the root is unreadable).
+        self._trees: dict[JobKey, tuple[TreeRoot, ProcessTreeSampler | None]] = {}
 
     # --- reading (no visible change) ---------------------------------------------------
 
@@ -122,6 +133,7 @@ class JobTracker:
         fresh: dict[int, tuple[frozenset[int], tuple[JobLabels, ...] | None]] = {}
         jobs_now: list[tuple[int, tuple[JobLabels, ...]]] = []  # each GPU's jobs after it
         all_pids: set[int] = set()
+        reused = self.resolver.recheck()  # pids another process took (now and then)
         for g in snap.gpus:
             held = self.gpus.get(g.gpu)
             if g.lost:
@@ -133,15 +145,9 @@ class JobTracker:
                 continue
             pids = frozenset(p.pid for p in g.processes)
             all_pids.update(pids)
-            if held is None or pids != held.pids:
+            if held is None or pids != held.pids or not reused.isdisjoint(pids):
                 # The GPU's UUID lets the kubelet's pod-resources socket name the pod.
-                labels = {self.resolver.labels(pid, g.uuid) for pid in sorted(pids)}
-                jobs = tuple(
-                    sorted(
-                        (lb for lb in labels if lb.known),
-                        key=lambda lb: (lb.hpc_job, lb.namespace, lb.pod, lb.container),
-                    )
-                )
+                jobs = self._jobs_of(pids, g.uuid)
                 fresh[g.gpu] = (pids, jobs)
             else:
                 fresh[g.gpu] = (pids, None)
@@ -158,6 +164,24 @@ class JobTracker:
             self._drop_tree(key)  # its job expired (or was never given a place)
         return read
 
+    def _jobs_of(self, pids: frozenset[int], uuid: str) -> tuple[JobLabels, ...]:
+        """The jobs of one GPU's processes, each once (a pod's containers apart), in the
+        labels of the table's job where it is tracked (its processes may differ in, say,
+        their command: the job's series must not)."""
+        found: dict[tuple[JobKey, str], JobLabels] = {}
+        for pid in sorted(pids):
+            lb = self.resolver.labels(pid, uuid)
+            if not lb.known:
+                continue
+            key = lb.job_key()
+            if (key, lb.container) in found or len(found) >= MAX_JOBS_PER_GPU:
+                continue
+            tracked = self.jobs.get(key)
+            if tracked is not None and not lb.pod:
+                lb = tracked.labels
+            found[(key, lb.container)] = lb
+        return tuple(sorted(found.values(), key=_order))
+
     def _plan(
         self,
         read: JobsRead,
@@ -167,9 +191,9 @@ class JobTracker:
         gpus_of: dict[JobKey, tuple[JobLabels, set[int]]] = {}
         for gpu, jobs in jobs_now:
             for lb in jobs:
-                entry = gpus_of.setdefault(
-                    lb.job_key(), (JobLabels(lb.hpc_job, lb.pod, lb.namespace), set())
-                )
+                # A pod is one job whatever container holds the GPU.
+                job_labels = replace(lb, container="") if lb.pod else lb
+                entry = gpus_of.setdefault(lb.job_key(), (job_labels, set()))
                 entry[1].add(gpu)
         read.by_job = {k: (lb, frozenset(gpus)) for k, (lb, gpus) in gpus_of.items()}
         room = self.options.max_jobs - len(self.jobs)
@@ -187,18 +211,26 @@ class JobTracker:
                     job_pids.setdefault(lb.job_key(), set()).add(pid)
             for key in read.by_job:
                 if key in self.jobs or key in admitted:
-                    read.trees[key] = self._sample_tree(key, job_pids.get(key))
+                    read.trees[key] = self._sample_tree(key, self._root(job_pids.get(key)))
 
-    def _sample_tree(self, key: JobKey, pids: set[int] | None) -> ProcTreeSample | None:
-        """The job's lowest GPU pid (rank 0, usually) and its descendants (its workers)."""
+    def _root(self, pids: set[int] | None) -> TreeRoot | None:
+        """Where a job's tree starts: the top process the resolver found above its lowest
+        GPU pid, else that pid (a Slurm job's or a pod's rank 0, usually)."""
         if not pids:
             return None
-        root = min(pids)
+        lowest = min(pids)
+        top = self.resolver.root(lowest)  # cached: no /proc read
+        return (lowest, None) if top is None else top
+
+    def _sample_tree(self, key: JobKey, root: TreeRoot | None) -> ProcTreeSample | None:
+        """The job's root and its descendants (its workers)."""
+        if root is None:
+            return None
         kept = self._trees.get(key)
         if kept is None or kept[0] != root:
             self._drop_tree(key)
             try:
-                opened = self._tree_factory(root, self.procfs)
+                opened = self._tree_factory(root[0], self.procfs)
             except GpumonError:  # gone or not readable: no tree for this root
                 self._trees[key] = (root, None)
                 return None
@@ -270,7 +302,7 @@ class JobTracker:
                 continue
             pids, jobs = read.fresh[g.gpu]
             held.processes = len(pids)
-            if pids != held.pids and jobs is not None:
+            if jobs is not None:  # read afresh (new pids, or a pid reused)
                 held.pids, held.jobs = pids, jobs
 
     def whole_node_tree(self) -> ProcTreeSample | None:
@@ -354,7 +386,14 @@ def run_level(update: DetectorUpdate) -> DetectorUpdate:
 
 
 def job_name(labels: JobLabels) -> str:
-    """One string for a job: the Slurm id, else namespace/pod."""
+    """One string for a job: the Slurm id, namespace/pod, else the job's name (a
+    container's or unit's name; a process tree's top pid)."""
     if labels.hpc_job:
         return labels.hpc_job
-    return f"{labels.namespace}/{labels.pod}" if labels.namespace else labels.pod
+    if labels.pod:
+        return f"{labels.namespace}/{labels.pod}" if labels.namespace else labels.pod
+    return labels.name
+
+
+def _order(lb: JobLabels) -> tuple[str, ...]:
+    return (lb.hpc_job, lb.namespace, lb.pod, lb.container, lb.kind, lb.name, lb.user)

@@ -13,6 +13,14 @@ Everything lands in the run's folder::
     summary.json    watch's end-of-run summary;  record.jsonl  watch's recording
     metrics.jsonl   serve's per-GPU state, cause and reason at each scrape
     serve.jsonl     serve's log;  analyze.json  ``gpumon analyze --json record.jsonl``
+
+Where the job runs (``placement``): ``slurm``, with ``SLURM_JOB_ID`` in its environment
+(serve finds it as a Slurm job); ``plain``, a node with no scheduler: the job is started
+below a shell that leads its own session, as a command typed in an ssh login or a tmux
+pane is, and serve must find it from its process tree; ``container``, the job placed in a
+cgroup shaped as a Docker container's (``docker-<id>.scope``, made as root: livelab/
+cgroup.py), found from its cgroup.  metrics.jsonl also keeps the jobs serve's series name
+(``gpumon_job_state``), so the scorer can check that they name this job.
 """
 
 from __future__ import annotations
@@ -34,15 +42,18 @@ from typing import IO, Any
 
 from fakenvml import FakeGPU, Scenario, fake_env, write_scenario
 
-from livelab import emulator
+from livelab import cgroup, emulator
 from livelab.workloads import LabScenario
 
 TESTS = Path(__file__).resolve().parent.parent
 ROOT = TESTS.parent
 JOB = TESTS / "livelab" / "job.py"
 SLURM_JOB_ID = "4242"
+PLACEMENTS = ("slurm", "plain", "container")
+CONTAINER_ID = "1ab" + "0" * 61  # the lab's container-like cgroup: docker-<id>.scope
 
 _METRIC = re.compile(r"^gpumon_gpu_(state|cause|reason)\{([^}]*)\} ([0-9.e+-]+)$")
+_JOB_STATE = re.compile(r"^gpumon_job_state\{([^}]*)\} 1(?:\.0)?$")
 _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 
 
@@ -113,7 +124,8 @@ class _Scraper(threading.Thread):
                     with urllib.request.urlopen(self.url, timeout=5) as r:
                         text = r.read().decode()
                     t = time.monotonic()
-                    f.write(json.dumps({"t": t, "gpus": parse_metrics(text)}) + "\n")
+                    rec = {"t": t, "gpus": parse_metrics(text), "jobs": parse_jobs(text)}
+                    f.write(json.dumps(rec) + "\n")
                     f.flush()
                 except OSError:
                     self.failures += 1
@@ -135,6 +147,33 @@ def parse_metrics(text: str) -> dict[str, dict[str, str | None]]:
         entry = out.setdefault(gpu, {"state": None, "cause": None, "reason": None})
         entry[m[1]] = labels.get(m[1])
     return out
+
+
+def parse_jobs(text: str) -> list[dict[str, str]]:
+    """The labels of each job serve's series name (its current gpumon_job_state)."""
+    out = []
+    for line in text.splitlines():
+        m = _JOB_STATE.match(line)
+        if m:
+            labels = dict(_LABEL.findall(m[1]))
+            labels.pop("state", None)
+            out.append(labels)
+    return out
+
+
+def _placed(
+    cmd: list[str], placement: str
+) -> tuple[list[str], dict[str, Any], cgroup.Placement | None]:
+    """The job's command as ``placement`` starts it, Popen's options, and its cgroup."""
+    if placement == "plain":  # below a shell leading its session: a typed command
+        return ["sh", "-c", '"$@"; exit $?', "sh", *cmd], {"start_new_session": True}, None
+    if placement == "container":
+        why = cgroup.unavailable()
+        if why is not None:
+            raise RuntimeError(f"no container-like cgroup can be made: {why}")
+        place = cgroup.Placement.create(v2=f"system.slice/docker-{CONTAINER_ID}.scope")
+        return place.argv(cmd), {}, place
+    return cmd, {}, None
 
 
 def _start(cmd: list[str], env: dict[str, str], **kw: Any) -> subprocess.Popen[str]:
@@ -170,21 +209,33 @@ def run(
     use_torch: bool = False,
     gpumon_src: Path | None = None,
     stacks_every_s: float | None = None,
+    placement: str = "slurm",
 ) -> Observed:
     """Run ``scn`` once, observed by watch, serve and (afterwards) analyze -- this checkout's
     gpumon, or the one in ``gpumon_src`` (another checkout, to compare).  ``stacks_every_s``:
-    watch (only watch) also reads the job's Python stacks, a window that often."""
+    watch (only watch) also reads the job's Python stacks, a window that often.
+    ``placement``: where the job runs (``PLACEMENTS``: see above)."""
+    if placement not in PLACEMENTS:
+        raise ValueError(f"unknown placement {placement!r} (known: {', '.join(PLACEMENTS)})")
     run_dir.mkdir(parents=True, exist_ok=True)
     scenario_path = fake_machine(scn, run_dir)
     env = fake_env(scenario_path)
     env["PYTHONPATH"] = os.pathsep.join(
         [str(gpumon_src or ROOT), str(TESTS), *filter(None, [env.get("PYTHONPATH")])]
     )
+    # `python -m gpumon` would put its working folder (this checkout) first: the gpumon
+    # observing is PYTHONPATH's, gpumon_src's where one is given.
+    env["PYTHONSAFEPATH"] = "1"
     job_env = dict(env, SLURM_JOB_ID=SLURM_JOB_ID)
+    if placement != "slurm":  # no scheduler (nor one the runner itself runs under)
+        for name in [k for k in job_env if k.startswith("SLURM_")]:
+            del job_env[name]
     job_env.pop("FAKE_NVML_SCENARIO", None)  # the job never calls NVML
     errors: list[str] = []
     neighbours: list[subprocess.Popen[str]] = []
     serve = job = watch = None
+    job_pid: int | None = None
+    place: cgroup.Placement | None = None
     scraper: _Scraper | None = None
     go_t = time.monotonic()
     exit_t: float | None = None
@@ -207,16 +258,19 @@ def run(
             cmd += ["--data", str(data_file)]
         if use_torch:
             cmd.append("--torch")
-        job = _start(cmd, job_env, stdout=subprocess.PIPE, stderr=open(run_dir / "job.err", "w"))  # noqa: SIM115
+        cmd, how, place = _placed(cmd, placement)
+        err = open(run_dir / "job.err", "w")  # noqa: SIM115 (the job's, for its life)
+        job = _start(cmd, job_env, stdout=subprocess.PIPE, stderr=err, **how)
         assert job.stdout is not None
         ready = job.stdout.readline().split()
         if not ready or ready[0] != "ready":
             raise RuntimeError(f"the job did not start: {(run_dir / 'job.err').read_text()}")
+        job_pid = int(ready[1])  # the job's own process (below the shell, where one starts it)
         stacks = (
             [] if stacks_every_s is None else ["--stacks", "--stacks-every", str(stacks_every_s)]
         )
         watch = _face(
-            run_dir, "watch", env, "--pid", str(job.pid), "--plain",
+            run_dir, "watch", env, "--pid", str(job_pid), "--plain",
             "--interval", str(watch_interval_s), "--summary-json", str(run_dir / "summary.json"),
             "--record", str(run_dir / "record.jsonl"),
             *stacks,
@@ -247,6 +301,11 @@ def run(
             scraper.join(10)
         for p in (watch, job):
             _stop(p, signal.SIGKILL if p is job else signal.SIGINT)
+        if placement == "plain" and job is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(job.pid, signal.SIGKILL)  # the shell's session: the job's tree
+        if place is not None:
+            place.close()  # kills what is left inside, removes the cgroup
         _stop(serve)
         for n in neighbours:
             _stop(n, signal.SIGKILL)
@@ -279,6 +338,9 @@ def run(
         "wall_minus_mono": wall_minus_mono,
         "errors": errors,
         "scrape_failures": scraper.failures if scraper else None,
+        "placement": placement,
+        "job_pid": job_pid,
+        "container_id": CONTAINER_ID if placement == "container" else None,
     }
     (run_dir / "run.json").write_text(json.dumps(meta, indent=1))
     return Observed(run_dir, scn, go_t, exit_t, end_t, errors)

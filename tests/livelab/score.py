@@ -32,7 +32,8 @@ moment before its loop says so).  What is computed, per face:
   it happened), the lines' start-up against the summary's, the summary against analyze
   (verdict, cause, seconds per state, GPU-seconds lost), the summary's per-GPU
   ``lost_gpu_seconds`` against its run total, and its advice (no repeats; a line for each cause the
-  run was starved by).
+  run was starved by); and that serve's job series name the job, wherever it ran (a Slurm
+  job by its id; on a node with no scheduler, by its top process or its container).
 """
 
 from __future__ import annotations
@@ -122,6 +123,8 @@ class Run:
     invalid_phases: list[dict[str, Any]]
     watch_spans: list[tuple[float, float, str, str | None]]  # watch's lines: start, end,
     # the run's state and the note
+    serve_jobs: list[dict[str, str]] = field(default_factory=list)  # as serve's series name
+    # them (each label set once)
 
     @property
     def go_t(self) -> float:
@@ -197,7 +200,11 @@ def read_run(run_dir: Path) -> Run:
         if last is not None:
             spans.append((last[0], t, last[1], last[2]))
         last = (t, state, note)
+    serve_jobs: list[dict[str, str]] = []
     for rec in _jsonl(run_dir / "metrics.jsonl"):
+        for labels in rec.get("jobs", []):
+            if labels not in serve_jobs:
+                serve_jobs.append(labels)
         for gpu, v in rec["gpus"].items():
             if v.get("state") is None:
                 continue
@@ -236,6 +243,7 @@ def read_run(run_dir: Path) -> Run:
         serve_stop,
         invalid,
         spans,
+        serve_jobs,
     )
 
 
@@ -506,6 +514,29 @@ def _settled(run: Run, other: str, name: str) -> Check:
     )
 
 
+def names_the_job(run: Run) -> Check | None:
+    """Whether serve's job series name the run's job, as its placement lets them: a Slurm
+    job by its id; a container by its id's first 12 digits; a plain run by its command,
+    and by its top process's pid where nothing placed it (a unit or a container the lab
+    itself runs in names it instead).  None for runs that did not record a placement."""
+    placement, pid = run.meta.get("placement"), run.meta.get("job_pid")
+    if placement is None:
+        return None
+    jobs = run.serve_jobs
+    if placement == "slurm":
+        ok = any(j.get("hpc_job") == "4242" for j in jobs)
+    elif placement == "container":
+        cid = str(run.meta.get("container_id") or "")[:12]
+        ok = any(j.get("job_kind") == "container" and j.get("job_name") == cid for j in jobs)
+    else:
+        ok = any(
+            j.get("command", "").endswith("job.py")
+            and (j.get("job_kind") in ("unit", "container") or j.get("job_name") == str(pid))
+            for j in jobs
+        )
+    return Check(f"serve's series name the job ({placement})", ok, f"serve's jobs: {jobs}")
+
+
 def agreement(run: Run) -> list[Check]:
     """Whether watch's lines, its summary, serve and analyze tell the same story."""
     checks = [
@@ -516,6 +547,9 @@ def agreement(run: Run) -> list[Check]:
         # recording, whose seconds are checked against the summary's below).
         _settled(run, "analyze", "watch lines = the summary's episodes (settled seconds)"),
     ]
+    named = names_the_job(run)
+    if named is not None:
+        checks.append(named)
     summ, ana = run.summary, run.analysis
     if summ is None or ana is None:
         checks.append(

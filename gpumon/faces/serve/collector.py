@@ -9,10 +9,13 @@ built in its own ``try``; a failing group is left out of that scrape and counted
 Names follow Prometheus' rules: ``gpumon_`` prefix, base units as suffixes (``_ratio``
 0-1, ``_bytes``, ``_watts``, ``_seconds``), counters ``_total``, metadata in ``_info``,
 labels ``gpu`` (NVML index) and ``uuid``; job labels use dcgm-exporter's names
-(``hpc_job``, ``pod``, ``namespace``, ``container``) so the two join.  There is no pid
-label: pids churn series.  The hardware series people alert on (temperatures, clocks and
-why they are held down, ECC, XID, PCIe replays, NVLink, energy) are gpumon's own names;
-deploy/prometheus/gpumon-dcgm-rules.yml records them under dcgm-exporter's.
+(``hpc_job``, ``pod``, ``namespace``, ``container``) so the two join, and every job, on
+any node, has ``job_kind``, ``job_name``, ``user`` and ``command`` (docs/serve.md, "How
+jobs are found").  There is no pid label: pids churn series (a process tree's job is
+named by its top pid, one series per job, as a Slurm job is by its id).  The hardware
+series people alert on (temperatures, clocks and why they are held down, ECC, XID, PCIe
+replays, NVLink, energy) are gpumon's own names; deploy/prometheus/gpumon-dcgm-rules.yml
+records them under dcgm-exporter's.
 """
 
 from __future__ import annotations
@@ -39,7 +42,9 @@ from gpumon.faces.serve.log import REOPEN_REASONS
 from gpumon.model import Cause, Episode, GpuSample, Reason, State
 
 GPU = ["gpu", "uuid"]
-JOB = ["hpc_job", "pod", "namespace", "container"]
+# A job's labels (JobLabels.as_dict()); a job's own series leave out the GPU's container.
+JOB = ["hpc_job", "pod", "namespace", "container", "job_kind", "job_name", "user", "command"]
+JOB_OWN = [name for name in JOB if name != "container"]
 STATES = tuple(str(s) for s in State)
 CAUSES = tuple(str(c) for c in Cause)
 # Reasons as label values: the enum's names, since its values are phrases for people.
@@ -342,7 +347,8 @@ class GpumonCollector(Collector):
         )
         jobinfo = InfoMetricFamily(
             "gpumon_gpu_job",
-            "The jobs using each GPU (Slurm job id; Kubernetes pod, namespace, container id).",
+            "The jobs using each GPU (Slurm job id; Kubernetes pod, namespace, container; "
+            "every job's kind, name, user and command).",
             labels=[*GPU, *JOB],
         )
         for idx in sorted(st.gpus):
@@ -361,7 +367,7 @@ class GpumonCollector(Collector):
             s = rt.latest
             lost.add_metric(lv, 1.0 if s is not None and s.lost else 0.0)
             for lb in st.jobs_of(idx):
-                jobinfo.add_metric([*lv, lb.hpc_job, lb.pod, lb.namespace, lb.container], {})
+                jobinfo.add_metric([*lv, *lb.as_dict().values()], {})
             if s is None or s.lost:
                 continue
             _add(util, lv, None if s.util_pct is None else s.util_pct / 100.0)
@@ -535,21 +541,21 @@ class GpumonCollector(Collector):
         state = GaugeMetricFamily(
             "gpumon_job_state",
             "Each job's state over its GPUs on this node: 1 for the current state.",
-            labels=[*JOB[:3], "state"],
+            labels=[*JOB_OWN, "state"],
         )
         reason = GaugeMetricFamily(
             "gpumon_job_reason",
             "Why the job has its state, where the state alone does not say (hang: every "
             "GPU of the job on this node spins and none computes; straggler, ...): 1 for "
             "the current reason; absent when there is none.",
-            labels=[*JOB[:3], "reason"],
+            labels=[*JOB_OWN, "reason"],
         )
         gpus = GaugeMetricFamily(
-            "gpumon_job_gpus", "GPUs of this node the job uses.", labels=JOB[:3]
+            "gpumon_job_gpus", "GPUs of this node the job uses.", labels=JOB_OWN
         )
         for job in st.jobs.values():
             lb = job.labels
-            lv = [lb.hpc_job, lb.pod, lb.namespace]
+            lv = [v for k, v in lb.as_dict().items() if k != "container"]
             ep = st.job_episode(job)
             cur = State.UNKNOWN if ep is None else ep.state
             for s in STATES:

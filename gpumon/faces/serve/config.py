@@ -28,7 +28,8 @@ DEFAULT_PATH = Path("/etc/gpumon/gpumon.toml")
 # used by none of them (see docs/serve.md on the choice).
 DEFAULT_PORT = 9977
 DEFAULT_ADDRESS = "127.0.0.1"
-JOB_SOURCES = ("slurm", "kubernetes")
+# Where jobs are found (docs/serve.md "How jobs are found"); all by default.
+JOB_SOURCES = ("slurm", "kubernetes", "containers", "units", "processes")
 DEFAULT_TELEMETRY_PATH = "/metrics"
 # Paths the server answers itself; the metrics cannot live there.
 RESERVED_PATHS = ("/", "/-/healthy", "/-/ready")

@@ -21,7 +21,7 @@ from typing import Any
 
 from gpumon import __version__
 from gpumon.engine import DetectorConfig, JobOptions, Reading, Session, StackOptions, Tick
-from gpumon.engine.jobs import Job, JobTracker, job_name
+from gpumon.engine.jobs import Job, JobKey, JobTracker, job_name
 from gpumon.engine.memory import GpuEvent, GpuEventKind, GpuMemory, RunMemory
 from gpumon.faces.serve.config import ServeConfig
 from gpumon.faces.serve.log import EventLog
@@ -93,7 +93,7 @@ class ServeState:
         return self.session.jobs
 
     @property
-    def jobs(self) -> dict[tuple[str, str, str], Job]:
+    def jobs(self) -> dict[JobKey, Job]:
         tracker = self.session.jobs
         return {} if tracker is None else tracker.jobs
 
