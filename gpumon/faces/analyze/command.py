@@ -56,7 +56,26 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="seconds between rows for logs that carry no times (dmon without -o T, dcgmi, "
         "gpustat --no-header, a CSV without a time column); default 1",
     )
+    p.add_argument(
+        "--columns",
+        type=_column_names,
+        metavar="NAMES",
+        help="name the columns of a table without a header line, in order, in nvidia-smi's "
+        "query names (as given to --query-gpu): e.g. "
+        "timestamp,index,utilization.gpu,memory.used,memory.total",
+    )
     p.set_defaults(func=run)
+
+
+def _column_names(text: str) -> list[str]:
+    """``timestamp, index,utilization.gpu`` -> its names; every column named."""
+    names = [n.strip() for n in text.split(",")]
+    if len(names) < 2 or not all(names):
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: name every column, comma-separated (e.g. "
+            "timestamp,index,utilization.gpu,memory.used)"
+        )
+    return names
 
 
 def _seconds(text: str) -> float:
@@ -106,7 +125,12 @@ def run(args: argparse.Namespace) -> int:
 
     check_exists(args.file)
     try:
-        opened = open_trace(args.file, args.format, getattr(args, "interval", None))
+        opened = open_trace(
+            args.file,
+            args.format,
+            getattr(args, "interval", None),
+            getattr(args, "columns", None),
+        )
     except TraceFormatError:
         why = why_not_a_log(args.file)
         if why is None:
