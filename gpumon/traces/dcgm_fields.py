@@ -37,6 +37,14 @@ FIELDS: tuple[DcgmField, ...] = (
     DcgmField("DCGM_FI_DEV_FB_TOTAL", "fb_total", ("FBTTL",), "mem_total"),
     DcgmField("DCGM_FI_DEV_FB_FREE", "fb_free", ("FBFRE",), "mem_free"),
     DcgmField("DCGM_FI_DEV_FB_USED", "fb_used", ("FBUSD",), "mem_used"),
+    # The clock event (throttle) reasons, a bitmask as NVML's (bit 0: the GPU is idle).
+    DcgmField(
+        "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS",
+        "current_clock_throttle_reasons",
+        ("DVCCTR",),
+        "reasons",
+    ),
+    DcgmField("DCGM_FI_DEV_CLOCKS_EVENT_REASONS", "clocks_event_reasons", (), "reasons"),
     # Profiling fields are ratios 0-1; the graphics engine's stands in for utilisation (%).
     DcgmField("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "gr_engine_active", ("GRACT",), "util_prof", 100.0),
     DcgmField("DCGM_FI_PROF_SM_ACTIVE", "sm_active", ("SMACT",), "sm_active"),

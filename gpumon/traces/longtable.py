@@ -30,7 +30,7 @@ from gpumon.errors import TraceFormatError
 from gpumon.model import Snapshot, TraceHeader
 from gpumon.traces import dcgm_fields
 from gpumon.traces._common import Tally, cut_short_warning, fnum, is_cut_short
-from gpumon.traces.columns import NVSMI_FIELDS, classify, decamel, tokens
+from gpumon.traces.columns import GPU_WORDS, NVSMI_FIELDS, classify, decamel, tokens
 from gpumon.traces.reader import Reader
 from gpumon.traces.source import Source, as_source
 from gpumon.traces.table import sniff_delimiter, split_plain
@@ -44,6 +44,7 @@ HORIZON_S = 8.0  # a sample is complete once rows this much newer arrive
 MAX_FIELDS = 64
 SEP = "\x1f"
 
+_GPU_KEY_WORDS = GPU_WORDS | frozenset(("id", "index", "idx", "num", "no", "number"))
 _FIELD_WORDS = frozenset(("field", "metric", "key", "counter", "measure", "name", "tag"))
 _VALUE_WORDS = frozenset(("value", "values", "val", "reading", "measurement"))
 # gpumon's field -> nvidia-smi's name for it (the table reader's own vocabulary).
@@ -62,7 +63,9 @@ class _Header:
         for i, cell in enumerate(cells):
             words = set(tokens(decamel(cell)))
             col = classify(decamel(cell))
-            if col.field in ("index", "uuid", "bus") and self.gpu < 0:
+            if self.gpu < 0 and words and words <= _GPU_KEY_WORDS and words & GPU_WORDS:
+                self.gpu = i  # "gpu", "GPU ID", "device": the GPU's number
+            elif col.field in ("index", "uuid", "bus") and self.gpu < 0:
                 self.gpu = i
                 self.gpu_name = {"index": "index", "uuid": "uuid", "bus": "pci.bus_id"}[col.field]
             elif col.field == "time" and self.time < 0:
@@ -157,8 +160,8 @@ class _Pivot:
                 if is_cut_short(line) and not line.endswith("\n"):
                     break
                 continue
-            gpu, t, stamp, spec, value = got
-            self._take(no, gpu, t, stamp, spec, value)
+            gpu, t, stamp, spec, value, raw = got
+            self._take(no, gpu, t, stamp, spec, value, raw)
             while self.order and (
                 len(self.open) > MAX_PENDING or self.order[0][0] < self.newest - self.horizon
             ):
@@ -168,7 +171,7 @@ class _Pivot:
 
     def _parse(
         self, no: int, line: str, s: str, warns: list[str]
-    ) -> tuple[str, float, str, tuple[str, float, int], float | None] | None:
+    ) -> tuple[str, float, str, tuple[str, float, int], float | None, str] | None:
         hdr = self.hdr
         cells = split_plain(line.rstrip("\r\n"), self.delim)
         if len(cells) != hdr.count:
@@ -196,7 +199,7 @@ class _Pivot:
         except (ValueError, OverflowError):
             self.malformed.note(no, s)
             return None
-        return gpu, t, cells[hdr.time].strip(), spec, value
+        return gpu, t, cells[hdr.time].strip(), spec, value, cells[hdr.value].strip()
 
     def _take(
         self,
@@ -206,6 +209,7 @@ class _Pivot:
         stamp: str,
         spec: tuple[str, float, int],
         value: float | None,
+        raw: str,
     ) -> None:
         if self.base is None:
             self.base = t
@@ -220,7 +224,7 @@ class _Pivot:
         target, scale, rank = spec
         i = self.at[target]
         if rank < row.ranks.get(i, 99):
-            row.cells[i] = "" if value is None else repr(value * scale)
+            row.cells[i] = "" if value is None else raw if scale == 1.0 else repr(value * scale)
             row.ranks[i] = rank
 
     def _pop(self) -> tuple[int, str]:

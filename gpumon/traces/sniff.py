@@ -417,7 +417,7 @@ def _unrecognised(head: list[str], path: str) -> TraceFormatError:
     tried = "; ".join(r.description for r in READERS)
     found = f"found {shown(text)!r}" if text else "the file is empty"
     hint = ""
-    cells = [c for c in text.replace("\t", ",").replace(";", ",").split(",") if c.strip()]
+    cells = text.replace(",", " ").replace(";", " ").split()
     if len(cells) >= 2 and all(is_value(c) for c in cells):
         hint = (
             ". Rows of values without a header line: name the columns with --columns "

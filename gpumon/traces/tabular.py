@@ -381,20 +381,30 @@ def _read_fractions(tab: Table, rows: list[list[str]], extra: dict[str, object])
 
 
 SMALLEST_GPU_MIB = 256.0  # no GPU holds less memory: a smaller bare total is in GiB
+LARGEST_GPU_MIB = float(1 << 22)  # 4 TiB: a larger bare amount is in bytes
 
 
 def _memory_in_gib(tab: Table, rows: list[list[str]], extra: dict[str, object]) -> None:
-    """Memory logged in GB without saying so (``"mem_total": 48.6``): a total below any
-    GPU's memory size, in a column whose name gives no unit, means every memory column
-    of that name's kind is in GiB."""
+    """Memory logged in GB or in bytes without saying so (``"mem_total": 48.6``,
+    ``"mem_used": 31573671936``): a memory total (or, without one, memory used) that no
+    GPU could hold in MiB, in columns whose names give no unit, sets the unit of every
+    memory column: GiB below the smallest GPU, bytes above the largest."""
     lay = tab.lay
     fields = tab.gpu_columns()
-    totals = [f["mem_total"] for f in fields.values() if "mem_total" in f]
-    if not totals or any(lay.columns[i].scale != 1.0 for i in totals if i < len(lay.columns)):
+    mem = [
+        (fld, i)
+        for f in fields.values()
+        for fld in ("mem_used", "mem_total", "mem_free")
+        if (i := f.get(fld)) is not None and i < len(lay.columns)
+    ]
+    if not mem or any(lay.columns[i].scale != 1.0 for _, i in mem):
         return
+    probe = [i for fld, i in mem if fld == "mem_total"] or [
+        i for fld, i in mem if fld == "mem_used"
+    ]
     values = []
     for r in rows[:200]:
-        for i in totals:
+        for i in probe:
             try:
                 got = split_number(r[i])
             except (ValueError, IndexError):
@@ -403,18 +413,18 @@ def _memory_in_gib(tab: Table, rows: list[list[str]], extra: dict[str, object]) 
                 if got[1]:
                     return  # the cell says its unit
                 values.append(got[0])
-    if not values or not all(0 < v < SMALLEST_GPU_MIB for v in values):
+    totals = bool([i for fld, i in mem if fld == "mem_total"])
+    if values and totals and all(0 < v < SMALLEST_GPU_MIB for v in values):
+        scale, unit = 1024.0, "GiB"
+    elif values and all(v > LARGEST_GPU_MIB for v in values if v) and any(values):
+        scale, unit = 1.0 / MIB, "bytes"
+    else:
         return
-    for f in fields.values():
-        for fld in ("mem_used", "mem_total", "mem_free"):
-            at = f.get(fld)
-            if at is not None and at < len(lay.columns) and lay.columns[at].scale == 1.0:
-                lay.columns[at] = replace(lay.columns[at], scale=1024.0)
-    add_note(
-        extra,
-        f"memory totals of {min(values):g}-{max(values):g}: less than any GPU holds in MiB, "
-        "so memory is read in GiB",
-    )
+    for _, i in mem:
+        lay.columns[i] = replace(lay.columns[i], scale=scale)
+    what = "memory totals" if totals else "memory used"
+    lo, hi = (f"{v:,.0f}" if unit == "bytes" else f"{v:g}" for v in (min(values), max(values)))
+    add_note(extra, f"{what} of {lo}-{hi}: no GPU holds that in MiB, so memory is read in {unit}")
 
 
 def _prefix_times(
