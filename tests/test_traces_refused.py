@@ -356,3 +356,52 @@ def test_a_line_over_the_bound_is_a_named_error(name: str) -> None:
         _, _, snaps = read_lines(rows)
         for _ in snaps:
             pass
+
+
+def test_nvsmi_q_reads_the_power_limit_610_drivers_nest() -> None:
+    """610 drivers put the limit under GPU Power Readings / GPU Ceiling Power Limit."""
+    report = [
+        "==============NVSMI LOG==============\n",
+        "Timestamp                                              : Wed Sep 16 16:20:41 2026\n",
+        "GPU 00000000:01:00.0\n",
+        "    Utilization\n",
+        "        GPU                                            : 0 %\n",
+        "    GPU Power Readings\n",
+        "        Average Power Draw                             : 12.11 W\n",
+        "        GPU Ceiling Power Limit\n",
+        "            Current Power Limit                        : 80.00 W\n",
+        "        Min Power Limit                                : 1.00 W\n",
+    ]
+    _, _, snaps = read_lines(report)
+    gpu = next(iter(snaps)).gpus[0]
+    assert (gpu.power_watts, gpu.power_limit_watts) == (12.11, 80.0)
+
+
+def test_public_log_score_counts_verdict_gpus_and_refusals(tmp_path: Path) -> None:
+    """benchmarks/score_public_logs.py on a manifest of two logs: one read and judged as
+    labelled, one gpumon cannot read."""
+    (tmp_path / "a.csv").write_bytes((QUIRKS / "json_devices_list.jsonl").read_bytes())
+    (tmp_path / "b.log").write_text("hello\nworld\n")
+    (tmp_path / "manifest.toml").write_text(
+        '[logs."a.csv"]\nrepo = "x/y"\npath = "a"\ncommit = "0"\nlines = "all"\n'
+        'label = "healthy"\ngpus = 2\nevidence = "two GPUs at 93-100 %"\n\n'
+        '[logs."b.log"]\nrepo = "x/y"\npath = "b"\ncommit = "0"\nlines = "all"\n'
+        'label = "idle"\ngpus = 1\nevidence = "none"\n'
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "score_public_logs.py"),
+            str(tmp_path / "manifest.toml"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        cwd=ROOT,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "both right: 1/2" in proc.stdout
+    assert "read (not refused): 1/2" in proc.stdout
+    assert "refused: gpumon:" in proc.stdout

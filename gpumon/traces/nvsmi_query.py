@@ -73,6 +73,7 @@ FIELDS: dict[tuple[str, str], tuple[str, int]] = {
     ("power readings", "enforced power limit"): ("power_limit", 0),
     ("gpu power readings", "current power limit"): ("power_limit", 0),
     ("power readings", "power limit"): ("power_limit", 1),
+    ("gpu ceiling power limit", "current power limit"): ("power_limit", 0),  # 610+ drivers
     ("gpu power readings", "power limit"): ("power_limit", 1),
     ("clocks", "sm"): ("sm_clock", 0),
 }
