@@ -329,8 +329,10 @@ def _snapshots(
         for g in r.gpus:
             index = order.get(g.bus)
             if index is None:
-                index = order[g.bus] = len(order)
                 late.note(r.line, g.bus)
+                if len(order) >= MAX_GPUS:
+                    continue  # bounded: a file naming ever new buses is not a machine
+                index = order[g.bus] = len(order)
             samples[index] = _sample(index, t, g)
         return Snapshot(t, tuple(samples[i] for i in sorted(samples)))
 
