@@ -37,12 +37,20 @@ SAMPLES = {
     "prometheus": QUIRKS / "prom_gpumon.json",
     "nvidia-smi-table": LOGS / "table_535.txt",
     "key-value": QUIRKS / "keyvalue_blocks.log",
+    "json-lines": QUIRKS / "json_per_gpu_events.jsonl",
+    "nvidia-smi-q": QUIRKS / "nvsmi_q_loop_535.txt",
+    "long-table": QUIRKS / "dcgm_api_power_only.csv",
+    "one-line": QUIRKS / "oneline_bracket_alerts.log",
 }
 HEADS = {
     fmt: "".join(path.read_text(encoding="utf-8").splitlines(keepends=True)[:40])
     for fmt, path in SAMPLES.items()
 }
 HEADS["prometheus"] = SAMPLES["prometheus"].read_text(encoding="utf-8")[:6000]
+# Two reports of two GPUs each: the sections, the second report's banner and time.
+HEADS["nvidia-smi-q"] = "".join(
+    SAMPLES["nvidia-smi-q"].read_text(encoding="utf-8").splitlines(keepends=True)[:200]
+)
 HEADS["gpumon"] = (
     '{"format":"gpumon-trace","version":1,"header":{"source":"gpumon","interval_s":1.0,'
     '"gpus":[{"index":0,"uuid":"GPU-a"}]}}\n'

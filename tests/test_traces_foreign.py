@@ -174,10 +174,13 @@ def test_nvsmi_csv_noheader_columns_guessed_from_units() -> None:
     )
 
 
-def test_nvsmi_csv_noheader_nounits_says_how_to_rerun() -> None:
-    text = "".join(f"2024/05/01 12:00:0{k}.000, 0, {k * 10}, 1234\n" for k in range(5))
-    with pytest.raises(TraceFormatError, match="Re-run nvidia-smi with --format=csv"):
+def test_nvsmi_csv_noheader_nounits_names_columns_option() -> None:
+    """Two columns of 0-100 values that both change: either could be the utilisation, so
+    the refusal says how to name the columns (and how to re-run nvidia-smi)."""
+    text = "".join(f"2024/05/01 12:00:0{k}.000, 0, {k * 10}, {k * 7}, 1234\n" for k in range(5))
+    with pytest.raises(TraceFormatError, match="--columns") as err:
         parse(text)
+    assert "re-run nvidia-smi with --format=csv" in str(err.value)
 
 
 def test_nvsmi_csv_any_order_and_power_priority() -> None:

@@ -75,7 +75,16 @@ def test_a_line_over_the_bound_is_a_named_error_after_the_valid_part(tmp_path: P
 
 @pytest.mark.parametrize(
     "start",
-    ["", "timestamp, utilization.gpu [%]\n", "# gpu   pwr    sm\n# Idx     W     %\n", "{"],
+    [
+        "",
+        "timestamp, utilization.gpu [%]\n",
+        "# gpu   pwr    sm\n# Idx     W     %\n",
+        "{",
+        '{"ts": 1, "gpu_index": 0, "util_gpu": 5}\n{"ts": 2, "gpu_index": 0, "util_gpu": ',
+        "==============NVSMI LOG==============\nGPU 00000000:01:00.0\n    Utilization\n",
+        "GPUId,TimeStampUs,Field,Values\n0,1,gpu_utilization,5\n0,2,gpu_utilization,",
+        "[12:00:00] GPU0: util=5%\n[12:00:01] GPU0: util=6%\n[12:00:02] GPU0: util=",
+    ],
 )
 def test_a_huge_file_without_newlines_takes_bounded_memory(tmp_path: Path, start: str) -> None:
     """A 300 MB file without a newline took 612 MB; here 24 MB, read under 16 MiB."""

@@ -10,9 +10,9 @@ how gpumon's own sampler hands the detector the driver's utilisation buffer.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from math import isfinite
-from typing import Any
+from typing import Any, TypeVar
 
 from gpumon.errors import TraceFormatError
 from gpumon.model import GpuSample, Point, Snapshot
@@ -391,3 +391,54 @@ def add_note(extra: dict[str, object], note: str) -> None:
     assert isinstance(notes, list)
     if note not in notes:
         notes.append(note)
+
+
+T = TypeVar("T")
+
+
+def read_ahead(
+    numbered: Iterator[tuple[int, str]],
+    feed: Callable[[int, str], T | None],
+    flush: Callable[[], T | None],
+    limit: int,
+) -> tuple[list[tuple[int, str]], list[T]]:
+    """A reader's look ahead: the first ``limit`` numbered lines, and the items (blocks,
+    reports) ``feed`` closed on them and ``flush`` closed after them."""
+    prefix: list[tuple[int, str]] = []
+    items: list[T] = []
+    for no, line in numbered:
+        prefix.append((no, line))
+        done = feed(no, line)
+        if done is not None:
+            items.append(done)
+        if len(prefix) >= limit:
+            break
+    last = flush()
+    if last is not None:
+        items.append(last)
+    return prefix, items
+
+
+def closed_items(
+    numbered: Iterable[tuple[int, str]],
+    feed: Callable[[int, str], T | None],
+    flush: Callable[[], T | None],
+) -> Iterator[T]:
+    """Every item (block, report, tick) ``feed`` closes line by line, then the last one."""
+    for no, line in numbered:
+        done = feed(no, line)
+        if done is not None:
+            yield done
+    last = flush()
+    if last is not None:
+        yield last
+
+
+def assume_interval(extra: dict[str, object], what: str, interval_s: float | None) -> float:
+    """The interval of a log that carries no time (``what``: ``no time lines: blocks``):
+    ``--interval``, else 1 s, said."""
+    interval = interval_s or 1.0
+    extra["interval_assumed"] = f"{what} assumed {interval:g} s apart" + (
+        "" if interval_s else " (say otherwise with --interval)"
+    )
+    return interval

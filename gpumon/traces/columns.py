@@ -154,6 +154,33 @@ def tokens(name: str) -> list[str]:
     return out
 
 
+_UNIT_WORDS = ("MiB", "GiB", "KiB", "TiB")
+
+
+def decamel(name: str) -> str:
+    """``gpuUtilPct`` -> ``gpu Util Pct``, ``GPUId`` -> ``GPU Id``, ``memUsedMiB`` ->
+    ``mem Used MiB``: camel-case names (JSON keys, DCGM's examples) cut into the words
+    ``tokens`` reads; binary units (``MiB``) stay whole.  Linear in the name."""
+    out: list[str] = []
+    i, n = 0, len(name)
+    while i < n:
+        unit = next((u for u in _UNIT_WORDS if name.startswith(u, i)), None)
+        if unit is not None:
+            if out and out[-1] != " ":
+                out.append(" ")
+            out.append(unit)
+            i += len(unit)
+            continue
+        c = name[i]
+        prev = name[i - 1] if i else ""
+        nxt = name[i + 1] if i + 1 < n else ""
+        if c.isupper() and (prev.islower() or (prev.isupper() and nxt.islower())):
+            out.append(" ")
+        out.append(c)
+        i += 1
+    return "".join(out)
+
+
 @dataclass(frozen=True)
 class Column:
     """One column's meaning: ``field`` (None: not used), ``gpu`` (its GPU in a wide file),
@@ -428,6 +455,7 @@ class Layout:
     clock_at: int | None = None
     ignored: list[str] = field(default_factory=list)
     aggregate: bool = False  # the utilisation column is named just "GPU"
+    notes: list[str] = field(default_factory=list)  # what was assumed laying it out
 
     @property
     def key(self) -> str | None:

@@ -16,6 +16,7 @@ from itertools import chain
 
 from gpumon.errors import TraceFormatError
 from gpumon.model import GpuIdentity, GpuSample, Point, Snapshot, TraceHeader
+from gpumon.traces import dcgm_fields
 from gpumon.traces._common import MIB, Assembler, add_note, bad_line, cut_short_warning, num
 from gpumon.traces.reader import Reader
 from gpumon.traces.source import Source, numbered_lines
@@ -23,29 +24,9 @@ from gpumon.traces.source import Source, numbered_lines
 FORMAT = "dcgmi"
 PREFIX_LINES = 400
 
-# dcgmi field tag -> (field, scale to gpumon's unit).
+# dcgmi's short field names -> (field, scale to gpumon's unit), from DCGM's one table.
 TAGS: dict[str, tuple[str, float]] = {
-    "GPUTL": ("util", 1.0),  # 203 DCGM_FI_DEV_GPU_UTIL, %
-    "GRACT": ("util_prof", 100.0),  # 1001 DCGM_FI_PROF_GR_ENGINE_ACTIVE, ratio
-    "SMACT": ("sm_active", 1.0),  # 1002 DCGM_FI_PROF_SM_ACTIVE, ratio (what GPM reads)
-    "SMOCC": ("sm_occupancy", 1.0),  # 1003 DCGM_FI_PROF_SM_OCCUPANCY, ratio
-    "TENSO": ("tensor_active", 1.0),  # 1004 DCGM_FI_PROF_PIPE_TENSOR_ACTIVE, ratio
-    "MCUTL": ("mem_util", 1.0),  # 204 DCGM_FI_DEV_MEM_COPY_UTIL, %
-    "FBUSD": ("mem_used", 1.0),  # 252 DCGM_FI_DEV_FB_USED, MiB
-    "FBTTL": ("mem_total", 1.0),  # 250 DCGM_FI_DEV_FB_TOTAL, MiB
-    "FBFRE": ("mem_free", 1.0),  # 251 DCGM_FI_DEV_FB_FREE, MiB
-    "POWER": ("power", 1.0),  # 155 DCGM_FI_DEV_POWER_USAGE, W
-    "POWR": ("power", 1.0),
-    "PMLMT": ("power_limit", 1.0),  # 160 DCGM_FI_DEV_POWER_MGMT_LIMIT, W
-    "EPLMT": ("power_limit", 1.0),  # 164 DCGM_FI_DEV_ENFORCED_POWER_LIMIT, W
-    "TMPTR": ("temp", 1.0),  # 150 DCGM_FI_DEV_GPU_TEMP, C
-    "GTEMP": ("temp", 1.0),
-    "GPUT": ("temp", 1.0),
-    "SMCLK": ("sm_clock", 1.0),  # 100 DCGM_FI_DEV_SM_CLOCK, MHz
-    "PCITX": ("pcie_tx", 1.0),  # 1009 DCGM_FI_PROF_PCIE_TX_BYTES, B/s
-    "PCIRX": ("pcie_rx", 1.0),  # 1010 DCGM_FI_PROF_PCIE_RX_BYTES, B/s
-    "DVNAM": ("name", 1.0),  # 50 DCGM_FI_DEV_NAME
-    "NVIDX": ("index", 1.0),
+    short: (f.field, f.scale) for short, f in dcgm_fields.BY_SHORT.items()
 }
 _ENTITY = ("#entity", "#entityid")
 

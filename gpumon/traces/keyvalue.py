@@ -25,13 +25,15 @@ from gpumon.errors import TraceFormatError
 from gpumon.model import GpuIdentity, GpuSample, HostSample, Snapshot, TraceHeader
 from gpumon.traces._common import (
     MIB,
+    Tally,
     add_note,
-    bad_line,
+    assume_interval,
     cut_short_warning,
     is_cut_short,
     median_interval,
     mem_mib,
     num,
+    read_ahead,
 )
 from gpumon.traces.columns import classify
 from gpumon.traces.reader import Reader
@@ -40,6 +42,7 @@ from gpumon.traces.timefmt import FRAME, line_time
 
 FORMAT = "key-value"
 PREFIX_LINES = 400
+MAX_IGNORED = 64  # keys named as not read, at most
 _GPU_FIELDS = frozenset(("util", "mem_used", "mem_total", "mem_util", "temp", "power", "sm_clock"))
 
 
@@ -122,6 +125,10 @@ class _Blocks:
         self.block = _Block()
         self.skipped = 0
         self.ignored: list[str] = []
+        self.unread = Tally(
+            "line(s) whose value is not one reading (several values, words): not read as a "
+            "sample field"
+        )
         self.has_times = False
 
     def feed(self, no: int, line: str) -> _Block | None:
@@ -150,23 +157,34 @@ class _Blocks:
         col = classify(key)
         fld = col.field
         if fld not in _GPU_FIELDS and fld != "host_cpu":
-            if key not in self.ignored:
-                self.ignored.append(key)
+            self._ignore(key)
+            return None
+        try:
+            got = {"host_cpu": num(value)} if fld == "host_cpu" else _value(fld, value)
+        except ValueError:
+            # Not one reading ("Allocated: 0.0MB, Reserved: 0.0MB"): not a sample field.
+            self.unread.note(no, line.strip())
+            self._ignore(key)
             return None
         done = None
         if key in self.block.keys and not self.has_times:
             done = self._start(_Block(line=no))
+        gpu = self.block.gpus.setdefault(col.gpu or 0, {}) if fld != "host_cpu" else {}
+        if any(f in gpu for f in got) and key not in self.block.keys:
+            self._ignore(key)  # a second key for a field this block has (a framework's view)
+            return done
         self.block.keys.add(key)
-        try:
-            if fld == "host_cpu":
-                self.block.cpu = num(value)
-            else:
-                self.block.gpus.setdefault(col.gpu or 0, {}).update(_value(fld, value))
-        except ValueError as exc:
-            raise bad_line(self.path, no, line, f"malformed value ({exc})") from None
+        if fld == "host_cpu":
+            self.block.cpu = got["host_cpu"]
+        else:
+            gpu.update(got)
         if not self.block.line:
             self.block.line = no
         return done
+
+    def _ignore(self, key: str) -> None:
+        if key not in self.ignored and len(self.ignored) < MAX_IGNORED:
+            self.ignored.append(key)
 
     def _start(self, new: _Block) -> _Block | None:
         old, self.block = self.block, new
@@ -184,29 +202,15 @@ def read(
 ) -> tuple[TraceHeader, Iterator[Snapshot]]:
     """Parse a log of ``Key: value`` blocks: the header now, the snapshots lazily."""
     warns, numbered = numbered_lines(lines, path, warnings)
-    prefix: list[tuple[int, str]] = []
     probe = _Blocks(path)
-    blocks: list[_Block] = []
-    for no, line in numbered:
-        prefix.append((no, line))
-        done = probe.feed(no, line)
-        if done is not None:
-            blocks.append(done)
-        if len(prefix) >= PREFIX_LINES:
-            break
-    last = probe.flush()
-    if last is not None:
-        blocks.append(last)
+    prefix, blocks = read_ahead(numbered, probe.feed, probe.flush, PREFIX_LINES)
     if not blocks:
         raise TraceFormatError("no blocks of GPU readings ('GPU Load: 42%') found", path=path)
     extra: dict[str, object] = {}
     times = [b.t for b in blocks if b.t is not None]
     interval = median_interval(times) if times else None
     if interval is None:
-        interval = interval_s or 1.0
-        extra["interval_assumed"] = f"no time lines: blocks assumed {interval:g} s apart" + (
-            "" if interval_s else " (say otherwise with --interval)"
-        )
+        interval = assume_interval(extra, "no time lines: blocks", interval_s)
     else:
         extra["timestamps"] = "local time of the logging machine, read as UTC"
     if probe.ignored:
@@ -262,19 +266,19 @@ def _snapshots(
         host = None if b.cpu is None or not 0 <= b.cpu <= 100 else HostSample(t, cpu_pct=b.cpu)
         return Snapshot(t, tuple(_sample(g, t, f) for g, f in sorted(b.gpus.items())), host)
 
-    for no, line in lines:
-        try:
+    try:
+        for no, line in lines:
+            if is_cut_short(line) and not _pairs(line)[1]:
+                warns.append(cut_short_warning(path, no))
+                break
             done = blocks.feed(no, line)
-        except TraceFormatError:
-            if not is_cut_short(line):
-                raise
-            warns.append(cut_short_warning(path, no))
-            break
-        if done is not None:
-            yield snapshot(done)
-    last = blocks.flush()
-    if last is not None:
-        yield snapshot(last)
+            if done is not None:
+                yield snapshot(done)
+        last = blocks.flush()
+        if last is not None:
+            yield snapshot(last)
+    finally:
+        blocks.unread.say(path, warns)
 
 
 READER = Reader(

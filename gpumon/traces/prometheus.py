@@ -23,6 +23,7 @@ from typing import Any
 
 from gpumon.errors import TraceFormatError
 from gpumon.model import GpuIdentity, GpuSample, HostSample, Snapshot, TraceHeader
+from gpumon.traces import dcgm_fields
 from gpumon.traces._common import MIB, Tally, add_note, median_interval
 from gpumon.traces.jsonstream import Buffer
 from gpumon.traces.reader import Reader
@@ -31,22 +32,23 @@ from gpumon.traces.source import Source, as_source
 FORMAT = "prometheus"
 MAX_POINTS = 4_000_000
 
-# metric name -> (field, scale to gpumon's unit)
+_MEMORY = frozenset(("mem_used", "mem_free", "mem_total"))
+_EXPORTED = (
+    frozenset(
+        ("util", "util_prof", "sm_active", "sm_occupancy", "tensor_active", "mem_util", "power")
+    )
+    | _MEMORY
+    | frozenset(("power_limit", "temp", "sm_clock"))
+)
+
+# metric name -> (field, scale to gpumon's unit): dcgm-exporter's from DCGM's one table
+# (its memory in MiB, kept here in bytes), then nvidia_gpu_exporter's and gpumon's own.
 METRICS: dict[str, tuple[str, float]] = {
-    "DCGM_FI_DEV_GPU_UTIL": ("util", 1.0),
-    "DCGM_FI_PROF_GR_ENGINE_ACTIVE": ("util_prof", 100.0),
-    "DCGM_FI_PROF_SM_ACTIVE": ("sm_active", 1.0),
-    "DCGM_FI_PROF_SM_OCCUPANCY": ("sm_occupancy", 1.0),
-    "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": ("tensor_active", 1.0),
-    "DCGM_FI_DEV_MEM_COPY_UTIL": ("mem_util", 1.0),
-    "DCGM_FI_DEV_FB_USED": ("mem_used", MIB),
-    "DCGM_FI_DEV_FB_FREE": ("mem_free", MIB),
-    "DCGM_FI_DEV_FB_TOTAL": ("mem_total", MIB),
-    "DCGM_FI_DEV_POWER_USAGE": ("power", 1.0),
-    "DCGM_FI_DEV_POWER_MGMT_LIMIT": ("power_limit", 1.0),
-    "DCGM_FI_DEV_ENFORCED_POWER_LIMIT": ("power_limit", 1.0),
-    "DCGM_FI_DEV_GPU_TEMP": ("temp", 1.0),
-    "DCGM_FI_DEV_SM_CLOCK": ("sm_clock", 1.0),
+    **{
+        f.fi: (f.field, f.scale * (MIB if f.field in _MEMORY else 1.0))
+        for f in dcgm_fields.FIELDS
+        if f.field in _EXPORTED and f.rank == 0
+    },
     "nvidia_smi_utilization_gpu_ratio": ("util", 100.0),
     "nvidia_smi_utilization_memory_ratio": ("mem_util", 100.0),
     "nvidia_smi_memory_used_bytes": ("mem_used", 1.0),

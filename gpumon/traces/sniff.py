@@ -17,7 +17,7 @@ import io
 import os
 import sys
 import zlib
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import IO, Any, cast
 
 from gpumon.errors import GpumonError, TraceFormatError
@@ -28,8 +28,12 @@ from gpumon.traces import (
     gpustat,
     gpustat_json,
     jsonl,
+    jsonrows,
     keyvalue,
+    longtable,
+    nvsmi_query,
     nvsmi_table,
+    oneline,
     prometheus,
     tabular,
     wandb,
@@ -37,6 +41,7 @@ from gpumon.traces import (
 from gpumon.traces._common import shown
 from gpumon.traces.reader import Reader
 from gpumon.traces.source import Source
+from gpumon.traces.tab_header import is_value
 
 # Every format gpumon reads, in the order content detection asks them: the specific
 # before the general (a gpustat --json or W&B file is JSON too; any table is a CSV).
@@ -45,11 +50,15 @@ READERS: tuple[Reader, ...] = (
     prometheus.READER,
     gpustat_json.READER,
     wandb.READER,
+    jsonrows.READER,
     dcgmi.READER,
     dmon.READER,
     gpustat.READER,
+    nvsmi_query.READER,
     nvsmi_table.READER,
+    oneline.READER,
     keyvalue.READER,
+    longtable.READER,
     *tabular.READERS,
 )
 BY_NAME: dict[str, Reader] = {r.name: r for r in READERS}
@@ -205,16 +214,24 @@ def read_source(
     fmt: str = "auto",
     warnings: list[str] | None = None,
     interval_s: float | None = None,
+    columns: Sequence[str] | None = None,
 ) -> tuple[str, TraceHeader, Iterator[Snapshot]]:
-    """Sniff (unless ``fmt`` says) and read a Source: (format, header, snapshots)."""
-    fmt, header, snapshots, _line = _read(src, fmt, warnings, interval_s)
+    """Sniff (unless ``fmt`` says) and read a Source: (format, header, snapshots).
+    ``columns``: the names of a table's columns (a table without a header line)."""
+    fmt, header, snapshots, _line = _read(src, fmt, warnings, interval_s, columns)
     return fmt, header, snapshots
 
 
 def _read(
-    src: Source, fmt: str, warnings: list[str] | None, interval_s: float | None
+    src: Source,
+    fmt: str,
+    warnings: list[str] | None,
+    interval_s: float | None,
+    columns: Sequence[str] | None = None,
 ) -> tuple[str, TraceHeader, Iterator[Snapshot], Callable[[], int | None]]:
     path = src.path
+    if columns is not None:
+        return _read_named(src, fmt, warnings, interval_s, columns)
     if fmt == "auto":
         found = sniff(src.head)
         if found is None:
@@ -240,6 +257,27 @@ def _read(
     if warnings is not None and not reader.own_clock:
         snapshots = _clock_checks(snapshots, path, warnings)
     return fmt, header, snapshots, lambda: getattr(tracked, "line", None)
+
+
+def _read_named(
+    src: Source,
+    fmt: str,
+    warnings: list[str] | None,
+    interval_s: float | None,
+    columns: Sequence[str],
+) -> tuple[str, TraceHeader, Iterator[Snapshot], Callable[[], int | None]]:
+    """A table whose columns the user named (``--columns``): read as a table whatever its
+    head looks like, since the names say what a header would."""
+    tables = {r.name for r in tabular.READERS}
+    if fmt != "auto" and fmt not in tables:
+        raise TraceFormatError(
+            f"--columns names the columns of a table ({', '.join(sorted(tables))}), not of {fmt}",
+            path=src.path,
+        )
+    header, snapshots = tabular.read_named(src, src.path, warnings, interval_s, columns)
+    if warnings is not None:
+        snapshots = _clock_checks(snapshots, src.path, warnings)
+    return header.source, header, snapshots, lambda: None
 
 
 def _skip_preamble(src: Source, fmt: str, warnings: list[str] | None) -> str:
@@ -278,14 +316,18 @@ def read_lines(
     path: str = "<input>",
     warnings: list[str] | None = None,
     interval_s: float | None = None,
+    columns: Sequence[str] | None = None,
 ) -> tuple[str, TraceHeader, Iterator[Snapshot]]:
     """Parse log lines already in memory or on a stream (tests, pipes); lines keep their
     line endings."""
-    return read_source(Source.from_lines(lines, path), fmt, warnings, interval_s)
+    return read_source(Source.from_lines(lines, path), fmt, warnings, interval_s, columns)
 
 
 def open_trace(
-    path: str | os.PathLike[str], fmt: str = "auto", interval_s: float | None = None
+    path: str | os.PathLike[str],
+    fmt: str = "auto",
+    interval_s: float | None = None,
+    columns: Sequence[str] | None = None,
 ) -> OpenedTrace:
     """Open a gpumon trace or a foreign GPU log (``-``: stdin), detecting its format.
 
@@ -302,7 +344,7 @@ def open_trace(
         raise GpumonError(f"{label}: cannot read ({exc.strerror or exc})") from None
     try:
         src = Source.from_stream(text, label)
-        fmt, header, snapshots, line_of_last = _read(src, fmt, warnings, interval_s)
+        fmt, header, snapshots, line_of_last = _read(src, fmt, warnings, interval_s, columns)
         if guard is not None:
             snapshots = _noting_cut(snapshots, guard, label, warnings)
         return OpenedTrace(
@@ -374,6 +416,13 @@ def _unrecognised(head: list[str], path: str) -> TraceFormatError:
     text = first.strip().lstrip("\ufeff")
     tried = "; ".join(r.description for r in READERS)
     found = f"found {shown(text)!r}" if text else "the file is empty"
+    hint = ""
+    cells = text.replace(",", " ").replace(";", " ").split()
+    if len(cells) >= 2 and all(is_value(c) for c in cells):
+        hint = (
+            ". Rows of values without a header line: name the columns with --columns "
+            "(nvidia-smi's query names, in order)"
+        )
     return TraceFormatError(
-        f"not a format gpumon reads ({found}). Tried: {tried}", path=path, line=first_no
+        f"not a format gpumon reads ({found}). Tried: {tried}{hint}", path=path, line=first_no
     )

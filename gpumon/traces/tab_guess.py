@@ -5,6 +5,8 @@ a number with a unit (``92 %``, ``49140 MiB``, ``250.00 W``, ``1410 MHz``).
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 from gpumon.traces._common import num, split_number
 from gpumon.traces.columns import Layout
 from gpumon.traces.timefmt import pick
@@ -131,10 +133,10 @@ def guess_layout(rows: list[list[str]]) -> Layout | None:
     if not sample or ncols < 2:
         return None
     kinds = [column_kind([r[i].strip() for r in sample]) for i in range(ncols)]
-    if not any(k in UNITS for k in kinds):
-        return None
-    lay = Layout(count=ncols, columns=[])
     cols = _Columns(sample, kinds)
+    if not any(k in UNITS for k in kinds):
+        return _guess_bare(cols)
+    lay = Layout(count=ncols, columns=[])
     for place in (_place_keys, _place_percents, _place_memory, _place_power, _place_rest):
         place(lay, cols)
     return lay
@@ -150,3 +152,154 @@ def index_that_names(lay: Layout, rows: list[list[str]]) -> None:
     if cells and not all(c.isdigit() for c in cells if c):
         del lay.at["index"]
         lay.at.setdefault("name", at)
+
+
+# --- rows of bare numbers (``--format=csv,noheader,nounits``) -----------------------------
+
+EPOCH_S = (1e9, 4.2e9)  # 2001-09 to 2103: epoch seconds a log can hold
+_EPOCH_SCALES = ((1.0, "seconds"), (1e3, "milliseconds"), (1e6, "microseconds"))
+MIN_BARE_ROWS = 3  # fewer rows cannot tell a column that changes from one that does not
+MEM_TOTAL_MIB = (4000.0, float(1 << 20))  # a training GPU's memory in MiB: 4 GB to 1 TiB
+
+
+def _numbers(cols: _Columns, i: int) -> list[float] | None:
+    """Column ``i``'s values as numbers without units, or None (a unit, a name, no reading)."""
+    out = []
+    for r in cols.sample:
+        try:
+            got = split_number(r[i])
+        except ValueError:
+            return None
+        if got is None or got[1]:
+            return None
+        out.append(got[0])
+    return out
+
+
+def epoch_scale(values: list[float]) -> str | None:
+    """The unit ("seconds", "milliseconds", ...) of a column of epoch times that never go
+    back, or None when the values are not such times."""
+    for scale, unit in _EPOCH_SCALES:
+        lo, hi = EPOCH_S[0] * scale, EPOCH_S[1] * scale
+        if all(lo <= v <= hi for v in values) and all(b >= a for a, b in pairwise(values)):
+            return unit
+    return None
+
+
+def _bare_time(lay: Layout, cols: _Columns, nums: dict[int, list[float]]) -> bool:
+    """The time column: a timestamp, or numbers that can only be epoch times (said)."""
+    if cols.of("time"):
+        lay.time_at = cols.of("time")[0]
+        return True
+    for i, values in nums.items():
+        unit = epoch_scale(values)
+        if unit is not None:
+            lay.time_at = i
+            lay.notes.append(
+                f"column {i + 1} holds numbers only epoch {unit} can be: read as the time"
+            )
+            del nums[i]
+            return True
+    return False
+
+
+def _bare_total(lay: Layout, nums: dict[int, list[float]]) -> None:
+    """The GPU's memory total: a constant whole number of a memory's size (4 GB to 1 TiB
+    in MiB) that no value of another column exceeds (used and free memory never do)."""
+    sizes = [
+        i
+        for i, v in nums.items()
+        if len(set(v)) == 1 and MEM_TOTAL_MIB[0] <= v[0] <= MEM_TOTAL_MIB[1] and v[0] == int(v[0])
+    ]
+    if not sizes:
+        return
+    i = max(sizes, key=lambda k: nums[k][0])
+    total = nums[i][0]
+    if any(x > total for k, v in nums.items() if k != i for x in v) or [
+        k for k in sizes if nums[k][0] == total and k != i
+    ]:
+        return
+    lay.at["mem_total"] = i
+    lay.notes.append(
+        f"column {i + 1} is constant at {total:g}, a GPU's memory size, and no other value "
+        "exceeds it: read as memory.total in MiB"
+    )
+    del nums[i]
+
+
+def _bare_index(lay: Layout, cols: _Columns, nums: dict[int, list[float]]) -> None:
+    """An index column: whole numbers cycling 0..n-1 over at least two GPUs."""
+    for i in cols.of("index"):
+        values = nums.get(i)
+        if values is not None and len(set(values)) >= 2:
+            lay.at["index"] = i
+            lay.notes.append(
+                f"column {i + 1} cycles through 0-{int(max(values))}: read as the index"
+            )
+            del nums[i]
+            return
+
+
+def _bare_util(lay: Layout, nums: dict[int, list[float]]) -> bool:
+    """The utilisation: the one column of 0-100 values that changes (or, when none
+    changes, the only column of 0-100 values); False when the values leave a choice."""
+    percent = [i for i, v in nums.items() if all(0 <= x <= 100 for x in v)]
+    varying = [i for i in percent if len(set(nums[i])) > 1]
+    pick = varying if varying else percent
+    if len(pick) != 1:
+        return False
+    i = pick[0]
+    lay.at["util"] = i
+    why = (
+        "the one column of 0-100 values that changes"
+        if varying
+        else "the one column of 0-100 values"
+    )
+    lay.notes.append(f"column {i + 1} is {why}: read as utilization.gpu (%)")
+    del nums[i]
+    return True
+
+
+def _guess_bare(cols: _Columns) -> Layout | None:
+    """Columns of rows of bare numbers, where the values leave one reading only: a time
+    (a timestamp, or epoch numbers), the GPU's memory total (the one constant column of a
+    memory size), an index (cycling 0..n-1) and the utilisation (the one 0-100 column
+    that changes); None when they leave a choice (``--columns`` names them then).  What
+    was assumed is in ``notes``; other columns are not read."""
+    ncols = len(cols.kinds)
+    if len(cols.sample) < MIN_BARE_ROWS:
+        return None
+    lay = Layout(count=ncols, columns=[])
+    for kind in ("uuid", "bus", "name"):
+        if cols.of(kind):
+            lay.at[kind] = cols.of(kind)[0]
+    nums = {i: v for i in range(ncols) if (v := _numbers(cols, i)) is not None}
+    if not _bare_time(lay, cols, nums):
+        return None
+    _bare_total(lay, nums)
+    _bare_index(lay, cols, nums)
+    if not _bare_util(lay, nums):
+        return None
+    if nums:
+        lay.notes.append(
+            "column(s) " + ", ".join(str(i + 1) for i in sorted(nums)) + " not read (their "
+            "values leave more than one reading; name them with --columns)"
+        )
+    return lay
+
+
+def bare_rows(rows: list[list[str]]) -> bool:
+    """Rows of two or more bare numbers, the first an epoch time or a timestamp: a table
+    without a header or units (read if its values allow, else refused naming --columns)."""
+    if len(rows) < 2 or len(rows[0]) < 2:
+        return False
+    ncols = len(rows[0])
+    sample = [r for r in rows[:SAMPLE_ROWS] if len(r) == ncols]
+    if len(sample) < 2:
+        return False
+    cols = _Columns(sample, [column_kind([r[0].strip() for r in sample])])
+    rest = [_numbers(cols, i) for i in range(1, ncols)]
+    if any(v is None for v in rest):
+        return False
+    first = _numbers(cols, 0)
+    return cols.kinds[0] == "time" or (first is not None and epoch_scale(first) is not None)

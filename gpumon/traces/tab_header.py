@@ -9,7 +9,7 @@ from collections.abc import Iterable
 
 from gpumon.traces._common import split_number
 from gpumon.traces.columns import Layout, is_nvsmi_name, resolve
-from gpumon.traces.tab_guess import guess_layout
+from gpumon.traces.tab_guess import bare_rows, guess_layout
 from gpumon.traces.table import WS, sniff_delimiter, split_plain, split_quoted
 from gpumon.traces.timefmt import line_time, pick
 
@@ -160,4 +160,6 @@ def sniff_format(head: list[str]) -> str | None:
         return NVSMI
     if len(first) > 1 and _nvsmi_stamp(first[0]):
         return NVSMI  # nvidia-smi rows without header or units: read() says how to re-run
+    if delim != WS and bare_rows([cells_of(ln, delim) for ln in lines[:64]]):
+        return NVSMI  # epoch times and bare numbers: read as far as the values allow
     return None

@@ -19,7 +19,8 @@ only for the rows that become samples: 4 M rows stay within seconds.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import replace
 from itertools import chain
 
 from gpumon.errors import TraceFormatError
@@ -32,6 +33,7 @@ from gpumon.traces._common import (
     fnum,
     median_interval,
     mem_mib,
+    split_number,
 )
 from gpumon.traces.columns import Layout, resolve
 from gpumon.traces.reader import Reader, Sniff
@@ -75,15 +77,48 @@ def read(
     ``PREFIX_LINES`` fix everything a header says (the columns, the time format, which GPU
     a row is, the interval); the rest are read as they come.
     """
+    src = as_source(lines, path)
+    return read_table(enumerate(src.lines(checked=False), 1), path, warnings, interval_s)
+
+
+def read_named(
+    lines: Iterable[str] | Source,
+    path: str,
+    warnings: list[str] | None,
+    interval_s: float | None,
+    columns: Sequence[str],
+) -> tuple[TraceHeader, Iterator[Snapshot]]:
+    """A table whose columns are named by the caller (``--columns``), in any vocabulary
+    ``columns.classify`` knows (nvidia-smi's query names first)."""
+    src = as_source(lines, path)
+    return read_table(
+        enumerate(src.lines(checked=False), 1), path, warnings, interval_s, columns=columns
+    )
+
+
+def read_table(
+    lines: Numbered,
+    path: str = "<input>",
+    warnings: list[str] | None = None,
+    interval_s: float | None = None,
+    *,
+    columns: Sequence[str] | None = None,
+    delim: str | None = None,
+    source: str | None = None,
+) -> tuple[TraceHeader, Iterator[Snapshot]]:
+    """Read numbered table lines (``read``'s work): ``columns`` names the columns of a
+    table without a header (``--columns``, or the keys of JSON objects made rows);
+    ``delim`` fixes the delimiter; ``source`` the format the header reports."""
     warns = warnings if warnings is not None else []
-    prefix, numbered = _read_prefix(as_source(lines, path), path)
+    prefix, numbered = _read_prefix(lines, path)
     rows_text = content(ln for _, ln in prefix)
     if not rows_text:
         raise TraceFormatError("no rows found", path=path)
-    delim = sniff_delimiter(rows_text) or ","
+    delim = delim or sniff_delimiter(rows_text) or ","
     records, markers = _prefix_records(prefix, delim, path)
     extra: dict[str, object] = {}
-    lay, fmt, tab, data, header_no = _layout_of(records, path, warns, extra)
+    lay, fmt, tab, data, header_no = _layout_of(records, path, warns, extra, columns)
+    fmt = source or fmt
     if lay.ignored:
         extra["ignored_columns"] = lay.ignored
     rows = [f for _, c, _ in data if (f := fit(c, lay.count, tab)) is not None]
@@ -96,11 +131,9 @@ def read(
     if not gpu_fields(lay) or (
         not any("util" in f for f in tab.gpu_columns().values()) and not lay.series
     ):
-        warns.append(
-            f"{path}: no GPU utilisation column (utilization.gpu, gpu_util, ...); the GPUs' "
-            "activity cannot be judged"
-        )
+        warns.append(_no_utilisation(tab, path))
     _read_fractions(tab, rows, extra)
+    _memory_in_gib(tab, rows, extra)
     times, rows = _prefix_times(tab, rows, extra)
     if times is None and any(t is not None for _, t in markers):
         times, rows = _marker_times(tab, data, markers, extra)
@@ -124,12 +157,12 @@ def read(
     return header, snapshots(body, tab, delim, header, t0, sub_stamp, path, warns)
 
 
-def _read_prefix(src: Source, path: str) -> tuple[list[tuple[int, str]], Numbered]:
+def _read_prefix(numbered: Numbered, path: str) -> tuple[list[tuple[int, str]], Numbered]:
     """The first ``PREFIX_LINES`` numbered lines that can say something, and the numbered
     lines after them.  Blank lines, comments and a header repeated line after line say
     nothing and are passed over (the row loop would skip them too): however many there
-    are, the prefix reaches the rows and memory stays bounded."""
-    numbered: Numbered = enumerate(src.lines(checked=False), 1)  # the row loop checks lengths
+    are, the prefix reaches the rows and memory stays bounded.  Lengths are checked here
+    and by the row loop, not by the source."""
     prefix: list[tuple[int, str]] = []
     last = ""  # the last line kept
     quoted = False  # a quoted field is open at the end of the lines kept
@@ -227,10 +260,17 @@ def _marker_times(
 
 
 def _layout_of(
-    records: list[Record], path: str, warns: list[str], extra: dict[str, object]
+    records: list[Record],
+    path: str,
+    warns: list[str],
+    extra: dict[str, object],
+    columns: Sequence[str] | None = None,
 ) -> tuple[Layout, str, Table, list[Record], int]:
-    """The columns, from the header line or (without one) guessed from the values:
-    (layout, format label, table, data records, the header's line number or 0)."""
+    """The columns, from names given (``--columns``), the header line, or (without one)
+    guessed from the values: (layout, format label, table, data records, the header's line
+    number or 0)."""
+    if columns is not None:
+        return _named_layout(records, list(columns), path, warns)
     at = header_index([r[1] for r in records[: PREAMBLE + 1]])
     if at is not None:
         first_cells = records[at][1]
@@ -244,8 +284,10 @@ def _layout_of(
     if guessed is None:
         raise TraceFormatError(
             "a table without a header line whose values carry no units: its columns "
-            "cannot be named. Re-run nvidia-smi with --format=csv (keeping the header "
-            "line), or at least without 'nounits'",
+            "cannot be named from its values. Name them with --columns, in nvidia-smi's "
+            "query names and the order of --query-gpu (e.g. --columns "
+            "timestamp,index,utilization.gpu,memory.used,memory.total), or re-run "
+            "nvidia-smi with --format=csv (keeping the header line)",
             path=path,
             line=records[0][0],
         )
@@ -255,7 +297,65 @@ def _layout_of(
     named = dict(sorted(named.items(), key=lambda x: x[1]))
     extra["columns_guessed"] = named
     warns.append(f"{path}: no header line; columns named from their values ({', '.join(named)})")
+    for note in guessed.notes:
+        add_note(extra, note)
     return guessed, NVSMI, Table(guessed, None), records, 0
+
+
+def _named_layout(
+    records: list[Record], names: list[str], path: str, warns: list[str]
+) -> tuple[Layout, str, Table, list[Record], int]:
+    """The layout of names given for a table's columns; a header line the file has anyway
+    is passed over (said), and rows of another width are refused at once."""
+    lay = resolve(names)
+    data = records
+    header_no = 0
+    if data and is_header(data[0][1]):
+        header_no = data[0][0]
+        warns.append(
+            f"{path}:{header_no}: the file's own header line is passed over: its columns "
+            "are read by the names given"
+        )
+        data = data[1:]
+    widths = [len(c) for _, c, _ in data[:64]]
+    if widths and max(set(widths), key=widths.count) not in (len(names), len(names) + 1):
+        width = max(set(widths), key=widths.count)
+        raise TraceFormatError(
+            f"{len(names)} column name(s) given, but the rows have {width} cells: name "
+            "every column, in order",
+            path=path,
+            line=data[0][0],
+        )
+    return lay, label(names, lay), Table(lay, names), data, header_no
+
+
+_WHAT_IS_READ = (
+    ("power", "power draw"),
+    ("mem_used", "memory used"),
+    ("mem_free", "memory used"),
+    ("mem_total", "memory size"),
+    ("temp", "temperature"),
+    ("sm_clock", "SM clock"),
+)
+
+
+def _no_utilisation(tab: Table, path: str) -> str:
+    """What a log without a utilisation column can and cannot say."""
+    have = {f for cols in tab.gpu_columns().values() for f in cols}
+    read = list(dict.fromkeys(word for fld, word in _WHAT_IS_READ if fld in have))
+    head = (
+        f"{path}: no GPU utilisation column (utilization.gpu, gpu_util, ...): whether the "
+        "GPUs computed or waited cannot be judged (their state is unknown)"
+    )
+    if not read:
+        return head
+    shown = ", ".join(read)
+    return f"{head}; what the log holds is read and reported per GPU ({shown}): " + (
+        "power tells a GPU drawing working power from one at rest, not whether the "
+        "work kept it busy"
+        if "power draw" in read
+        else "it tells memory held from memory free, not whether the GPUs worked"
+    )
 
 
 def _read_fractions(tab: Table, rows: list[list[str]], extra: dict[str, object]) -> None:
@@ -278,6 +378,53 @@ def _read_fractions(tab: Table, rows: list[list[str]], extra: dict[str, object])
     if values and (ratio_named or (max(values) <= 1.0 and any(0 < u < 1 for u in values))):
         tab.fraction = True
         extra["util_scale"] = "utilisation logged as a 0-1 fraction; read as percent x100"
+
+
+SMALLEST_GPU_MIB = 256.0  # no GPU holds less memory: a smaller bare total is in GiB
+LARGEST_GPU_MIB = float(1 << 22)  # 4 TiB: a larger bare amount is in bytes
+
+
+def _memory_in_gib(tab: Table, rows: list[list[str]], extra: dict[str, object]) -> None:
+    """Memory logged in GB or in bytes without saying so (``"mem_total": 48.6``,
+    ``"mem_used": 31573671936``): a memory total (or, without one, memory used) that no
+    GPU could hold in MiB, in columns whose names give no unit, sets the unit of every
+    memory column: GiB below the smallest GPU, bytes above the largest."""
+    lay = tab.lay
+    fields = tab.gpu_columns()
+    mem = [
+        (fld, i)
+        for f in fields.values()
+        for fld in ("mem_used", "mem_total", "mem_free")
+        if (i := f.get(fld)) is not None and i < len(lay.columns)
+    ]
+    if not mem or any(lay.columns[i].scale != 1.0 for _, i in mem):
+        return
+    probe = [i for fld, i in mem if fld == "mem_total"] or [
+        i for fld, i in mem if fld == "mem_used"
+    ]
+    values = []
+    for r in rows[:200]:
+        for i in probe:
+            try:
+                got = split_number(r[i])
+            except (ValueError, IndexError):
+                return
+            if got is not None:
+                if got[1]:
+                    return  # the cell says its unit
+                values.append(got[0])
+    totals = bool([i for fld, i in mem if fld == "mem_total"])
+    if values and totals and all(0 < v < SMALLEST_GPU_MIB for v in values):
+        scale, unit = 1024.0, "GiB"
+    elif values and all(v > LARGEST_GPU_MIB for v in values if v) and any(values):
+        scale, unit = 1.0 / MIB, "bytes"
+    else:
+        return
+    for _, i in mem:
+        lay.columns[i] = replace(lay.columns[i], scale=scale)
+    what = "memory totals" if totals else "memory used"
+    lo, hi = (f"{v:,.0f}" if unit == "bytes" else f"{v:g}" for v in (min(values), max(values)))
+    add_note(extra, f"{what} of {lo}-{hi}: no GPU holds that in MiB, so memory is read in {unit}")
 
 
 def _prefix_times(

@@ -1,9 +1,11 @@
 """`gpumon analyze FILE`: why the GPUs waited, from a recorded trace or an existing log.
 
-Reads gpumon traces and the logs people already have (nvidia-smi CSV / dmon / tables,
-gpustat, W&B, dcgmi, Prometheus exports, home-made CSV) by content (``--format``
-overrides), from a file or stdin (``-``), streams them through the detector and prints the
-report.  What a reader had to assume (GPU count, interval) is printed as ``gpumon: note:``.
+Reads gpumon traces and the logs people already have (nvidia-smi CSV / dmon / tables /
+-q reports, gpustat, W&B, dcgmi, Prometheus exports, other monitors' JSON lines, long
+tables, one-line monitors, key-value blocks, home-made CSV) by content (``--format``
+overrides; ``--columns`` names a headerless table's columns), from a file or stdin
+(``-``), streams them through the detector and prints the report.  What a reader had to
+assume (GPU count, interval) is printed as ``gpumon: note:``.
 
 Exit status: 0 whatever the verdict.  A FILE that does not exist or is a folder is a
 usage error (status 2).  A file no reader recognises, or malformed before any valid tick,
@@ -37,10 +39,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         "analyze",
         help="say why the GPUs waited, from a gpumon trace or an nvidia-smi log",
         description="Analyse a gpumon trace or a log you already have: nvidia-smi "
-        "--query-gpu CSV, nvidia-smi dmon, repeated nvidia-smi tables, gpustat (text or "
-        "--json), W&B system metrics (wandb-events.jsonl or a CSV export), dcgmi dmon, a "
-        "Prometheus query_range JSON export, or a CSV/TSV with GPU columns (UTF-8/UTF-16, "
-        "gzip). The format is detected from the content.",
+        "--query-gpu CSV, nvidia-smi dmon, repeated nvidia-smi tables, nvidia-smi -q reports, "
+        "gpustat (text or --json), W&B system metrics (wandb-events.jsonl or a CSV export), "
+        "dcgmi dmon, a Prometheus query_range JSON export, other monitors' JSON lines, long "
+        "tables (one row per GPU, time and field), one-line monitors ('GPU0: util=97% ...'), "
+        "'Key: value' blocks, or a CSV/TSV with GPU columns (UTF-8/UTF-16, gzip). The format "
+        "is detected from the content; --columns names the columns of a table without a "
+        "header.",
     )
     p.add_argument("file", metavar="FILE", help="trace or log to analyse ('-': stdin)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
@@ -57,7 +62,26 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="seconds between rows for logs that carry no times (dmon without -o T, dcgmi, "
         "gpustat --no-header, a CSV without a time column); default 1",
     )
+    p.add_argument(
+        "--columns",
+        type=_column_names,
+        metavar="NAMES",
+        help="name the columns of a table without a header line, in order, in nvidia-smi's "
+        "query names (as given to --query-gpu): e.g. "
+        "timestamp,index,utilization.gpu,memory.used,memory.total",
+    )
     p.set_defaults(func=run)
+
+
+def _column_names(text: str) -> list[str]:
+    """``timestamp, index,utilization.gpu`` -> its names; every column named."""
+    names = [n.strip() for n in text.split(",")]
+    if len(names) < 2 or not all(names):
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: name every column, comma-separated (e.g. "
+            "timestamp,index,utilization.gpu,memory.used)"
+        )
+    return names
 
 
 def _seconds(text: str) -> float:
@@ -107,7 +131,12 @@ def run(args: argparse.Namespace) -> int:
 
     check_exists(args.file)
     try:
-        opened = open_trace(args.file, args.format, getattr(args, "interval", None))
+        opened = open_trace(
+            args.file,
+            args.format,
+            getattr(args, "interval", None),
+            getattr(args, "columns", None),
+        )
     except TraceFormatError:
         why = why_not_a_log(args.file)
         if why is None:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 HERE = Path(__file__).parent / "quirks"
+HEADERLESS_DIR = Path(__file__).parent / "headerless"  # rows only --columns can name
 START = 1764189000  # 2025-11-26 20:30:00 UTC
 DAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
 MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
@@ -963,6 +964,477 @@ def trainer_13_columns() -> str:
     return lines(out)
 
 
+# --- logs refused before issue 35: other monitors' JSON lines, nvidia-smi -q, long tables,
+# one-line monitors, key-value blocks with framework lines, rows of bare numbers
+
+
+def json_per_gpu_events() -> str:
+    """A monitor's JSON lines, one object per GPU per second: ``ts`` in ISO with an offset,
+    ``gpu_index``, ``util_gpu``, ``util_mem``, ``mem_used`` / ``mem_total`` (MiB without
+    saying so), ``power_draw`` (``null`` where the driver gave none), ``temp_c``,
+    ``pstate``, the trainer's ``phase`` and ``step``; event objects between samples
+    (``{"ts": ..., "event": "eval_start"}``); the last line cut short.  Two GPUs fed by
+    one input pipeline: busy 3 s of every 6."""
+    run = Run("starved", 2, 351, tdp=300.0, mem_total=81559.0, period=6.0, duty=0.5)
+    out = []
+    step = 1200
+    for k in range(240):
+        t = START + k + 0.412
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(int(t))) + ".412+00:00"
+        if k % 60 == 30:
+            out.append(json.dumps({"ts": stamp, "event": "eval_start", "epoch": k // 60}))
+        for g in range(2):
+            s = run.state(k, g)
+            power = None if (k + g) % 37 == 5 else round(s.power, 1)
+            out.append(
+                json.dumps(
+                    {
+                        "ts": stamp,
+                        "gpu_index": g,
+                        "util_gpu": round(s.util),
+                        "util_mem": round(s.util * 0.4),
+                        "mem_used": round(s.mem),
+                        "mem_total": 81559,
+                        "power_draw": power,
+                        "temp_c": run.temp_of(g, s.util),
+                        "pstate": "P0",
+                        "phase": "train",
+                        "step": step,
+                    }
+                )
+            )
+        step += 1 if k % 6 < 3 else 0
+    text = lines(out)
+    return text[: text.rfind("{") + 40]  # the logger killed mid-line
+
+
+def json_nvline_epoch() -> str:
+    """``nvline``-shaped: nvidia-smi's fields dumped each second as compact JSON with sorted
+    keys (``driver_version``, ``index``, ``memory_free``, ``memory_total``, ``memory_used``,
+    ``name``, ``temperature_gpu``, epoch-second ``timestamp``) and no utilisation at all.
+    An A10G with 4 MiB used: nothing runs, but the log cannot say so."""
+    rng = random.Random(352)
+    out = []
+    for k in range(180):
+        used = 4
+        obj = {
+            "driver_version": "545.23.08",
+            "index": 0,
+            "memory_free": 23028 - 520 - used,
+            "memory_total": 23028,
+            "memory_used": used,
+            "name": "NVIDIA A10G",
+            "temperature_gpu": 30 + rng.choice((0, 0, 0, 1)),
+            "timestamp": START + k,
+        }
+        out.append(json.dumps(obj, separators=(",", ":"), sort_keys=True))
+    return lines(out)
+
+
+def json_devices_list() -> str:
+    """A logger writing one object per minute with a ``devices`` list (``id``, ``name``,
+    ``mem_used`` / ``mem_total`` in GB without saying so, ``util`` as a 0-1 fraction) and a
+    ``processes`` list beside it; float epoch ``time``.  Two Quadro RTX 8000s training."""
+    rng = random.Random(353)
+    out = []
+    for k in range(150):
+        devices = [
+            {
+                "id": g,
+                "name": "Quadro RTX 8000",
+                "mem_used": round(36.842 + 0.002 * rng.randint(0, 3) - 1.2 * g, 3),
+                "mem_total": 48.601 - 0.003 * g,
+                "util": round(rng.uniform(0.93, 1.0), 2),
+            }
+            for g in range(2)
+        ]
+        obj = {
+            "time": START + 60 * k + rng.uniform(0.0, 0.02),
+            "devices": devices,
+            "processes": [
+                {
+                    "device_id": g,
+                    "user": "student",
+                    "name": "/home/student/anaconda3/envs/bin/python train.py",
+                    "uptime": f"0-{(k + 61) // 60:02d}:{(k + 1) % 60:02d}:{17 + g:02d}",
+                }
+                for g in range(2)
+            ],
+        }
+        out.append(json.dumps(obj))
+    return lines(out)
+
+
+_Q_BANNER = "==============NVSMI LOG=============="
+
+
+def _q_field(indent: int, key: str, value: str) -> str:
+    return f"{' ' * indent}{key:<{42 - indent}}: {value}"
+
+
+def nvsmi_q_loop_535() -> str:
+    """``nvidia-smi -q -d UTILIZATION,MEMORY,POWER,TEMPERATURE -l 1`` on a 535 driver: a
+    report a second, each with its banner and ``Timestamp``; ``Utilization / Gpu``, the
+    ``GPU Utilization Samples`` (max, min, avg over the driver's buffer) beside it, ``GPU
+    Power Readings / Power Draw`` and a ``Power Samples`` section.  Two A100s on buses
+    3B and D8 starved together by one input pipeline: busy 2 s of every 5."""
+    run = Run("starved", 2, 354, tdp=300.0, mem_total=40960.0, period=5.0, duty=0.4)
+    out: list[str] = []
+    for k in range(48):
+        t = START + k
+        out += ["", _Q_BANNER, ""]
+        out += [
+            _q_field(0, "Timestamp", date_line(t)),
+            _q_field(0, "Driver Version", "535.104.05"),
+            _q_field(0, "CUDA Version", "12.2"),
+            "",
+            _q_field(0, "Attached GPUs", "2"),
+        ]
+        for g, bus in enumerate(("00000000:3B:00.0", "00000000:D8:00.0")):
+            s = run.state(k, g)
+            avg = max(0, min(100, round(s.util + run.rng.uniform(-8, 8))))
+            out += [
+                f"GPU {bus}",
+                "    FB Memory Usage",
+                _q_field(8, "Total", "40960 MiB"),
+                _q_field(8, "Reserved", "635 MiB"),
+                _q_field(8, "Used", f"{s.mem:.0f} MiB"),
+                _q_field(8, "Free", f"{40960 - 635 - s.mem:.0f} MiB"),
+                "    BAR1 Memory Usage",
+                _q_field(8, "Total", "65536 MiB"),
+                _q_field(8, "Used", "1 MiB"),
+                _q_field(8, "Free", "65535 MiB"),
+                "    Utilization",
+                _q_field(8, "Gpu", f"{s.util:.0f} %"),
+                _q_field(8, "Memory", f"{s.util * 0.3:.0f} %"),
+                _q_field(8, "Encoder", "0 %"),
+                _q_field(8, "Decoder", "0 %"),
+                "    GPU Utilization Samples",
+                _q_field(8, "Duration", "16.58 sec"),
+                _q_field(8, "Number of Samples", "99"),
+                _q_field(8, "Max", "100 %"),
+                _q_field(8, "Min", "0 %"),
+                _q_field(8, "Avg", f"{avg} %"),
+                "    Temperature",
+                _q_field(8, "GPU Current Temp", f"{run.temp_of(g, s.util)} C"),
+                _q_field(8, "GPU T.Limit Temp", "N/A"),
+                _q_field(8, "GPU Shutdown Temp", "90 C"),
+                _q_field(8, "GPU Slowdown Temp", "87 C"),
+                _q_field(8, "GPU Max Operating Temp", "85 C"),
+                _q_field(8, "GPU Target Temperature", "N/A"),
+                _q_field(8, "Memory Current Temp", f"{run.temp_of(g, s.util) - 4} C"),
+                _q_field(8, "Memory Max Operating Temp", "95 C"),
+                "    GPU Power Readings",
+                _q_field(8, "Power Draw", f"{s.power:.2f} W"),
+                _q_field(8, "Current Power Limit", "300.00 W"),
+                _q_field(8, "Requested Power Limit", "300.00 W"),
+                _q_field(8, "Default Power Limit", "300.00 W"),
+                _q_field(8, "Min Power Limit", "150.00 W"),
+                _q_field(8, "Max Power Limit", "300.00 W"),
+                "    Power Samples",
+                _q_field(8, "Duration", "2.38 sec"),
+                _q_field(8, "Number of Samples", "119"),
+                _q_field(8, "Max", f"{s.power + 11:.2f} W"),
+                _q_field(8, "Min", f"{max(40.0, s.power - 40):.2f} W"),
+                _q_field(8, "Avg", f"{s.power:.2f} W"),
+                "",
+            ]
+    return lines(out)
+
+
+def nvsmi_q_full_minor_swap() -> str:
+    """``while true; do nvidia-smi -q >> log; sleep 10; done`` on a 570 driver: whole
+    reports (identity, PCI, clocks, temperatures, processes); ``Utilization / GPU``; power
+    as ``Average`` and ``Instantaneous Power Draw`` only, beside ``GPU Memory Power
+    Readings`` and ``Module Power Readings`` of N/A.  Two GPUs listed in bus order (1A,
+    3D) whose minor numbers are the other way round (1, 0).  A notebook's kernel holds
+    31 GB on GPU 0 and computes nothing; GPU 1 is empty."""
+    rng = random.Random(355)
+    out: list[str] = []
+    gpus = (("00000000:1A:00.0", 1, 31873), ("00000000:3D:00.0", 0, 0))
+    for k in range(16):
+        t = START + 10 * k + (1 if k % 3 == 2 else 0)
+        out += ["", _Q_BANNER, ""]
+        out += [
+            _q_field(0, "Timestamp", date_line(t)),
+            _q_field(0, "Driver Version", "570.124.06"),
+            _q_field(0, "CUDA Version", "12.8"),
+            "",
+            _q_field(0, "Attached GPUs", "2"),
+        ]
+        for g, (bus, minor, used) in enumerate(gpus):
+            power = 61.3 + 3 * g + rng.uniform(-0.4, 0.4) if used else 23.8 + rng.uniform(-0.3, 0.3)
+            out += [
+                f"GPU {bus}",
+                _q_field(4, "Product Name", "NVIDIA L40S"),
+                _q_field(4, "Product Brand", "NVIDIA"),
+                _q_field(4, "Product Architecture", "Ada Lovelace"),
+                _q_field(4, "Display Mode", "Disabled"),
+                _q_field(4, "Persistence Mode", "Enabled"),
+                "    MIG Mode",
+                _q_field(8, "Current", "N/A"),
+                _q_field(8, "Pending", "N/A"),
+                _q_field(4, "Serial Number", f"13242230{minor}5631"),
+                _q_field(4, "GPU UUID", f"GPU-8c45994a-7fe3-4f26-b7e9-4d496ae2d5c{minor}"),
+                _q_field(4, "Minor Number", str(minor)),
+                _q_field(4, "VBIOS Version", "95.02.66.00.02"),
+                "    PCI",
+                _q_field(8, "Bus", "0x" + bus[9:11]),
+                _q_field(8, "Device", "0x00"),
+                _q_field(8, "Domain", "0x0000"),
+                _q_field(8, "Bus Id", bus),
+                "        GPU Link Info",
+                "            PCIe Generation",
+                _q_field(16, "Max", "4"),
+                _q_field(16, "Current", "1"),
+                _q_field(8, "Tx Throughput", f"{rng.randint(200, 600)} KB/s"),
+                _q_field(8, "Rx Throughput", f"{rng.randint(200, 600)} KB/s"),
+                _q_field(4, "Fan Speed", "N/A"),
+                _q_field(4, "Performance State", "P0" if used else "P8"),
+                "    Clocks Event Reasons",
+                _q_field(8, "Idle", "Active"),
+                _q_field(8, "Applications Clocks Setting", "Not Active"),
+                _q_field(8, "SW Power Cap", "Not Active"),
+                _q_field(8, "HW Slowdown", "Not Active"),
+                _q_field(12, "HW Thermal Slowdown", "Not Active"),
+                _q_field(12, "HW Power Brake Slowdown", "Not Active"),
+                "    FB Memory Usage",
+                _q_field(8, "Total", "46068 MiB"),
+                _q_field(8, "Reserved", "591 MiB"),
+                _q_field(8, "Used", f"{used + 1} MiB"),
+                _q_field(8, "Free", f"{46068 - 591 - used - 1} MiB"),
+                "    Compute Mode",
+                "    Utilization",
+                _q_field(8, "GPU", "0 %"),
+                _q_field(8, "Memory", "0 %"),
+                _q_field(8, "Encoder", "0 %"),
+                _q_field(8, "Decoder", "0 %"),
+                _q_field(8, "JPEG", "0 %"),
+                _q_field(8, "OFA", "0 %"),
+                "    Temperature",
+                _q_field(8, "GPU Current Temp", f"{33 + 3 * g} C"),
+                _q_field(8, "GPU T.Limit Temp", f"{52 - 3 * g} C"),
+                _q_field(8, "Memory Current Temp", "N/A"),
+                "    GPU Power Readings",
+                _q_field(8, "Average Power Draw", f"{power:.2f} W"),
+                _q_field(8, "Instantaneous Power Draw", f"{power + rng.uniform(-1, 1):.2f} W"),
+                _q_field(8, "Current Power Limit", "350.00 W"),
+                _q_field(8, "Requested Power Limit", "350.00 W"),
+                _q_field(8, "Default Power Limit", "350.00 W"),
+                "    GPU Memory Power Readings ",
+                _q_field(8, "Average Power Draw", "N/A"),
+                _q_field(8, "Instantaneous Power Draw", "N/A"),
+                "    Module Power Readings",
+                _q_field(8, "Average Power Draw", "N/A"),
+                _q_field(8, "Instantaneous Power Draw", "N/A"),
+                _q_field(8, "Current Power Limit", "N/A"),
+                "    Clocks",
+                _q_field(8, "Graphics", f"{2520 if used else 210} MHz"),
+                _q_field(8, "SM", f"{2520 if used else 210} MHz"),
+                _q_field(8, "Memory", f"{9001 if used else 405} MHz"),
+                _q_field(8, "Video", f"{1965 if used else 1185} MHz"),
+                "    Max Clocks",
+                _q_field(8, "Graphics", "2520 MHz"),
+                _q_field(8, "SM", "2520 MHz"),
+                _q_field(8, "Memory", "9001 MHz"),
+            ]
+            if used:
+                out += [
+                    "    Processes",
+                    _q_field(8, "GPU instance ID", "N/A"),
+                    _q_field(8, "Compute instance ID", "N/A"),
+                    _q_field(8, "Process ID", "2286603"),
+                    _q_field(12, "Type", "C"),
+                    _q_field(12, "Name", "/opt/conda/bin/python3.11"),
+                    _q_field(12, "Used GPU Memory", f"{used - 14} MiB"),
+                    "",
+                ]
+            else:
+                out += [_q_field(4, "Processes", "None"), ""]
+    return lines(out)
+
+
+def dcgm_api_power_only() -> str:
+    """DCGM's API example (``dcgmWatchFields`` at 10 ms, ``dcgmGetValuesSince_v2`` once a
+    second, the callback printing ``entityId,ts,fieldMeta->tag,value``): the header
+    ``GPUId,TimeStampUs,Field,Values``; each call's values grouped by GPU, then field, then
+    time; ``power_usage_instant`` with two decimals and ``current_clock_throttle_reasons``
+    as an integer, after a ``throttle_reason_idle,1`` row whenever the idle bit is set.
+    No utilisation: two GPUs' power, busy (~270 W) half of each 4 s and idle between."""
+    rng = random.Random(356)
+    out = ["GPUId,TimeStampUs,Field,Values"]
+    base = START * 1_000_000 + 412_345
+    for call in range(6):
+        for gpu in (0, 1):
+            times = [base + call * 1_000_000 + k * 10_000 + rng.randint(0, 40) for k in range(100)]
+            busy = [((t - base) / 1e6) % 4.0 < 2.0 for t in times]
+            for t, b in zip(times, busy, strict=True):
+                w = rng.uniform(262, 281) if b else rng.uniform(61, 64)
+                out.append(f"{gpu},{t},power_usage_instant,{w:.2f}")
+            for t, b in zip(times, busy, strict=True):
+                reasons = 0 if b else 1
+                if reasons & 1:
+                    out.append(f"{gpu},{t + 3},throttle_reason_idle,1")
+                out.append(f"{gpu},{t + 3},current_clock_throttle_reasons,{reasons}")
+    return lines(out)
+
+
+def long_tidy_dcgm_names() -> str:
+    """A Prometheus range export flattened to a tidy CSV: ``timestamp,Hostname,gpu,metric,
+    value`` with ISO times (``Z``), dcgm-exporter's metric names, one row per GPU and
+    metric every 15 s scrape, metrics in alphabetical order within a scrape.  Four GPUs
+    of one node training, fed."""
+    run = Run("healthy", 4, 357, tdp=700.0, mem_total=81559.0)
+    out = ["timestamp,Hostname,gpu,metric,value"]
+    for k in range(80):
+        t = START + 15 * k
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
+        states = [run.state(15 * k, g) for g in range(4)]
+        for metric in ("DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_POWER_USAGE"):
+            for g, s in enumerate(states):
+                value = {
+                    "DCGM_FI_DEV_FB_USED": f"{s.mem:.0f}",
+                    "DCGM_FI_DEV_GPU_UTIL": f"{s.util:.0f}",
+                    "DCGM_FI_DEV_POWER_USAGE": f"{s.power:.3f}",
+                }[metric]
+                out.append(f"{stamp},gpu-node-07,{g},{metric},{value}")
+    return lines(out)
+
+
+def oneline_bracket_alerts() -> str:
+    """A one-line monitor of two GPUs (indices 2 and 3, the job's ``CUDA_VISIBLE_DEVICES``)
+    every 5 s: ``[HH:MM:SS] GPU2: util=100% mem=33769MiB free=11616MiB | GPU3: ...``, a
+    start-up banner, and alert lines with emoji (``⚠️``, ``🔥``) between samples; times of
+    day only, over midnight.  Both GPUs starved by one input pipeline."""
+    run = Run("starved", 2, 358, tdp=300.0, mem_total=46068.0, period=20.0, duty=0.4)
+    start = 86400 * (START // 86400) + 86400 - 600  # 23:50:00
+    out = [
+        "=" * 60,
+        "GPU monitor started · GPUs 2,3 · every 5s · log: gpu_monitor.log",
+        "=" * 60,
+    ]
+    for k in range(240):
+        t = start + 5 * k
+        clock = time.strftime("%H:%M:%S", time.gmtime(t))
+        parts = []
+        for g, gpu in enumerate((2, 3)):
+            s = run.state(5 * k + 0.5, g)
+            used = round(s.mem)
+            parts.append(f"GPU{gpu}: util={s.util:.0f}% mem={used}MiB free={46068 - 591 - used}MiB")
+        out.append(f"[{clock}] " + " | ".join(parts))
+        if k % 24 == 23:
+            out.append(f"⚠️  [{clock}] GPU3 util below 20% for 30s — check the data loader")
+        if k == 100:
+            out.append(f"🔥 [{clock}] GPU2 temperature 83C")
+    return lines(out)
+
+
+def oneline_logging_pipes() -> str:
+    """Python ``logging`` with ``%(asctime)s`` (a comma before the milliseconds) and every
+    GPU on one line: ``2025-02-03 21:49:59,959 | GPU0: Util=97%, Mem=81.5% | GPU1: ...``,
+    memory as a percent of the card; every 10 s; four GPUs training, fed."""
+    run = Run("healthy", 4, 359, tdp=400.0, mem_total=40960.0)
+    out = []
+    for k in range(120):
+        t = START + 10 * k + 0.959
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(int(t))) + ",959"
+        parts = []
+        for g in range(4):
+            s = run.state(10 * k, g)
+            parts.append(f"GPU{g}: Util={s.util:.0f}%, Mem={100 * s.mem / 40960:.1f}%")
+        out.append(stamp + " | " + " | ".join(parts))
+    return lines(out)
+
+
+def keyvalue_pytorch_lines() -> str:
+    """A GPUtil logger's blocks (each begins with a blank line, then ``=== date ===``):
+    ``GPU Load``, ``GPU Memory: used / total (pct)``, ``GPU Temperature``, ``PyTorch GPU
+    Memory - Allocated: 4012.3MB, Reserved: 4608.0MB`` (two readings on one line), ``CPU
+    Usage`` of the process (above 100 % when it uses several cores), ``RAM Usage`` in MB;
+    every 2 s.  A GPU starved by its loader: loaded one sample in three."""
+    rng = random.Random(360)
+    out: list[str] = []
+    for k in range(150):
+        busy = k % 3 == 0
+        load = rng.uniform(88, 99) if busy else rng.uniform(0, 5)
+        used = 5120.0 + rng.choice((0.0, 2.0, 4.0))
+        out += [
+            "",
+            f"=== {iso(START + 2 * k, ' ')} ===",
+            f"GPU Load: {load:.1f}%",
+            f"GPU Memory: {used:.1f}MB / 8192.0MB ({100 * used / 8192:.1f}%)",
+            f"GPU Temperature: {64 + (5 if busy else 0):.1f}°C",
+            f"PyTorch GPU Memory - Allocated: {4012.3 + rng.choice((0.0, 0.5)):.1f}MB, "
+            "Reserved: 4608.0MB",
+            f"CPU Usage: {rng.uniform(100, 140) if not busy else rng.uniform(30, 60):.1f}%",
+            f"RAM Usage: {2345.6 + rng.uniform(0, 4):.1f}MB",
+        ]
+    return lines(out)
+
+
+def noheader_stamp_util_varies() -> str:
+    """``nvidia-smi --query-gpu=timestamp,index,utilization.gpu,memory.used,memory.total
+    --format=csv,noheader,nounits -l 1``: no header, no units; the index a constant 0,
+    memory used and total constant.  The values leave one reading only: the stamp is the
+    time, the one changing 0-100 column the utilisation, the constant 24564 the total.
+    A GPU starved: busy 2 s of every 5."""
+    run = Run("starved", 1, 361, tdp=350.0, mem_total=24564.0, period=5.0, duty=0.4)
+    out = []
+    for k in range(150):
+        s = run.state(k, 0)
+        out.append(f"{nvsmi_stamp(START + k + 0.315)}, 0, {s.util:.0f}, 18234, 24564")
+    return lines(out)
+
+
+# Rows whose columns only --columns can name (headerless/): (file, maker, columns).
+
+
+def headerless_epoch_ws() -> str:
+    """A cron job's space-separated lines every 5 minutes, one per GPU: float epoch seconds,
+    GPU id, fan %, temperature, power (W), memory used (MiB), utilisation (%).  Fan,
+    temperature, power, memory and utilisation all lie within 0-100: only names tell them
+    apart.  Four GPUs, three training flat out, one idle."""
+    rng = random.Random(362)
+    out = []
+    for k in range(60):
+        t = START + 300 * k + rng.uniform(0.5, 0.9)
+        for g in range(4):
+            busy = g != 3
+            fan = 30 + (40 if busy else 0) + rng.randint(0, 3)
+            temp = 46 + (30 if busy else 0) + rng.randint(0, 4)
+            power = rng.uniform(230, 250) if busy else rng.uniform(45, 48)
+            mem = 10771.0 if busy else 0.0
+            util = float(rng.randint(96, 100)) if busy else 0.0
+            out.append(
+                f"{t + g * 3e-5:.7f} {g} {fan:.1f} {temp:.1f} {power:.1f} {mem:.1f} {util:.1f}"
+            )
+    return lines(out)
+
+
+def headerless_name_total_free_used() -> str:
+    """``nvidia-smi --query-gpu=timestamp,name,utilization.gpu,utilization.memory,
+    memory.total,memory.free,memory.used --format=csv,noheader,nounits -l 2`` of an
+    idle GPU: three columns of small constant numbers (0, 0, 2): which is the
+    utilisation, only names say."""
+    out = []
+    for k in range(90):
+        out.append(
+            f"{nvsmi_stamp(START + 2 * k + 0.433)}, NVIDIA GeForce RTX 3080 Ti, 0, 0, 12288, 12043, 2"
+        )
+    return lines(out)
+
+
+HEADERLESS = {
+    "epoch_ws_5min.txt": (
+        headerless_epoch_ws,
+        "timestamp,index,fan.speed,temperature.gpu,power.draw,memory.used,utilization.gpu",
+    ),
+    "name_total_free_used.csv": (
+        headerless_name_total_free_used,
+        "timestamp,name,utilization.gpu,utilization.memory,memory.total,memory.free,memory.used",
+    ),
+}
+
 FILES = {
     "nvsmi_8gpu_same_stamp.csv": nvsmi_8gpu_same_stamp,
     "nvsmi_2gpu_ms_apart.csv": nvsmi_2gpu_ms_apart,
@@ -1000,6 +1472,17 @@ FILES = {
     "keyvalue_inline.log": keyvalue_inline,
     "date_rows_separator.log": date_rows_separator,
     "trainer_13_columns.csv": trainer_13_columns,
+    "json_per_gpu_events.jsonl": json_per_gpu_events,
+    "json_nvline_epoch.jsonl": json_nvline_epoch,
+    "json_devices_list.jsonl": json_devices_list,
+    "nvsmi_q_loop_535.txt": nvsmi_q_loop_535,
+    "nvsmi_q_full_minor_swap.txt": nvsmi_q_full_minor_swap,
+    "dcgm_api_power_only.csv": dcgm_api_power_only,
+    "long_tidy_dcgm_names.csv": long_tidy_dcgm_names,
+    "oneline_bracket_alerts.log": oneline_bracket_alerts,
+    "oneline_logging_pipes.log": oneline_logging_pipes,
+    "keyvalue_pytorch_lines.log": keyvalue_pytorch_lines,
+    "noheader_stamp_util_varies.csv": noheader_stamp_util_varies,
 }
 
 
@@ -1008,3 +1491,7 @@ if __name__ == "__main__":
     for name, make in FILES.items():
         (HERE / name).write_bytes(make().encode("utf-8"))
         print(name)
+    HEADERLESS_DIR.mkdir(exist_ok=True)
+    for name, (make, _columns) in HEADERLESS.items():
+        (HEADERLESS_DIR / name).write_bytes(make().encode("utf-8"))
+        print("headerless/" + name)
