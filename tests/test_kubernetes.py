@@ -18,6 +18,7 @@ import re
 import shutil
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -31,6 +32,7 @@ DASHBOARD = REPO / "deploy" / "grafana" / "gpumon-dashboard.json"
 RULE_COPY = KUBE / "components" / "prometheus-operator" / "prometheusrule.yaml"
 DCGM_RULE_COPY = KUBE / "components" / "dcgm-exporter-names" / "prometheusrule.yaml"
 DASHBOARD_COPY = KUBE / "components" / "grafana-dashboard" / "gpumon-dashboard.json"
+DOCS = REPO / "docs" / "kubernetes.md"
 OVERLAYS = ("base", "overlays/kube-prometheus-stack", "overlays/secured")
 COMPONENTS = sorted(p.name for p in (KUBE / "components").iterdir())
 NAMESPACE = "gpumon"
@@ -254,7 +256,10 @@ def test_daemonset_runs_on_gpu_nodes_takes_no_gpu_and_is_scraped(
     assert "kubernetes" in cfg.job_sources
     # The kubelet's socket is where the job-label reader looks for it.
     assert f"{mounts['pod-resources']}/kubelet.sock" == SOCKET
-    assert volumes["pod-resources"]["hostPath"]["path"] == mounts["pod-resources"]
+    assert volumes["pod-resources"]["hostPath"] == {
+        "path": mounts["pod-resources"],
+        "type": "DirectoryOrCreate",  # a node without the socket still runs gpumon
+    }
     svc = docs["Service"]["spec"]
     assert svc["clusterIP"] == "None"
     assert svc["selector"].items() <= pod["metadata"]["labels"].items()
@@ -344,6 +349,63 @@ def test_a_podmonitor_can_take_the_servicemonitors_place(kubectl: str, tmp_path:
         (KUBE / "components" / "prometheus-operator" / "servicemonitor.yaml").read_text()
     )
     assert ep["relabelings"] == service_monitor["spec"]["endpoints"][0]["relabelings"]
+
+
+def docs_overlays() -> dict[str, str]:
+    """The overlays of one's own that docs/kubernetes.md shows (its YAML blocks opening
+    with ``# my-gpumon/kustomization.yaml``), by that first line."""
+    blocks = re.findall(r"^( *)```yaml\n(.*?)^\1```", DOCS.read_text(), re.M | re.S)
+    texts = [textwrap.dedent(body) for _, body in blocks]
+    return {
+        text.splitlines()[0]: text
+        for text in texts
+        if text.startswith("# my-gpumon/kustomization.yaml")
+    }
+
+
+DOCS_OVERLAYS = docs_overlays()
+
+
+@pytest.mark.parametrize("first_line", sorted(DOCS_OVERLAYS))
+def test_the_overlays_the_docs_show_render(kubectl: str, tmp_path: Path, first_line: str) -> None:
+    """Where `gpumon deploy ./gpumon-deploy` wrote deploy/, as the docs have it."""
+    here = tmp_path / "my-gpumon"
+    here.mkdir()
+    text = DOCS_OVERLAYS[first_line]
+    assert "../gpumon-deploy/kubernetes/" in text
+    (here / "kustomization.yaml").write_text(
+        text.replace("../gpumon-deploy/kubernetes/", os.path.relpath(KUBE, here) + "/")
+    )
+    docs = render(kubectl, here)
+    validate_strict(docs, None)
+    assert not outside_gpumons_namespace(docs), outside_gpumons_namespace(docs)
+
+
+def test_the_kubelets_root_is_one_patch_away(kubectl: str, tmp_path: Path) -> None:
+    """The docs' patch moves the host folder of the kubelet's socket; gpumon still finds
+    it where it looks, and a node without it still starts the pod (DirectoryOrCreate)."""
+    from gpumon.sample.podresources import SOCKET
+
+    (first_line,) = [line for line, text in DOCS_OVERLAYS.items() if "pod-resources" in text]
+    here = tmp_path / "my-gpumon"
+    here.mkdir()
+    text = DOCS_OVERLAYS[first_line]
+    (here / "kustomization.yaml").write_text(
+        text.replace("../gpumon-deploy/kubernetes/", os.path.relpath(KUBE, here) + "/")
+    )
+    (ds,) = [d for d in render(kubectl, here) if d["kind"] == "DaemonSet"]
+    spec = ds["spec"]["template"]["spec"]
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    wanted = re.search(r"hostPath: \{path: (\S+)\}", text)
+    assert wanted is not None
+    assert volumes["pod-resources"]["hostPath"] == {
+        "path": wanted.group(1),
+        "type": "DirectoryOrCreate",
+    }
+    (c,) = spec["containers"]
+    mounts = {m["name"]: m for m in c["volumeMounts"]}
+    assert f"{mounts['pod-resources']['mountPath']}/kubelet.sock" == SOCKET
+    assert {"config", "log", "pod-resources"} <= set(volumes)  # the patch replaced none
 
 
 def test_secured_serves_tls_and_basic_auth_from_the_web_config(
