@@ -124,10 +124,12 @@ def make_folder(path: str) -> list[str]:
 
 
 def _is_link(name: str, parent: int) -> bool:
+    """Whether ``name`` in the folder ``parent`` is a symbolic link (only a link reads)."""
     try:
-        return stat.S_ISLNK(os.lstat(name, dir_fd=parent).st_mode)
+        os.readlink(name, dir_fd=parent)
     except OSError:
         return False
+    return True
 
 
 def _mkdir(name: str, parent: int) -> bool:
