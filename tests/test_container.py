@@ -17,8 +17,8 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -107,53 +107,123 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_gpumon_serve_in_the_image_reads_the_fake_gpu(
-    container: tuple[Builder, str], fake_nvml_lib: Path, tmp_path: Path
-) -> None:
-    builder, ctr = container
+def run_with_the_fake_gpus(
+    builder: Builder, ctr: str, tmp_path: Path, command: list[str]
+) -> tuple[list[str], Scenario]:
+    """``buildah run`` of ``command`` in the container, the fake NVML library where the
+    NVIDIA runtime would put the driver's, and two fake GPUs: (argv, the scenario)."""
     scn = Scenario.uniform(2, Pattern.steady(80))
     tmp_path.chmod(0o755)  # the image's user reads the scenario: it is not root
     scenario = write_scenario(tmp_path / "scenario.txt", scn)
     scenario.chmod(0o644)
-    port = free_port()
-    cmd = [
+    argv = [
         "buildah",
         "--root", str(builder.cache / "storage"),
         "--runroot", str(builder.cache / "run"),
         "--storage-driver", "vfs",
         "run", "--isolation", "chroot",
-        # Where the NVIDIA runtime would put the driver's library: the fake one instead.
         "--volume", f"{lib_dir()}:/opt/fakenvml:ro",
         "--volume", f"{tmp_path}:/scenario:ro",
         "--env", "LD_LIBRARY_PATH=/opt/fakenvml",
         "--env", f"FAKE_NVML_SCENARIO=/scenario/{scenario.name}",
-        ctr, "--", "gpumon", "serve", "--listen", f"127.0.0.1:{port}", "--log", "",
+        ctr, "--", *command,
     ]  # fmt: skip
+    return argv, scn
+
+
+def scrape_until(url: str, proc: subprocess.Popen[str], wrap: list[str] | None = None) -> str:
+    """/metrics once it shows a GPU's utilisation (60 s at most, while ``proc`` runs);
+    fetched through ``wrap`` (a command to run the fetch in another namespace) if given."""
+    fetch = (
+        "import sys, urllib.request\n"
+        "with urllib.request.urlopen(sys.argv[1], timeout=5) as r:\n"
+        "    sys.stdout.write(r.read().decode())\n"
+    )
+    body = ""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and proc.poll() is None:
+        res = subprocess.run(
+            [*(wrap or []), sys.executable, "-c", fetch, url],
+            capture_output=True, text=True, timeout=30,
+        )  # fmt: skip
+        body = res.stdout
+        if res.returncode == 0 and "gpumon_gpu_utilization_ratio{" in body:
+            break
+        time.sleep(0.5)
+    return body
+
+
+def stop(proc: subprocess.Popen[str]) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(15)
+
+
+def test_gpumon_serve_in_the_image_reads_the_fake_gpu(
+    container: tuple[Builder, str], fake_nvml_lib: Path, tmp_path: Path
+) -> None:
+    builder, ctr = container
+    port = free_port()
+    argv, scn = run_with_the_fake_gpus(
+        builder, ctr, tmp_path, ["gpumon", "serve", "--listen", f"127.0.0.1:{port}", "--log", ""]
+    )
     proc = subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+        argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
     )
     try:
-        body = ""
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and proc.poll() is None:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
-                    body = r.read().decode()
-                if "gpumon_gpu_utilization_ratio{" in body:
-                    break
-            except OSError:
-                pass
-            time.sleep(0.5)
+        body = scrape_until(f"http://127.0.0.1:{port}/metrics", proc)
         assert proc.poll() is None, proc.communicate()[0]
         for i in range(2):
             uuid = scn.gpus[i].effective_uuid(i)
             assert f'uuid="{uuid}"' in body, body[-2000:]
         assert "gpumon_gpu_lost" in body
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(15)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(15)
+        stop(proc)
+
+
+def test_a_plain_run_of_the_image_serves_on_its_defaults(
+    image: tuple[Builder, str],
+    container: tuple[Builder, str],
+    fake_nvml_lib: Path,
+    tmp_path: Path,
+) -> None:
+    """The image's own command, nothing mounted at /etc/gpumon: it serves on every address
+    at 9977 (run in a network namespace of its own, so the port is free and private), with
+    no log file to write."""
+    for tool in ("unshare", "nsenter", "ip"):  # loopback up in a network namespace
+        if shutil.which(tool) is None:
+            pytest.skip(f"{tool} not installed (apt-get install util-linux iproute2)")
+    builder, name = image
+    _, ctr = container
+    config = json.loads(builder.buildah("inspect", "--type", "image", name))["OCIv1"]["config"]
+    command = [*config["Entrypoint"], *config["Cmd"]]
+    argv, scn = run_with_the_fake_gpus(builder, ctr, tmp_path, command)
+    private = ["unshare", "--net", "--", "sh", "-c", 'ip link set lo up && exec "$@"', "sh"]
+    proc = subprocess.Popen(
+        [*private, *argv],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+    )  # fmt: skip
+    try:
+        inside = ["nsenter", f"--net=/proc/{proc.pid}/ns/net", "--"]
+        body = scrape_until("http://127.0.0.1:9977/metrics", proc, inside)
+        assert proc.poll() is None, proc.communicate()[0]
+        assert f'uuid="{scn.gpus[0].effective_uuid(0)}"' in body, body[-2000:]
+    finally:
+        stop(proc)
+    out = proc.communicate()[0]
+    assert "serving 2 GPU(s) on http://0.0.0.0:9977/metrics" in out, out
+
+
+def test_the_image_says_the_commit_it_was_built_from(container: tuple[Builder, str]) -> None:
+    builder, ctr = container
+    out = builder.buildah("run", "--isolation", "chroot", ctr, "--", "gpumon", "serve", "--version")
+    first = out.splitlines()[0]
+    assert (
+        first == f"gpumon serve, version {__version__} (revision: {builder.revision or 'unknown'})"
+    )
+    if builder.revision is None:
+        pytest.skip("git not installed (apt-get install git): the wheel was built from no clone")

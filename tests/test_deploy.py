@@ -240,10 +240,11 @@ def test_dcgm_rules_record_dcgm_exporters_names_with_its_labels() -> None:
         if "record" in r
     }
     assert set(DCGM_NAMES) <= set(records)
-    for name in DCGM_NAMES:  # each joins the GPU's dcgm-exporter labels
+    for name in DCGM_NAMES:  # each joins the GPU's dcgm-exporter and workload labels
         assert records[name].endswith(
             "* on (job, instance, gpu) group_left (UUID, device, modelName, Hostname, "
-            "pci_bus_id) instance_gpu:gpumon_gpu_info:dcgm_labels"
+            "pci_bus_id, hpc_job, pod, namespace, container) "
+            "instance_gpu:gpumon_gpu_info:dcgm_labels"
         ), name
 
 

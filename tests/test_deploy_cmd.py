@@ -190,6 +190,19 @@ def venv_with_these_dependencies(venv: Path) -> Path:
     return py
 
 
+def install_in_a_venv(wheel: Path, venv: Path) -> tuple[Path, dict[str, str]]:
+    """``wheel`` installed (not editable) in a venv of its own with this interpreter's
+    dependencies: (its python, an environment that reaches no other gpumon)."""
+    py = venv_with_these_dependencies(venv)
+    pip = subprocess.run(
+        [py, "-m", "pip", "install", "-q", "--no-index", "--no-deps", str(wheel)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert pip.returncode == 0, pip.stderr
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+    return py, env
+
+
 @pytest.mark.slow
 def test_a_fresh_wheel_install_deploys_the_files(source_copy: Path, tmp_path: Path) -> None:
     wheel = build_distribution("wheel", source_copy, tmp_path)
@@ -198,13 +211,7 @@ def test_a_fresh_wheel_install_deploys_the_files(source_copy: Path, tmp_path: Pa
     assert wheel.name.startswith("gpumon_why-"), wheel.name  # "gpumon" on PyPI is another
     # gpumon itself only from the wheel (and never from the checkout: cwd).
     venv = tmp_path / "venv"
-    py = venv_with_these_dependencies(venv)
-    pip = subprocess.run(
-        [py, "-m", "pip", "install", "-q", "--no-index", "--no-deps", str(wheel)],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert pip.returncode == 0, pip.stderr
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+    py, env = install_in_a_venv(wheel, venv)
     where = subprocess.run(
         [py, "-c", "import gpumon, rich; print(gpumon.__file__)"],
         capture_output=True, text=True, env=env, check=True, cwd=tmp_path,

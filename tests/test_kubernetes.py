@@ -18,6 +18,7 @@ import re
 import shutil
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -26,29 +27,42 @@ REPO = Path(__file__).resolve().parent.parent
 KUBE = REPO / "deploy" / "kubernetes"
 RULES = REPO / "deploy" / "prometheus" / "gpumon-rules.yml"
 REPORT_RULES = REPO / "deploy" / "prometheus" / "gpumon-report-rules.yml"
+DCGM_RULES = REPO / "deploy" / "prometheus" / "gpumon-dcgm-rules.yml"
 DASHBOARD = REPO / "deploy" / "grafana" / "gpumon-dashboard.json"
 RULE_COPY = KUBE / "components" / "prometheus-operator" / "prometheusrule.yaml"
+DCGM_RULE_COPY = KUBE / "components" / "dcgm-exporter-names" / "prometheusrule.yaml"
 DASHBOARD_COPY = KUBE / "components" / "grafana-dashboard" / "gpumon-dashboard.json"
+DOCS = REPO / "docs" / "kubernetes.md"
 OVERLAYS = ("base", "overlays/kube-prometheus-stack", "overlays/secured")
 COMPONENTS = sorted(p.name for p in (KUBE / "components").iterdir())
+NAMESPACE = "gpumon"
+# Kinds that live in no namespace (the Namespace itself).
+CLUSTER_SCOPED = {"Namespace"}
 # The oldest Kubernetes still maintained by major distributions, and the newest schemas.
 KUBE_VERSIONS = ("1.29.0", None)
+# Each generated PrometheusRule: its name, and the rules files whose groups it holds.
+PROMETHEUS_RULES = {
+    RULE_COPY: ("gpumon", (RULES, REPORT_RULES)),
+    DCGM_RULE_COPY: ("gpumon-dcgm", (DCGM_RULES,)),
+}
 
 
-def prometheus_rule_text() -> str:
-    """The PrometheusRule: the rules files as its spec, indented (block YAML nests as is);
-    the report rules' groups follow gpumon-rules.yml's under the same ``groups:``."""
-    report = REPORT_RULES.read_text().split("\ngroups:\n", 1)[1]
-    rules = RULES.read_text() + report
+def prometheus_rule_text(name: str, files: tuple[Path, ...]) -> str:
+    """A PrometheusRule: the first rules file as its spec, indented (block YAML nests as
+    is); the other files' groups follow under the same ``groups:``."""
+    first, *rest = files
+    rules = first.read_text() + "".join(f.read_text().split("\ngroups:\n", 1)[1] for f in rest)
     body = "".join(("  " + ln if ln.strip() else ln) for ln in rules.splitlines(keepends=True))
+    sources = " and ".join(f.name for f in files)
     return (
-        "# GENERATED from deploy/prometheus/gpumon-rules.yml and gpumon-report-rules.yml (python3\n"
-        "# tests/test_kubernetes.py --write); edit those, not this.  tests/test_kubernetes.py\n"
-        "# checks they agree.\n"
+        f"# GENERATED from deploy/prometheus/{sources} (python3\n"
+        "# tests/test_kubernetes.py --write); edit the rules there, not this copy.\n"
+        "# tests/test_kubernetes.py checks they agree.\n"
         "apiVersion: monitoring.coreos.com/v1\n"
         "kind: PrometheusRule\n"
         "metadata:\n"
-        "  name: gpumon\n"
+        f"  name: {name}\n"
+        f"  namespace: {NAMESPACE}\n"
         "  labels:\n"
         "    app.kubernetes.io/name: gpumon\n"
         "spec:\n" + body
@@ -56,7 +70,8 @@ def prometheus_rule_text() -> str:
 
 
 def write_copies() -> None:
-    RULE_COPY.write_text(prometheus_rule_text())
+    for copy, (name, files) in PROMETHEUS_RULES.items():
+        copy.write_text(prometheus_rule_text(name, files))
     shutil.copyfile(DASHBOARD, DASHBOARD_COPY)
 
 
@@ -128,6 +143,26 @@ def test_renders_and_validates_strictly(
     assert set(unknown) <= {"ServiceMonitor", "PrometheusRule"}, unknown
 
 
+def outside_gpumons_namespace(docs: list[dict]) -> list[str]:
+    """The namespaced objects that ``kubectl apply -k`` would put anywhere but gpumon's."""
+    return [
+        f"{d['kind']}/{d['metadata']['name']} in {d['metadata'].get('namespace')!r}"
+        for d in docs
+        if d["kind"] not in CLUSTER_SCOPED and d["metadata"].get("namespace") != NAMESPACE
+    ]
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_object_is_in_gpumons_namespace(
+    rendered: dict[str, list[dict]], overlay: str
+) -> None:
+    """With no namespace, `kubectl apply -k` puts an object in the current one (usually
+    default), where a ServiceMonitor selects no Service and finds no scrape Secret."""
+    docs = rendered[overlay]
+    assert not outside_gpumons_namespace(docs), outside_gpumons_namespace(docs)
+    assert [d["metadata"]["name"] for d in docs if d["kind"] == "Namespace"] == [NAMESPACE]
+
+
 def test_the_cli_agrees(kubectl: str, tmp_path: Path) -> None:
     """The same check as its own command line would make it, on the whole secured render."""
     exe = shutil.which("kubernetes-validate")
@@ -168,11 +203,16 @@ def test_each_component_renders_alone_on_the_base(
     )
     docs = render(kubectl, here)
     validate_strict(docs, None)
+    # In gpumon's namespace on their own: an overlay of the user's need not say it.
+    assert not outside_gpumons_namespace(docs), outside_gpumons_namespace(docs)
 
 
 # --------------------------------------------------------------------------- contents
 def test_generated_copies_are_current() -> None:
-    assert RULE_COPY.read_text() == prometheus_rule_text(), "run tests/test_kubernetes.py --write"
+    for copy, (name, files) in PROMETHEUS_RULES.items():
+        assert copy.read_text() == prometheus_rule_text(name, files), (
+            f"{copy.name}: run tests/test_kubernetes.py --write"
+        )
     assert DASHBOARD_COPY.read_bytes() == DASHBOARD.read_bytes(), (
         "run tests/test_kubernetes.py --write"
     )
@@ -216,7 +256,10 @@ def test_daemonset_runs_on_gpu_nodes_takes_no_gpu_and_is_scraped(
     assert "kubernetes" in cfg.job_sources
     # The kubelet's socket is where the job-label reader looks for it.
     assert f"{mounts['pod-resources']}/kubelet.sock" == SOCKET
-    assert volumes["pod-resources"]["hostPath"]["path"] == mounts["pod-resources"]
+    assert volumes["pod-resources"]["hostPath"] == {
+        "path": mounts["pod-resources"],
+        "type": "DirectoryOrCreate",  # a node without the socket still runs gpumon
+    }
     svc = docs["Service"]["spec"]
     assert svc["clusterIP"] == "None"
     assert svc["selector"].items() <= pod["metadata"]["labels"].items()
@@ -229,32 +272,49 @@ def test_kube_prometheus_stack_finds_monitor_rules_and_dashboard(
     kinds = [d["kind"] for d in docs]
     assert sorted(kinds) == sorted(
         ["Namespace", "ConfigMap", "ConfigMap", "DaemonSet", "Service", "ServiceMonitor",
-         "PrometheusRule"]
+         "PrometheusRule", "PrometheusRule"]
     )  # fmt: skip
-    objs = {d["kind"]: d for d in docs if d["kind"] != "ConfigMap"}
-    for kind in ("ServiceMonitor", "PrometheusRule"):
+    objs = {d["kind"]: d for d in docs if d["kind"] not in ("ConfigMap", "PrometheusRule")}
+    rules = {d["metadata"]["name"]: d for d in docs if d["kind"] == "PrometheusRule"}
+    for obj in [objs["ServiceMonitor"], *rules.values()]:
         # kube-prometheus-stack's default serviceMonitorSelector and ruleSelector.
-        assert objs[kind]["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+        assert obj["metadata"]["labels"]["release"] == "kube-prometheus-stack"
     mon = objs["ServiceMonitor"]["spec"]
     svc = objs["Service"]
     assert mon["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
     assert mon["endpoints"][0]["port"] in {p["name"] for p in svc["spec"]["ports"]}
     assert mon["endpoints"][0]["honorLabels"] is True
-    # The rule's spec is the rules file the promtool tests check, and promtool takes it.
+    # No namespaceSelector: the monitor selects Services in its own namespace, the Service's.
+    assert "namespaceSelector" not in mon
+    assert objs["ServiceMonitor"]["metadata"]["namespace"] == svc["metadata"]["namespace"]
+    # Each rule's spec is the rules files the promtool tests check, and promtool takes it.
     yaml = yaml_module()
-    groups = [g for f in (RULES, REPORT_RULES) for g in yaml.safe_load(f.read_text())["groups"]]
-    assert objs["PrometheusRule"]["spec"] == {"groups": groups}
-    promtool = shutil.which("promtool")
-    if promtool:
-        spec = tmp_path / "rules.yml"
-        spec.write_text(yaml.safe_dump(objs["PrometheusRule"]["spec"]))
-        res = subprocess.run(
-            [promtool, "check", "rules", str(spec)], capture_output=True, text=True
-        )
-        assert res.returncode == 0, res.stdout + res.stderr
+    assert set(rules) == {name for name, _ in PROMETHEUS_RULES.values()}
+    for name, files in PROMETHEUS_RULES.values():
+        groups = [g for f in files for g in yaml.safe_load(f.read_text())["groups"]]
+        assert rules[name]["spec"] == {"groups": groups}, name
+        promtool = shutil.which("promtool")
+        if promtool:
+            spec = tmp_path / f"{name}.yml"
+            spec.write_text(yaml.safe_dump(rules[name]["spec"]))
+            res = subprocess.run(
+                [promtool, "check", "rules", str(spec)], capture_output=True, text=True
+            )
+            assert res.returncode == 0, res.stdout + res.stderr
     (dash,) = [d for d in docs if d["kind"] == "ConfigMap" and "dashboard" in d["metadata"]["name"]]
     assert dash["metadata"]["labels"]["grafana_dashboard"] == "1"
     assert json.loads(dash["data"]["gpumon-dashboard.json"]) == json.loads(DASHBOARD.read_text())
+
+
+def test_the_dcgm_names_answer_every_query_of_a_dcgm_dashboard() -> None:
+    """The PrometheusRule records every DCGM_* series the dcgm-exporter dashboard queries
+    (tests/test_serve_dcgm.py checks them against a real Prometheus with the same file)."""
+    yaml = yaml_module()
+    spec = yaml.safe_load(DCGM_RULE_COPY.read_text())["spec"]
+    recorded = {r["record"] for g in spec["groups"] for r in g["rules"] if "record" in r}
+    queries = json.loads((REPO / "tests" / "data" / "dcgm" / "dashboard-queries.json").read_text())
+    used = {m for q in queries["queries"] for m in re.findall(r"DCGM_FI_\w+", q["expr"])}
+    assert used and used <= recorded, sorted(used - recorded)
 
 
 def test_a_podmonitor_can_take_the_servicemonitors_place(kubectl: str, tmp_path: Path) -> None:
@@ -274,6 +334,7 @@ def test_a_podmonitor_can_take_the_servicemonitors_place(kubectl: str, tmp_path:
     assert set(unknown) == {"PodMonitor", "PrometheusRule"}, unknown
     objs = {d["kind"]: d for d in docs if d["kind"] != "ConfigMap"}
     assert "ServiceMonitor" not in objs
+    assert not outside_gpumons_namespace(docs), outside_gpumons_namespace(docs)
     assert objs["PodMonitor"]["metadata"]["labels"]["release"] == "kube-prometheus-stack"
     mon = objs["PodMonitor"]["spec"]
     pod = objs["DaemonSet"]["spec"]["template"]
@@ -290,10 +351,68 @@ def test_a_podmonitor_can_take_the_servicemonitors_place(kubectl: str, tmp_path:
     assert ep["relabelings"] == service_monitor["spec"]["endpoints"][0]["relabelings"]
 
 
+def docs_overlays() -> dict[str, str]:
+    """The overlays of one's own that docs/kubernetes.md shows (its YAML blocks opening
+    with ``# my-gpumon/kustomization.yaml``), by that first line."""
+    blocks = re.findall(r"^( *)```yaml\n(.*?)^\1```", DOCS.read_text(), re.M | re.S)
+    texts = [textwrap.dedent(body) for _, body in blocks]
+    return {
+        text.splitlines()[0]: text
+        for text in texts
+        if text.startswith("# my-gpumon/kustomization.yaml")
+    }
+
+
+DOCS_OVERLAYS = docs_overlays()
+
+
+@pytest.mark.parametrize("first_line", sorted(DOCS_OVERLAYS))
+def test_the_overlays_the_docs_show_render(kubectl: str, tmp_path: Path, first_line: str) -> None:
+    """Where `gpumon deploy ./gpumon-deploy` wrote deploy/, as the docs have it."""
+    here = tmp_path / "my-gpumon"
+    here.mkdir()
+    text = DOCS_OVERLAYS[first_line]
+    assert "../gpumon-deploy/kubernetes/" in text
+    (here / "kustomization.yaml").write_text(
+        text.replace("../gpumon-deploy/kubernetes/", os.path.relpath(KUBE, here) + "/")
+    )
+    docs = render(kubectl, here)
+    validate_strict(docs, None)
+    assert not outside_gpumons_namespace(docs), outside_gpumons_namespace(docs)
+
+
+def test_the_kubelets_root_is_one_patch_away(kubectl: str, tmp_path: Path) -> None:
+    """The docs' patch moves the host folder of the kubelet's socket; gpumon still finds
+    it where it looks, and a node without it still starts the pod (DirectoryOrCreate)."""
+    from gpumon.sample.podresources import SOCKET
+
+    (first_line,) = [line for line, text in DOCS_OVERLAYS.items() if "pod-resources" in text]
+    here = tmp_path / "my-gpumon"
+    here.mkdir()
+    text = DOCS_OVERLAYS[first_line]
+    (here / "kustomization.yaml").write_text(
+        text.replace("../gpumon-deploy/kubernetes/", os.path.relpath(KUBE, here) + "/")
+    )
+    (ds,) = [d for d in render(kubectl, here) if d["kind"] == "DaemonSet"]
+    spec = ds["spec"]["template"]["spec"]
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    wanted = re.search(r"hostPath: \{path: (\S+)\}", text)
+    assert wanted is not None
+    assert volumes["pod-resources"]["hostPath"] == {
+        "path": wanted.group(1),
+        "type": "DirectoryOrCreate",
+    }
+    (c,) = spec["containers"]
+    mounts = {m["name"]: m for m in c["volumeMounts"]}
+    assert f"{mounts['pod-resources']['mountPath']}/kubelet.sock" == SOCKET
+    assert {"config", "log", "pod-resources"} <= set(volumes)  # the patch replaced none
+
+
 def test_secured_serves_tls_and_basic_auth_from_the_web_config(
     rendered: dict[str, list[dict]],
 ) -> None:
-    docs = by_kind([d for d in rendered["overlays/secured"] if d["kind"] != "ConfigMap"])
+    several = ("ConfigMap", "PrometheusRule")
+    docs = by_kind([d for d in rendered["overlays/secured"] if d["kind"] not in several])
     spec = docs["DaemonSet"]["spec"]["template"]["spec"]
     (c,) = spec["containers"]
     flag = next(a for a in c["args"] if a.startswith("--web.config.file="))

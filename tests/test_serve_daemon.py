@@ -371,15 +371,20 @@ def test_a_lost_gpu_is_read_again_and_a_new_gpu_is_found(fake_nvml, tmp_path, da
     assert "gpumon: GPU 2" in err and "appeared" in err and "Traceback" not in err
 
 
-@pytest.mark.parametrize("where", ["missing-dir", "full-disk"])
+@pytest.mark.parametrize("where", ["removed-dir", "full-disk"])
 def test_unwritable_log_is_counted_and_sampling_goes_on(
     fake_nvml, tmp_path, daemons, where
 ) -> None:
-    log = tmp_path / "no" / "such" / "dir.jsonl" if where == "missing-dir" else Path("/dev/full")
+    """A folder removed while the daemon runs, a full disk: lines lost and counted, the
+    daemon on.  (A folder missing at start is made: test_serve_log_folder.py.)"""
+    folder = tmp_path / "logs"
+    log = folder / "gpumon.jsonl" if where == "removed-dir" else Path("/dev/full")
     if where == "full-disk" and not Path("/dev/full").exists():
         pytest.skip("/dev/full is absent")
     d = start_daemon(fake_nvml.env, tmp_path, "--log", str(log), log=False)
     daemons.append(d)
+    if where == "removed-dir":
+        shutil.rmtree(folder)
     d.wait_for(
         lambda m: (
             m.get("gpumon_log_write_errors_total", 0) >= 1 and m.get("gpumon_samples_total", 0) >= 5

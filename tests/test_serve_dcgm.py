@@ -51,6 +51,23 @@ def fill(expr: str, values: dict[str, list[str]]) -> str:
     return expr
 
 
+def check_the_dashboard(prom: Prometheus, variables: dict[str, list[str]]) -> None:
+    """Every variable and query of the dashboard, filled in as Grafana fills them: the
+    variables take ``variables``' values, and each query returns series with the labels
+    its panel shows."""
+    values: dict[str, list[str]] = {}
+    for var in QUERIES["variables"]:
+        values[var["name"]] = label_values(prom, fill(var["query"], values))
+    assert values == variables
+    for q in QUERIES["queries"]:
+        result = prom.query(fill(q["expr"], values))
+        assert result, f"{q['panel']}: no series for {q['expr']}"
+        for series in result:
+            labels = series["metric"]  # type: ignore[index]
+            missing = [name for name in q["labels"] if not labels.get(name)]
+            assert not missing, f"{q['panel']}: {labels} lacks {missing}"
+
+
 def test_a_dcgm_exporter_dashboard_works_on_gpumon(fake_nvml, tmp_path, daemons) -> None:
     h100 = FakeGPU(
         gpm_supported=True, ecc_uncorrected=1, ecc_corrected_aggregate=9, nvlink_tx_kbps=4096,
@@ -72,17 +89,7 @@ def test_a_dcgm_exporter_dashboard_works_on_gpumon(fake_nvml, tmp_path, daemons)
         fake_nvml.set(fake_nvml.scenario.with_gpu(1, xid_errors=[XidError(79)]))
         prom.wait_for('DCGM_FI_DEV_XID_ERRORS{gpu="1"} == 79')
         prom.wait_for("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL")  # a rate: two scrapes at least
-        values: dict[str, list[str]] = {}
-        for var in QUERIES["variables"]:
-            values[var["name"]] = label_values(prom, fill(var["query"], values))
-        assert values == {"Hostname": [NODE], "gpu": ["0", "1"]}
-        for q in QUERIES["queries"]:
-            result = prom.query(fill(q["expr"], values))
-            assert result, f"{q['panel']}: no series for {q['expr']}"
-            for series in result:
-                labels = series["metric"]  # type: ignore[index]
-                missing = [name for name in q["labels"] if not labels.get(name)]
-                assert not missing, f"{q['panel']}: {labels} lacks {missing}"
+        check_the_dashboard(prom, {"Hostname": [NODE], "gpu": ["0", "1"]})
         # The labels and units are dcgm-exporter's.
         (temp,) = prom.query('DCGM_FI_DEV_GPU_TEMP{gpu="0"}')
         assert temp["metric"] | {"instance": "", "job": ""} == {  # type: ignore[index]

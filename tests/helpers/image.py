@@ -33,7 +33,7 @@ path-exclude=/usr/share/info/*
 path-exclude=/usr/share/locale/*
 """
 # What a wheel build of gpumon needs from the checkout.
-SOURCES = ("pyproject.toml", "README.md", "gpumon", "dstat_plugins", "deploy")
+SOURCES = ("pyproject.toml", "setup.py", "README.md", "gpumon", "dstat_plugins", "deploy")
 
 
 def copy_sources(dest: Path) -> Path:
@@ -48,10 +48,34 @@ def copy_sources(dest: Path) -> Path:
     return dest
 
 
-def build_distribution(kind: str, src: Path, out: Path) -> Path:
-    """A wheel or sdist by the PEP 517 hook pip would call, offline (installed setuptools)."""
+def commit_sources(src: Path) -> str | None:
+    """Make a copy of the sources a git checkout of one commit, as a clone is (a wheel
+    built from it then knows its commit); the commit, or None where git is not installed."""
+    git = shutil.which("git")
+    if git is None:
+        return None
+    as_tests = [git, "-C", str(src), "-c", "user.name=gpumon tests", "-c", "user.email=t@invalid"]
+    as_tests += ["-c", "commit.gpgsign=false"]
+    run([git, "-C", str(src), "init", "--quiet"])
+    run([*as_tests, "add", "--all"])
+    # A fixed date: the same sources make the same commit (and the image cache holds).
+    dated = dict(os.environ, GIT_AUTHOR_DATE=FIXED_DATE, GIT_COMMITTER_DATE=FIXED_DATE)
+    run([*as_tests, "commit", "--quiet", "--no-verify", "--message", "under test"], env=dated)
+    return run([git, "-C", str(src), "rev-parse", "HEAD"]).strip()
+
+
+# The date a reproducible build gives its files (SOURCE_DATE_EPOCH, which the wheel
+# builder honours): the same sources then make the same wheel, byte for byte.
+FIXED_DATE = "2024-01-01T00:00:00Z"
+FIXED_EPOCH = "1704067200"
+
+
+def build_distribution(kind: str, src: Path, out: Path, *, reproducible: bool = False) -> Path:
+    """A wheel or sdist by the PEP 517 hook pip would call, offline (installed setuptools);
+    ``reproducible``: dated SOURCE_DATE_EPOCH, so unchanged sources give the same bytes."""
     code = f"from setuptools import build_meta as b; print(b.build_{kind}({str(out)!r}))"
-    return out / run([sys.executable, "-c", code], cwd=src).strip().splitlines()[-1]
+    env = dict(os.environ, SOURCE_DATE_EPOCH=FIXED_EPOCH) if reproducible else None
+    return out / run([sys.executable, "-c", code], cwd=src, env=env).strip().splitlines()[-1]
 
 
 def cache_dir() -> Path:
@@ -101,6 +125,7 @@ class Builder:
 
     cache: Path = field(default_factory=cache_dir)
     timings: dict[str, float] = field(default_factory=dict)
+    revision: str | None = None  # the commit the last wheelhouse's gpumon was built from
 
     def buildah(self, *args: str, timeout: float = 1800) -> str:
         cmd = [
@@ -168,8 +193,10 @@ class Builder:
         src = dest.parent / "src"
         shutil.rmtree(src, ignore_errors=True)
         copy_sources(src)
+        self.revision = commit_sources(src)  # built from a clone, as a user builds it
         dest.mkdir(parents=True, exist_ok=True)
-        wheel = build_distribution("wheel", src, dest)
+        # The same bytes for the same sources: the image's venv layer is cached by them.
+        wheel = build_distribution("wheel", src, dest, reproducible=True)
         # The dependencies as the image's Python (CPython 3.11, glibc) takes them.
         run(
             [

@@ -2,8 +2,13 @@
 
 The revision is the commit gpumon was installed from, where that can be known without
 running anything: pip's record of a VCS install (``direct_url.json``), else the git
-checkout an editable install runs from (``.git/HEAD`` read as a file).  Otherwise it is
-empty, never a guess.
+checkout an editable install runs from (``.git/HEAD`` read as a file), else the file a
+build wrote into the package (``gpumon/_revision``: setup.py writes the commit of the
+checkout a wheel or an sdist is built from, so a wheel built from a clone, and the image
+installed from it, know theirs).  Otherwise it is empty, never a guess.
+
+setup.py loads this file by its path at build time, before gpumon is installed: it
+imports nothing of gpumon's at the top.
 """
 
 from __future__ import annotations
@@ -14,17 +19,28 @@ import re
 from importlib import metadata
 from pathlib import Path
 
-from gpumon import DISTRIBUTION
-
 _SHA = re.compile(r"^[0-9a-f]{40}$")
+PACKAGE = Path(__file__).resolve().parents[2]  # the gpumon package folder
+REVISION_FILE = "_revision"  # in the package: written at build time
 
 
 def revision() -> str:
     """The commit hash gpumon came from, or "" when it cannot be known."""
-    return _from_pip() or _from_checkout(Path(__file__).resolve().parents[3]) or ""
+    return _from_pip() or checkout_revision(PACKAGE.parent) or baked_revision(PACKAGE) or ""
+
+
+def baked_revision(package: Path) -> str | None:
+    """The commit a build wrote into the package folder ``package``, if it did."""
+    try:
+        sha = (package / REVISION_FILE).read_text(encoding="ascii").strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    return sha if _SHA.match(sha) else None
 
 
 def _from_pip() -> str | None:
+    from gpumon import DISTRIBUTION
+
     try:
         text = metadata.distribution(DISTRIBUTION).read_text("direct_url.json")
     except (metadata.PackageNotFoundError, OSError):
@@ -36,7 +52,8 @@ def _from_pip() -> str | None:
     return commit if isinstance(commit, str) and _SHA.match(commit) else None
 
 
-def _from_checkout(root: Path) -> str | None:
+def checkout_revision(root: Path) -> str | None:
+    """The commit checked out in the git working tree at ``root`` (a worktree too)."""
     git = root / ".git"
     try:
         if git.is_file():  # a worktree: "gitdir: PATH"

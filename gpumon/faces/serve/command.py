@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpumon import __version__
 from gpumon.engine import Session
-from gpumon.errors import GpumonError
+from gpumon.errors import ConfigError, GpumonError
 from gpumon.faces.common import interval
 from gpumon.faces.serve import config as serve_config
 from gpumon.faces.serve.stderrlog import FORMATS as LOG_FORMATS
@@ -166,6 +166,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     say = logging.getLogger("gpumon.serve")
     cfg = load_config(args)
+    _make_log_folder(cfg.log_path, say)
     disable_created_metrics()
     stacks = stack_options(cfg)
     if stacks is not None:
@@ -238,6 +239,23 @@ def _serve(args: argparse.Namespace) -> int:
         log.close()
     say.info(f"stopped ({reason}) after {state.ticks_total} ticks.")
     return 0
+
+
+def _make_log_folder(path: str | None, say: logging.Logger) -> None:
+    """The log's folder, made if missing (0750); a ConfigError when it cannot be."""
+    if not path:
+        return
+    from gpumon.faces.serve.log import make_folder
+
+    try:
+        created = make_folder(path)
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot create the folder {exc.filename} for the log {path}: "
+            f"{(exc.strerror or str(exc)).lower()}."
+        ) from None
+    if created:
+        say.info(f"created the log's folder {created[-1]} (mode 0750).")
 
 
 def _log_to_stderr(level: str, fmt: str | None = None) -> None:

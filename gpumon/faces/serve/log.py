@@ -22,7 +22,12 @@ opened without following a symbolic link (``O_NOFOLLOW``), without blocking on a
 reopen after a move.  Anything else is not written: the lines are lost and counted, and
 the reason said once, as for a full disk.
 
-New files are created 0640, the mode logrotate's ``create`` gives them.
+New files are created 0640, the mode logrotate's ``create`` gives them.  A log whose
+folder is missing at start (``--log /var/log/gpumon/gpumon.jsonl`` on a fresh node) gets
+it made, 0750, by ``make_folder`` before the daemon serves; each folder it creates is
+entered without following a symbolic link, so a link planted in its place is refused, not
+followed.  A folder that cannot be made stops the daemon from starting (a log that was
+never going to be written is a configuration error, not a fault to count).
 """
 
 from __future__ import annotations
@@ -38,6 +43,8 @@ from typing import IO, Any
 from gpumon.files import what_is_at, what_it_is
 
 FILE_MODE = 0o640
+FOLDER_MODE = 0o750  # root writes; the adm group (logrotate, log readers) reads
+_FOLDER_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 _OPEN_FLAGS = (
     os.O_WRONLY
     | os.O_APPEND
@@ -64,6 +71,61 @@ def _refusal(st: os.stat_result) -> str | None:
     if what is not None:
         return what
     return None if st.st_nlink <= 1 else f"a file with {st.st_nlink} names (hard links)"
+
+
+def make_folder(path: str) -> list[str]:
+    """Create the folders missing above the log file ``path``, FOLDER_MODE each; the ones
+    created, outermost first.  The nearest folder that exists is opened as it is (links
+    included: /var/log may be one); below it each new folder is made and entered by name
+    from its parent with ``O_NOFOLLOW``.  OSError (its ``filename`` the folder) otherwise."""
+    folder = os.path.dirname(os.path.abspath(path))
+    missing: list[str] = []
+    while not os.path.lexists(folder):  # a dangling link exists: the open below refuses it
+        missing.append(folder)
+        folder = os.path.dirname(folder)
+    try:
+        fd = os.open(folder, _FOLDER_FLAGS)
+    except OSError as exc:
+        if os.path.islink(folder) and exc.errno == errno.ENOENT:
+            raise OSError(exc.errno, "a symbolic link to nothing is in its place", folder) from None
+        raise OSError(exc.errno, exc.strerror, folder) from None
+    created: list[str] = []
+    try:
+        for new in reversed(missing):
+            name = os.path.basename(new)
+            try:
+                made = _mkdir(name, fd)
+                inner = os.open(name, _FOLDER_FLAGS | os.O_NOFOLLOW, dir_fd=fd)
+            except OSError as exc:
+                if _is_link(name, fd):  # put there since it was looked at (ELOOP, ENOTDIR)
+                    raise OSError(errno.ELOOP, "a symbolic link is in its place", new) from None
+                raise OSError(exc.errno, exc.strerror, new) from None
+            os.close(fd)
+            fd = inner
+            if made:
+                os.fchmod(fd, FOLDER_MODE)  # whatever the umask took away
+                created.append(new)
+    finally:
+        os.close(fd)
+    return created
+
+
+def _is_link(name: str, parent: int) -> bool:
+    """Whether ``name`` in the folder ``parent`` is a symbolic link (only a link reads)."""
+    try:
+        os.readlink(name, dir_fd=parent)
+    except OSError:
+        return False
+    return True
+
+
+def _mkdir(name: str, parent: int) -> bool:
+    """Make ``name`` in the folder ``parent``; False if something made it first."""
+    try:
+        os.mkdir(name, FOLDER_MODE, dir_fd=parent)
+    except FileExistsError:
+        return False
+    return True
 
 
 def _clean(value: Any) -> Any:
