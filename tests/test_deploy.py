@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from gpumon.faces.serve.collector import HARDWARE_SERIES, METRIC_NAMES
+from gpumon.faces.serve.collector import METRIC_NAMES
+from gpumon.faces.serve.collectors.hardware import HARDWARE_SERIES
 from gpumon.faces.serve.config import DEFAULT_PORT, ServeConfig, parse
 
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
