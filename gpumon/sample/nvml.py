@@ -623,19 +623,23 @@ class NvmlSampler:
         start_s: float | None = None,
         rediscover_every_s: float = 10.0,
         hardware_every_s: float = 10.0,
+        hardware: bool = True,
     ) -> None:
         nvml_init()
+        # False: the hardware health readings and the PCIe throughput are never read (a
+        # daemon that exports no hardware series: no one else looks at them).
+        self.hardware = hardware
         self.retry_unsupported_s = retry_unsupported_s
         # Clocks and temperatures of memory, fan, P-state and the health counters change
         # slowly (dcgm-exporter reads them every 30 s): read every hardware_every_s, so a
         # scrape every 15 s finds them at most 10 s old.  They cost a tick's NVML part 8 %
         # at 5 s, 4 % at 10 s (benchmarks/bench_tick.py, 8 GPUs).
-        self.hardware_every_s = hardware_every_s
+        self.hardware_every_s = hardware_every_s if hardware else float("inf")
         # Lost GPUs asked again and new GPUs looked for this often (see _rediscover).
         self.rediscover_every_s = rediscover_every_s
         # nvmlDeviceGetPcieThroughput measures over a 20 ms window per call, so reading it
         # every tick on 8 GPUs would cost 320 ms; it is read at most every pcie_every_s.
-        self.pcie_every_s = pcie_every_s
+        self.pcie_every_s = pcie_every_s if hardware else float("inf")
         self.start_s = time.monotonic() if start_s is None else start_s
         self.errors: Counter[str] = Counter()
         self.driver_version = self._system_text(pynvml.nvmlSystemGetDriverVersion)
@@ -961,6 +965,8 @@ class NvmlSampler:
     def _health(self, st: _GpuState, t_s: float) -> Health:
         """The slow health readings, in GpuSample's order (mem_clock_mhz on)."""
         st.health_read_at = t_s
+        if not self.hardware:  # never read; asked once per opening, then due never again
+            return st.health
         h = st.handle
         fields = _FieldValues.NONE
         reader = st.fields
@@ -1160,6 +1166,8 @@ class NvmlSampler:
     def _pcie(self, st: _GpuState, t_s: float) -> tuple[float | None, float | None]:
         if t_s - st.pcie_read_at >= self.pcie_every_s:
             st.pcie_read_at = t_s
+            if not self.hardware:
+                return st.pcie
             rx = self._read(
                 st,
                 "pcie",

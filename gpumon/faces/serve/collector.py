@@ -29,8 +29,12 @@ from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from gpumon.faces.serve.collectors import GROUPS, GroupCollector, Inputs
+from gpumon.faces.serve.config import COLLECTORS
 from gpumon.faces.serve.daemon import ServeState
 from gpumon.faces.serve.http import ConnectionStats
+
+if tuple(g.group for g in GROUPS) != COLLECTORS:  # the switches name every group
+    raise ImportError("collectors.GROUPS and config.COLLECTORS differ: update both")
 
 # The scrape's own series, beside the groups'.
 SCRAPE_NAMES = (
@@ -61,7 +65,10 @@ class GpumonCollector(Collector):
     ) -> None:
         self.state = state
         inputs = Inputs(state, http, hostname if hostname is not None else node_name())
-        self.groups: tuple[GroupCollector, ...] = tuple(group(inputs) for group in GROUPS)
+        # Only the groups switched on are made: one switched off costs a scrape nothing.
+        self.groups: tuple[GroupCollector, ...] = tuple(
+            group(inputs) for group in GROUPS if group.group in state.cfg.collectors
+        )
         self._last_scrape_s: float | None = None
 
     def describe(self) -> Iterator[Metric]:
