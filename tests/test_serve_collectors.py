@@ -129,14 +129,17 @@ def test_an_unknown_group_on_the_command_line_is_refused_in_one_sentence(flag: s
     assert said.startswith(f"gpumon serve: error: unrecognized arguments: {flag}"), said
 
 
-def test_hardware_off_reads_nothing_of_it_from_nvml(fake_nvml) -> None:
-    """The hardware's readings (every 10 s: field values, memory clock, fan, P-state; the
-    PCIe throughput every 5 s) are not asked for when no group shows them."""
+def test_hardware_off_reads_nothing_of_it_from_nvml(fake_nvml, monkeypatch) -> None:
+    """The hardware's readings (every 10 s: field values, memory clock, fan, P-state, the
+    video engines; the PCIe throughput every 5 s) are not asked for when no group shows
+    them."""
+    import gpumon.sample.nvml as nvml_module
     from gpumon.sample.nvml import NvmlSampler
 
     fake_nvml.set(Scenario(gpus=[FakeGPU(), FakeGPU(gpm_supported=True)]))
     fake_nvml.load()
-    hardware_calls = ("field_values", "fan", "pstate", "pcie")
+    monkeypatch.setattr(nvml_module, "_init_done", False)  # this process's NVML: the fake
+    hardware_calls = ("field_values", "fan", "pstate", "pcie", "encoder", "decoder")
     counted = {name: call_count(name) for name in hardware_calls}
     off = NvmlSampler(hardware=False, hardware_every_s=0.0, pcie_every_s=0.0)
     for _ in range(3):

@@ -111,6 +111,8 @@ def settled(m: dict[str, float]) -> bool:
         and one(m, "gpumon_job_state", hpc_job="4242", state="healthy") == 1
         and not series(m, "gpumon_gpu_reason", gpu="0")
         and bool(series(m, "gpumon_gpu_memory_clock_hertz", gpu="1"))
+        # GPM's pipes: read with the hardware (every 10 s) once GPM has an interval
+        and bool(series(m, "gpumon_gpu_dram_active_ratio", gpu="1"))
         and bool(series(m, "gpumon_scrape_duration_seconds"))
     )
 
@@ -124,7 +126,7 @@ def golden_scrape(fake_nvml, tmp_path: Path, daemons: list[Daemon], job_pid: int
     # The XID once the daemon watches the GPU's events (one scripted before is not seen).
     d.wait_for(lambda m: bool(series(m, "gpumon_gpu_xid_errors_total", gpu="0")), 20, "watching")
     fake_nvml.set(scn.with_gpu(0, xid_errors=[XidError(48)]))
-    d.wait_for(settled, 30, "settled")
+    d.wait_for(settled, 40, "settled")
     return d.text()
 
 

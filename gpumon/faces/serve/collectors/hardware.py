@@ -1,9 +1,11 @@
 """The ``hardware`` group: what dcgm-exporter exports beside gpumon.
 
-Temperatures, clocks and why they are held down, fan, P-state, energy, ECC, PCIe replays,
-NVLink traffic and XID errors: gpumon's own names; deploy/prometheus/gpumon-dcgm-rules.yml
-records them under dcgm-exporter's.  Turned off (``--no-collector.hardware``, on a node
-that runs dcgm-exporter), the sampler does not read them either.
+Temperatures, clocks and why they are held down, fan, P-state, energy, ECC and row
+remapping, PCIe replays and throughput, NVLink traffic, XID errors, the reserved memory,
+the video engines, GPM's DRAM and FP pipes: gpumon's own names;
+deploy/prometheus/gpumon-dcgm-rules.yml records them under dcgm-exporter's.  Turned off
+(``--no-collector.hardware``, on a node that runs dcgm-exporter), the sampler does not
+read them either.
 """
 
 from __future__ import annotations
@@ -103,6 +105,77 @@ HARDWARE_SERIES: tuple[tuple[str, str, bool, Callable[[GpuSample], float | None]
         True,
         lambda s: s.nvlink_rx_bytes,
     ),
+    (
+        "gpumon_gpu_pcie_transmit_bytes_per_second",
+        "Data the GPU sent over PCIe (NVML's PCIe throughput: a 20 ms window, read every 5 s).",
+        False,
+        lambda s: s.pcie_tx_bytes_per_s,
+    ),
+    (
+        "gpumon_gpu_pcie_receive_bytes_per_second",
+        "Data the GPU received over PCIe (NVML's PCIe throughput: a 20 ms window, read every 5 s).",
+        False,
+        lambda s: s.pcie_rx_bytes_per_s,
+    ),
+    (
+        "gpumon_gpu_memory_reserved_bytes",
+        "GPU memory the driver reserves for itself (memory.reserved; within memory.used).",
+        False,
+        lambda s: s.memory_reserved_bytes,
+    ),
+    (
+        "gpumon_gpu_encoder_utilization_ratio",
+        "Share of the driver's last sample period the video encoder was busy "
+        "(utilization.encoder).",
+        False,
+        lambda s: _scaled(s.encoder_util_pct, 0.01),
+    ),
+    (
+        "gpumon_gpu_decoder_utilization_ratio",
+        "Share of the driver's last sample period the video decoder was busy "
+        "(utilization.decoder).",
+        False,
+        lambda s: _scaled(s.decoder_util_pct, 0.01),
+    ),
+    (
+        "gpumon_gpu_row_remap_pending",
+        "1 when a row of memory was remapped and the GPU needs a reset to use it "
+        "(remapped_rows.pending; Ampere and later).",
+        False,
+        lambda s: s.row_remap_pending,
+    ),
+    (
+        "gpumon_gpu_row_remap_failed",
+        "1 when remapping a row of memory failed: the GPU needs service "
+        "(remapped_rows.failure; Ampere and later).",
+        False,
+        lambda s: s.row_remap_failed,
+    ),
+    (
+        "gpumon_gpu_dram_active_ratio",
+        "Share of the memory bandwidth used over the last tick (GPM, Hopper and later; "
+        "DCGM_FI_PROF_DRAM_ACTIVE).",
+        False,
+        lambda s: s.dram_active_ratio,
+    ),
+    (
+        "gpumon_gpu_fp64_active_ratio",
+        "Share of time the SMs did non-tensor FP64 math over the last tick (GPM).",
+        False,
+        lambda s: s.fp64_active_ratio,
+    ),
+    (
+        "gpumon_gpu_fp32_active_ratio",
+        "Share of time the SMs did non-tensor FP32 math over the last tick (GPM).",
+        False,
+        lambda s: s.fp32_active_ratio,
+    ),
+    (
+        "gpumon_gpu_fp16_active_ratio",
+        "Share of time the SMs did non-tensor FP16 math over the last tick (GPM).",
+        False,
+        lambda s: s.fp16_active_ratio,
+    ),
 )
 # XID codes people page on (NVIDIA's XID catalogue: 48 double-bit ECC, 63/64 row
 # remapping, 74 NVLink, 79 fallen off the bus, 94/95 contained/uncontained ECC): exported
@@ -123,6 +196,7 @@ class HardwareCollector(GroupCollector):
         "gpumon_gpu_clock_event_reason",
         "gpumon_gpu_ecc_errors_total",
         "gpumon_gpu_ecc_aggregate_errors_total",
+        "gpumon_gpu_remapped_rows_total",
         "gpumon_gpu_xid_errors_total",
         "gpumon_gpu_last_xid",
     )
@@ -148,6 +222,12 @@ class HardwareCollector(GroupCollector):
         ecc_life = CounterMetricFamily(
             "gpumon_gpu_ecc_aggregate_errors",
             "ECC errors over the GPU's life (aggregate, kept in its infoROM), by type.",
+            labels=[*GPU, "type"],
+        )
+        remapped = CounterMetricFamily(
+            "gpumon_gpu_remapped_rows",
+            "Rows of memory remapped to spares over the GPU's life, by the type of error "
+            "that retired them: corrected or uncorrected (Ampere and later).",
             labels=[*GPU, "type"],
         )
         xid = CounterMetricFamily(
@@ -182,4 +262,5 @@ class HardwareCollector(GroupCollector):
             add_typed(
                 ecc_life, lv, s.ecc_corrected_errors_aggregate, s.ecc_uncorrected_errors_aggregate
             )
-        return [*plain, reasons, ecc, ecc_life, xid, last_xid]
+            add_typed(remapped, lv, s.remapped_rows_corrected, s.remapped_rows_uncorrected)
+        return [*plain, reasons, ecc, ecc_life, remapped, xid, last_xid]
