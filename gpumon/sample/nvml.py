@@ -434,8 +434,15 @@ _NO_PIPES: PipeReading = (None, None, None, None)
 
 
 def _memory_v2(handle: Any) -> Any:
-    """nvmlMemory_v2: the memory the driver reserves, which v1 counts as used."""
-    return pynvml.nvmlDeviceGetMemoryInfo(handle, version=pynvml.nvmlMemory_v2)
+    """nvmlMemory_v2: the memory the driver reserves, which v1 counts as used.  Called
+    through ctypes, not pynvml's wrapper: a library that replaces the wrapper in this
+    process (nvitop does) may take no ``version``."""
+    mem = pynvml.c_nvmlMemory_v2_t()
+    mem.version = pynvml.nvmlMemory_v2
+    ret = pynvml._nvmlGetFunctionPointer("nvmlDeviceGetMemoryInfo_v2")(handle, ctypes.byref(mem))
+    if ret:
+        raise pynvml.NVMLError(ret)  # the specific subclass, as pynvml raises it
+    return mem
 
 
 def _address(handle: Any) -> int | None:
