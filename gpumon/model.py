@@ -164,6 +164,19 @@ class GpuSample:
     pcie_replays: int | None = None  # NVML_FI_DEV_PCIE_REPLAY_COUNTER
     nvlink_tx_bytes: int | None = None  # NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, all links
     nvlink_rx_bytes: int | None = None  # NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, all links
+    # HBM rows remapped (Ampere and later; the GPU's life), in the same call:
+    remapped_rows_corrected: int | None = None  # NVML_FI_DEV_REMAPPED_COR
+    remapped_rows_uncorrected: int | None = None  # NVML_FI_DEV_REMAPPED_UNC
+    row_remap_pending: int | None = None  # 1: a remapping waits for a GPU reset (..._PENDING)
+    row_remap_failed: int | None = None  # 1: a remapping failed, the GPU needs service
+    memory_reserved_bytes: int | None = None  # memory.reserved (nvmlMemory_v2): the driver's
+    encoder_util_pct: float | None = None  # utilization.encoder (nvmlDeviceGetEncoderUtil...)
+    decoder_util_pct: float | None = None  # utilization.decoder
+    # GPM (Hopper and later) over the last tick, read with the health: 0-1 each.
+    dram_active_ratio: float | None = None  # DRAM bandwidth used (NVML_GPM_METRIC_DRAM_BW_UTIL)
+    fp64_active_ratio: float | None = None  # SMs busy in non-tensor FP64 math (FP64_UTIL)
+    fp32_active_ratio: float | None = None  # ... FP32 (FP32_UTIL)
+    fp16_active_ratio: float | None = None  # ... FP16 (FP16_UTIL)
     # XID codes of the critical errors NVML reported since the previous tick (an event set,
     # nvmlEventSetWait_v2), oldest first; "xid_events" in ``unsupported`` where not watched.
     xid_errors: tuple[int, ...] = ()

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from gpumon.faces.serve.collector import HARDWARE_SERIES, METRIC_NAMES
+from gpumon.faces.serve.collector import METRIC_NAMES
+from gpumon.faces.serve.collectors.hardware import HARDWARE_SERIES
 from gpumon.faces.serve.config import DEFAULT_PORT, ServeConfig, parse
 
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
@@ -228,6 +229,13 @@ DCGM_NAMES = (
     "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL", "DCGM_FI_DEV_FB_TOTAL", "DCGM_FI_DEV_POWER_MGMT_LIMIT",
     "DCGM_FI_DEV_FAN_SPEED", "DCGM_FI_DEV_PSTATE", "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
     "DCGM_FI_PROF_SM_ACTIVE", "DCGM_FI_PROF_SM_OCCUPANCY", "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
+    "DCGM_FI_DEV_FB_RESERVED", "DCGM_FI_DEV_ENC_UTIL", "DCGM_FI_DEV_DEC_UTIL",
+    "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
+    "DCGM_FI_DEV_ROW_REMAP_FAILURE", "DCGM_FI_DEV_ROW_REMAP_PENDING",
+    "DCGM_FI_PROF_PCIE_TX_BYTES", "DCGM_FI_PROF_PCIE_RX_BYTES",
+    "DCGM_FI_DEV_PCIE_TX_THROUGHPUT", "DCGM_FI_DEV_PCIE_RX_THROUGHPUT",
+    "DCGM_FI_PROF_DRAM_ACTIVE", "DCGM_FI_PROF_PIPE_FP64_ACTIVE", "DCGM_FI_PROF_PIPE_FP32_ACTIVE",
+    "DCGM_FI_PROF_PIPE_FP16_ACTIVE",
 )  # fmt: skip
 
 
@@ -293,6 +301,7 @@ def test_dashboard_is_valid_and_queries_only_exported_metrics() -> None:
         *hardware,
         "gpumon_gpu_clock_event_reason",
         "gpumon_gpu_ecc_errors_total",
+        "gpumon_gpu_remapped_rows_total",
         "gpumon_gpu_xid_errors_total",
     ):
         assert name in used, name

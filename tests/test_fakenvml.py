@@ -421,11 +421,15 @@ def test_gpm_samples_and_metrics(fake_nvml):
     time.sleep(0.02)
     pynvml.nvmlGpmSampleGet(h0, b)
     ids = [pynvml.NVML_GPM_METRIC_SM_UTIL, pynvml.NVML_GPM_METRIC_SM_OCCUPANCY,
-           pynvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL, pynvml.NVML_GPM_METRIC_DRAM_BW_UTIL]  # fmt: skip
+           pynvml.NVML_GPM_METRIC_DRAM_BW_UTIL, pynvml.NVML_GPM_METRIC_FP64_UTIL,
+           pynvml.NVML_GPM_METRIC_FP32_UTIL, pynvml.NVML_GPM_METRIC_FP16_UTIL,
+           pynvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL, pynvml.NVML_GPM_METRIC_INTEGER_UTIL]  # fmt: skip
     req = pynvml.nvmlGpmMetricsGet(_metrics_request(ids, a, b))
-    got = [(m.nvmlReturn, m.value) for m in req.metrics[:4]]
-    assert got[:2] == [(0, pytest.approx(2.0)), (0, pytest.approx(40.0))]
-    assert [r for r, _ in got[2:]] == [pynvml.NVML_ERROR_NOT_SUPPORTED] * 2
+    got = [(m.nvmlReturn, m.value) for m in req.metrics[:8]]
+    # Each metric's percentage while busy, times the busy share (steady: all of it).
+    assert got[:6] == [(0, pytest.approx(p)) for p in (2.0, 40.0, 50.0, 10.0, 20.0, 5.0)]
+    # Tensor activity set to None, and a metric the fake does not model: NOT_SUPPORTED.
+    assert [r for r, _ in got[6:]] == [pynvml.NVML_ERROR_NOT_SUPPORTED] * 2
     assert req.metrics[0].metricInfo.unit == b"%"
     # Out of order, from two GPUs, unfilled: refused.
     for first, second in ((b, a), (a, c)):

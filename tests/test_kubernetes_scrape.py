@@ -414,6 +414,7 @@ def test_the_operators_scrape_stores_no_series_of_gpumons_own_pod(
             # A dashboard written for dcgm-exporter (Grafana 12239) works here as it does
             # on a plain Prometheus (test_serve_dcgm.py), from the overlay's PrometheusRule.
             prom.wait_for("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL")  # a rate: two scrapes
+            prom.wait_for("DCGM_FI_PROF_DRAM_ACTIVE")  # GPM: the second hardware read
             check_the_dashboard(prom, {"Hostname": [NODE], "gpu": ["0", "1", "2"]})
         # The control shows the scrape would have stored them: the emulated Operator does
         # attach gpumon's own pod, and the relabeling is what keeps it off.

@@ -248,7 +248,8 @@ def test_health_fields_not_supported_are_left_alone_on_the_fast_path(nvml) -> No
         (g,) = sampler.sample()
     assert call_count("fan") == fans and call_count("events") == waits  # left alone
     assert sampler._gpus[0].unsupported_until == {}  # the fast path is kept
-    assert sampler._gpus[0].fields is not None and len(sampler._gpus[0].fields._asked) == 3
+    # Still asked: memory temperature, energy, PCIe replays and the four row-remapping fields.
+    assert sampler._gpus[0].fields is not None and len(sampler._gpus[0].fields._asked) == 7
     assert sampler.errors == {}
 
 

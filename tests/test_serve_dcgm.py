@@ -89,6 +89,9 @@ def test_a_dcgm_exporter_dashboard_works_on_gpumon(fake_nvml, tmp_path, daemons)
         fake_nvml.set(fake_nvml.scenario.with_gpu(1, xid_errors=[XidError(79)]))
         prom.wait_for('DCGM_FI_DEV_XID_ERRORS{gpu="1"} == 79')
         prom.wait_for("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL")  # a rate: two scrapes at least
+        # GPM's DRAM and pipes: with the hardware's second read (every 10 s), once GPM
+        # has an interval.
+        prom.wait_for("DCGM_FI_PROF_DRAM_ACTIVE")
         check_the_dashboard(prom, {"Hostname": [NODE], "gpu": ["0", "1"]})
         # The labels and units are dcgm-exporter's.
         (temp,) = prom.query('DCGM_FI_DEV_GPU_TEMP{gpu="0"}')

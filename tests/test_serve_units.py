@@ -248,6 +248,20 @@ class Feeder:
                         pcie_replays=9,
                         nvlink_tx_bytes=None if g.index == 0 else 1 << 40,
                         nvlink_rx_bytes=None if g.index == 0 else 1 << 39,
+                        pcie_tx_bytes_per_s=3.0e9,
+                        pcie_rx_bytes_per_s=1.5e9,
+                        # GPU 0 predates row remapping; GPU 1 has a remap awaiting a reset.
+                        remapped_rows_corrected=None if g.index == 0 else 2,
+                        remapped_rows_uncorrected=None if g.index == 0 else 1,
+                        row_remap_pending=None if g.index == 0 else 1,
+                        row_remap_failed=None if g.index == 0 else 0,
+                        memory_reserved_bytes=512 << 20,
+                        encoder_util_pct=None if g.index == 0 else 12.0,
+                        decoder_util_pct=None if g.index == 0 else 37.0,
+                        dram_active_ratio=None if g.index == 0 else 0.64,
+                        fp64_active_ratio=None if g.index == 0 else 0.08,
+                        fp32_active_ratio=None if g.index == 0 else 0.3,
+                        fp16_active_ratio=None if g.index == 0 else 0.02,
                         xid_errors=self.xids.pop(g.index, ()),
                     )
                 )
@@ -458,8 +472,26 @@ def test_hardware_series_follow_the_samples_in_base_units(tmp_path: Path) -> Non
     assert value(m, "gpumon_gpu_pcie_replays_total", gpu="0") == 9
     assert value(m, "gpumon_gpu_nvlink_transmit_bytes_total", gpu="1") == 1 << 40
     assert value(m, "gpumon_gpu_nvlink_receive_bytes_total", gpu="1") == 1 << 39
+    # dcgm-exporter's other default counters that NVML gives.
+    assert value(m, "gpumon_gpu_pcie_transmit_bytes_per_second", gpu="0") == 3.0e9
+    assert value(m, "gpumon_gpu_pcie_receive_bytes_per_second", gpu="1") == 1.5e9
+    assert value(m, "gpumon_gpu_memory_reserved_bytes", gpu="0") == 512 << 20
+    assert value(m, "gpumon_gpu_remapped_rows_total", gpu="1", type="corrected") == 2
+    assert value(m, "gpumon_gpu_remapped_rows_total", gpu="1", type="uncorrected") == 1
+    assert value(m, "gpumon_gpu_row_remap_pending", gpu="1") == 1
+    assert value(m, "gpumon_gpu_row_remap_failed", gpu="1") == 0
+    assert value(m, "gpumon_gpu_encoder_utilization_ratio", gpu="1") == 0.12
+    assert value(m, "gpumon_gpu_decoder_utilization_ratio", gpu="1") == 0.37
+    assert value(m, "gpumon_gpu_dram_active_ratio", gpu="1") == 0.64
+    assert value(m, "gpumon_gpu_fp64_active_ratio", gpu="1") == 0.08
+    assert value(m, "gpumon_gpu_fp32_active_ratio", gpu="1") == 0.3
+    assert value(m, "gpumon_gpu_fp16_active_ratio", gpu="1") == 0.02
     # What GPU 0 does not report is absent, never 0.
-    for name in ("fan_speed_ratio", "ecc_errors_total", "nvlink_transmit_bytes_total"):
+    for name in (
+        "fan_speed_ratio", "ecc_errors_total", "nvlink_transmit_bytes_total",
+        "remapped_rows_total", "row_remap_pending", "row_remap_failed",
+        "encoder_utilization_ratio", "dram_active_ratio", "fp16_active_ratio",
+    ):  # fmt: skip
         assert not keys_of(m, f"gpumon_gpu_{name}", 0)
 
 

@@ -140,11 +140,14 @@ class Session:
         config: DetectorConfig | None = None,
         jobs: JobOptions | None = None,
         stacks: StackOptions | None = None,
+        hardware: bool = True,
     ) -> Self:
         """NVML + host (+ the tree of ``pid``), read once per tick; ``jobs``: follow the
         jobs on the GPUs (the daemon).  ``backlog``: the first tick hands over the
         driver's whole sample buffer (~20 s), so the detector can judge at once (dstat).
-        ``stacks``: read the job's Python stacks while a GPU waits (py-spy)."""
+        ``stacks``: read the job's Python stacks while a GPU waits (py-spy).
+        ``hardware``: read the GPUs' hardware health (temperatures, ECC, energy, ...),
+        which nothing but a face shows (the daemon with its hardware group off: not)."""
         monitor = live_monitor(
             pid=pid,
             command=command,
@@ -152,6 +155,7 @@ class Session:
             tree_gpus_only=tree_gpus_only,
             host=host,
             backlog=backlog,
+            hardware=hardware,
         )
         cfg = config or DetectorConfig()
         if window_s is not None:

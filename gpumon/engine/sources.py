@@ -323,6 +323,7 @@ def live_monitor(
     tree_gpus_only: bool,
     host: bool,
     backlog: bool,
+    hardware: bool = True,
 ) -> Monitor:
     """NVML + host (+ the tree of ``pid``): the samplers of a live source.
 
@@ -338,7 +339,7 @@ def live_monitor(
     tree = None if pid is None else ProcessTreeSampler(pid)
     if command is None and tree is not None:
         command = tree.cmdline()
-    nvml = NvmlSampler(start_s=float("-inf")) if backlog else NvmlSampler()
+    nvml = NvmlSampler(start_s=float("-inf") if backlog else None, hardware=hardware)
     return Monitor(
         nvml,
         HostSampler() if host else None,

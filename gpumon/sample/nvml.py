@@ -18,11 +18,16 @@ per GPU), and per MIG GPU instance where MIG is on.  A GPU without GPM is never 
 again; a metric it lacks is ``None``.
 
 Hardware health that changes slowly (memory clock and temperature, fan, P-state, energy,
-ECC and PCIe replay counters, NVLink traffic) is read every ``hardware_every_s``: the
-counters in one ``nvmlDeviceGetFieldValues`` call into a kept buffer (``_FieldValues``),
-the rest in three calls.  Each is asked once and, where NVML says NotSupported (no fan on
-a passively cooled card, no NVLink on a PCIe card), left alone until the GPU is opened
-again, without costing the tick its fast path.  XID critical errors come from one NVML
+ECC, PCIe replay and row-remapping counters, NVLink traffic, the reserved memory, the
+video engines' utilisation) is read every ``hardware_every_s``: the counters in one
+``nvmlDeviceGetFieldValues`` call into a kept buffer (``_FieldValues``), the rest in six
+calls, and, where the GPU has GPM, its DRAM bandwidth and FP64/32/16 pipes in one more
+``nvmlGpmMetricsGet`` over the tick's own two samples (``_Gpm.read_pipes``: GPM is
+sampled once per tick, whatever is read of it).  Each is asked once and, where NVML says
+NotSupported (no fan on a passively cooled card, no NVLink on a PCIe card, no row
+remapping before Ampere), left alone until the GPU is opened again, without costing the
+tick its fast path.  A sampler made with ``hardware=False`` (a daemon that exports none
+of it) reads none of this, nor the PCIe throughput.  XID critical errors come from one NVML
 event set for all GPUs (``_XidEvents``), drained without blocking once per tick.
 
 Every ``rediscover_every_s`` the sampler looks again, at a bounded cost (one
@@ -268,8 +273,14 @@ class _SampleBuffer:
 
 
 def _left_alone(exc: pynvml.NVMLError) -> bool:
-    """NVML says this GPU (or driver) has no such reading: ask no more until reopened."""
-    return isinstance(exc, pynvml.NVMLError_NotSupported | pynvml.NVMLError_FunctionNotFound)
+    """NVML says this GPU (or driver) has no such reading: ask no more until reopened (a
+    driver that knows no such struct version will not learn it either)."""
+    return isinstance(
+        exc,
+        pynvml.NVMLError_NotSupported
+        | pynvml.NVMLError_FunctionNotFound
+        | pynvml.NVMLError_ArgumentVersionMismatch,
+    )
 
 
 # nvmlFieldValue_t: unsigned int fieldId, scopeId; long long timestamp, latencyUsec;
@@ -307,6 +318,10 @@ class _FieldValues:
         ("pcie_replays", pynvml.NVML_FI_DEV_PCIE_REPLAY_COUNTER, 0, None),
         ("nvlink", pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, _ALL_LINKS, 1024),  # KiB
         ("nvlink", pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, _ALL_LINKS, 1024),
+        ("remapped_rows", pynvml.NVML_FI_DEV_REMAPPED_COR, 0, None),  # Ampere and later
+        ("remapped_rows", pynvml.NVML_FI_DEV_REMAPPED_UNC, 0, None),
+        ("remapped_rows", pynvml.NVML_FI_DEV_REMAPPED_PENDING, 0, None),
+        ("remapped_rows", pynvml.NVML_FI_DEV_REMAPPED_FAILURE, 0, None),
     )
     NONE: FieldReading = (None,) * len(FIELDS)
 
@@ -402,12 +417,32 @@ class _FieldValues:
         return reading, tuple(sorted(dropped)), tuple(failed)
 
 
-# GpuSample's health fields, mem_clock_mhz to nvlink_rx_bytes, in its order.
+# GpuSample's health fields, mem_clock_mhz to fp16_active_ratio, in its order: the clock,
+# temperature, fan, P-state and counters; the row remapping (the field values); the
+# reserved memory and video engines (_engines); GPM's DRAM and FP pipes (_Gpm.read_pipes).
 Health = tuple[
     int | None, float | None, float | None, int | None, float | None,
     int | None, int | None, int | None, int | None, int | None, int | None, int | None,
+    int | None, int | None, int | None, int | None,
+    int | None, float | None, float | None,
+    float | None, float | None, float | None, float | None,
 ]  # fmt: skip
-NO_HEALTH: Health = (None, None, None, None, None, None, None, None, None, None, None, None)
+NO_HEALTH: Health = cast(Health, (None,) * 23)
+Engines = tuple[int | None, float | None, float | None]
+PipeReading = tuple[float | None, float | None, float | None, float | None]
+_NO_PIPES: PipeReading = (None, None, None, None)
+
+
+def _memory_v2(handle: Any) -> Any:
+    """nvmlMemory_v2: the memory the driver reserves, which v1 counts as used.  Called
+    through ctypes, not pynvml's wrapper: a library that replaces the wrapper in this
+    process (nvitop does) may take no ``version``."""
+    mem = pynvml.c_nvmlMemory_v2_t()
+    mem.version = pynvml.nvmlMemory_v2
+    ret = pynvml._nvmlGetFunctionPointer("nvmlDeviceGetMemoryInfo_v2")(handle, ctypes.byref(mem))
+    if ret:
+        raise pynvml.NVMLError(ret)  # the specific subclass, as pynvml raises it
+    return mem
 
 
 def _address(handle: Any) -> int | None:
@@ -507,21 +542,9 @@ class _Gpm:
         self._gi = None if gpu_instance_id is None else ctypes.c_uint(gpu_instance_id)
         # Two GPM sample buffers (NVML's memory), freed by close(): then none.
         self._buffers: tuple[Any, ...] = (pynvml.nvmlGpmSampleAlloc(), pynvml.nvmlGpmSampleAlloc())
-        self._requests = []
-        self._views = []
-        ids = [getattr(pynvml, m) for m in self.METRICS]
-        offset = pynvml.c_nvmlGpmMetricsGet_t.metrics.offset
-        for first, second in (self._buffers, self._buffers[::-1]):
-            req = pynvml.c_nvmlGpmMetricsGet_t()
-            req.version = pynvml.NVML_GPM_METRICS_GET_VERSION
-            req.numMetrics = len(ids)
-            req.sample1, req.sample2 = first, second
-            for i, metric_id in enumerate(ids):
-                req.metrics[i].metricId = metric_id
-            self._requests.append(ctypes.byref(req))
-            view = memoryview(req).cast("B")[offset : offset + len(ids) * self._METRIC.size]
-            self._views.append((req, view))
-        self._layout = struct.Struct("@" + "Iid24x" * len(ids))
+        self._views = self._metric_requests(self.METRICS)
+        self._requests = [ctypes.byref(req) for req, _ in self._views]
+        self._layout = struct.Struct("@" + "Iid24x" * len(self.METRICS))
         # Per turn: the buffer filled, then the request that has it as sample2 and its bytes.
         self._steps = tuple(
             (self._buffers[k], self._requests[1 - k], self._views[1 - k][1]) for k in (0, 1)
@@ -568,6 +591,59 @@ class _Gpm:
             raw[8] / 100.0 if raw[7] == 0 and raw[8] >= 0.0 else None,
         )
         return self.values
+
+    # GPM's DRAM bandwidth and FP pipes, in the order ``read_pipes`` returns them: read with
+    # the hardware health (every few seconds) over the tick's last two samples.
+    PIPES = (
+        "NVML_GPM_METRIC_DRAM_BW_UTIL",
+        "NVML_GPM_METRIC_FP64_UTIL",
+        "NVML_GPM_METRIC_FP32_UTIL",
+        "NVML_GPM_METRIC_FP16_UTIL",
+    )
+    # Per order of the two buffers (as ``_requests``): a request for PIPES and its bytes;
+    # built on the first read_pipes.
+    _pipes: tuple[tuple[Any, memoryview], ...] | None = None
+
+    def read_pipes(self) -> PipeReading:
+        """(DRAM bandwidth, FP64, FP32, FP16 activity) over the interval ``read`` last
+        measured: the same two samples, so GPM is sampled once per tick whatever is read
+        of it; a metric this GPU lacks is None.  Raises NVMLError."""
+        if self.values is _NO_GPM:  # no interval measured yet (or its metrics failed)
+            return _NO_PIPES
+        pipes = self._pipes
+        if pipes is None:
+            pipes = self._pipes = self._metric_requests(self.PIPES)
+            self._pipe_layout = struct.Struct("@" + "Iid24x" * len(self.PIPES))
+        # ``read`` filled the buffer before self._turn last: the request with it second.
+        request, view = pipes[self._turn]
+        ret = self._metrics_fn(ctypes.byref(request))
+        if ret:
+            raise pynvml.NVMLError(ret)
+        raw = self._pipe_layout.unpack(view)
+        return cast(
+            PipeReading,
+            tuple(
+                raw[i + 2] / 100.0 if raw[i + 1] == 0 and raw[i + 2] >= 0.0 else None
+                for i in range(0, len(raw), 3)
+            ),
+        )
+
+    def _metric_requests(self, metrics: tuple[str, ...]) -> tuple[tuple[Any, memoryview], ...]:
+        """For each order of the two buffers, a request for ``metrics`` and the bytes of
+        its answers (each an nvmlGpmMetric_t), built once."""
+        ids = [getattr(pynvml, m) for m in metrics]
+        offset = pynvml.c_nvmlGpmMetricsGet_t.metrics.offset
+        out = []
+        for first, second in (self._buffers, self._buffers[::-1]):
+            req = pynvml.c_nvmlGpmMetricsGet_t()
+            req.version = pynvml.NVML_GPM_METRICS_GET_VERSION
+            req.numMetrics = len(ids)
+            req.sample1, req.sample2 = first, second
+            for i, metric_id in enumerate(ids):
+                req.metrics[i].metricId = metric_id
+            view = memoryview(req).cast("B")[offset : offset + len(ids) * self._METRIC.size]
+            out.append((req, view))
+        return tuple(out)
 
     def close(self) -> None:
         """Free the two sample buffers (NVML's memory)."""
@@ -623,19 +699,23 @@ class NvmlSampler:
         start_s: float | None = None,
         rediscover_every_s: float = 10.0,
         hardware_every_s: float = 10.0,
+        hardware: bool = True,
     ) -> None:
         nvml_init()
+        # False: the hardware health readings and the PCIe throughput are never read (a
+        # daemon that exports no hardware series: no one else looks at them).
+        self.hardware = hardware
         self.retry_unsupported_s = retry_unsupported_s
         # Clocks and temperatures of memory, fan, P-state and the health counters change
         # slowly (dcgm-exporter reads them every 30 s): read every hardware_every_s, so a
         # scrape every 15 s finds them at most 10 s old.  They cost a tick's NVML part 8 %
         # at 5 s, 4 % at 10 s (benchmarks/bench_tick.py, 8 GPUs).
-        self.hardware_every_s = hardware_every_s
+        self.hardware_every_s = hardware_every_s if hardware else float("inf")
         # Lost GPUs asked again and new GPUs looked for this often (see _rediscover).
         self.rediscover_every_s = rediscover_every_s
         # nvmlDeviceGetPcieThroughput measures over a 20 ms window per call, so reading it
         # every tick on 8 GPUs would cost 320 ms; it is read at most every pcie_every_s.
-        self.pcie_every_s = pcie_every_s
+        self.pcie_every_s = pcie_every_s if hardware else float("inf")
         self.start_s = time.monotonic() if start_s is None else start_s
         self.errors: Counter[str] = Counter()
         self.driver_version = self._system_text(pynvml.nvmlSystemGetDriverVersion)
@@ -961,6 +1041,8 @@ class NvmlSampler:
     def _health(self, st: _GpuState, t_s: float) -> Health:
         """The slow health readings, in GpuSample's order (mem_clock_mhz on)."""
         st.health_read_at = t_s
+        if not self.hardware:  # never read; asked once per opening, then due never again
+            return st.health
         h = st.handle
         fields = _FieldValues.NONE
         reader = st.fields
@@ -991,9 +1073,30 @@ class NvmlSampler:
                 None if fan is None else float(fan),
                 None if pstate is None or not 0 <= pstate <= 15 else pstate,  # 32: unknown
                 *fields[1:],
+                *self._engines(st),
+                *self._gpm_pipes(st),
             ),
         )
         return st.health
+
+    def _engines(self, st: _GpuState) -> Engines:
+        """The memory the driver reserves, and the video engines' utilisation (%)."""
+        h = st.handle
+        mem = self._health_call(st, "memory_reserved", _memory_v2, h)
+        enc = self._health_call(st, "encoder", pynvml.nvmlDeviceGetEncoderUtilization, h)
+        dec = self._health_call(st, "decoder", pynvml.nvmlDeviceGetDecoderUtilization, h)
+        return (
+            None if mem is None else int(mem.reserved),
+            None if enc is None else float(enc[0]),
+            None if dec is None else float(dec[0]),
+        )
+
+    def _gpm_pipes(self, st: _GpuState) -> PipeReading:
+        """GPM's DRAM and FP pipe activity over the tick's interval (Hopper and later)."""
+        gpm = st.gpm
+        if gpm is None:
+            return _NO_PIPES
+        return self._health_call(st, "gpm_pipes", gpm.read_pipes) or _NO_PIPES
 
     def _health_call(self, st: _GpuState, name: str, fn: Callable[..., T], *args: Any) -> T | None:
         """One slow reading; None when failing, and left alone when NotSupported."""
@@ -1160,6 +1263,8 @@ class NvmlSampler:
     def _pcie(self, st: _GpuState, t_s: float) -> tuple[float | None, float | None]:
         if t_s - st.pcie_read_at >= self.pcie_every_s:
             st.pcie_read_at = t_s
+            if not self.hardware:
+                return st.pcie
             rx = self._read(
                 st,
                 "pcie",
@@ -1237,6 +1342,9 @@ _FIELD_ORDER = (
     "fan_speed_pct", "pstate", "energy_joules", "ecc_corrected_errors",
     "ecc_uncorrected_errors", "ecc_corrected_errors_aggregate",
     "ecc_uncorrected_errors_aggregate", "pcie_replays", "nvlink_tx_bytes", "nvlink_rx_bytes",
+    "remapped_rows_corrected", "remapped_rows_uncorrected", "row_remap_pending",
+    "row_remap_failed", "memory_reserved_bytes", "encoder_util_pct", "decoder_util_pct",
+    "dram_active_ratio", "fp64_active_ratio", "fp32_active_ratio", "fp16_active_ratio",
     "xid_errors",
 )  # fmt: skip
 if tuple(f.name for f in fields(GpuSample)) != _FIELD_ORDER:

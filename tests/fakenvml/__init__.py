@@ -81,6 +81,8 @@ CALL_NAMES = frozenset(
         # field values of their own (nvmlDeviceGetFieldValues fails that field alone), and
         # NVML events (the event set's calls; "events" in Scenario.errors fails the wait)
         "memory_temperature", "pcie_replay", "nvlink", "events",
+        # the video engines' utilisation, and HBM row remapping (its call and its fields)
+        "encoder", "decoder", "remapped_rows",
     }
 )  # fmt: skip
 
@@ -252,6 +254,12 @@ class FakeGPU:
     gpm_sm_active_pct: float | None = 80.0
     gpm_sm_occupancy_pct: float | None = 40.0
     gpm_tensor_active_pct: float | None = 30.0
+    #: GPM's DRAM bandwidth and FP pipes, read the same way (NVML_GPM_METRIC_DRAM_BW_UTIL,
+    #: FP64_UTIL, FP32_UTIL, FP16_UTIL); a MIG instance has none of them here.
+    gpm_dram_active_pct: float | None = 50.0
+    gpm_fp64_active_pct: float | None = 10.0
+    gpm_fp32_active_pct: float | None = 20.0
+    gpm_fp16_active_pct: float | None = 5.0
     mig: list[MigInstance] = field(default_factory=list)  #: MIG instances (MIG on if any)
     memory_temperature_c: int = 50  #: field NVML_FI_DEV_MEMORY_TEMP
     #: ECC error counts: volatile (since the driver loaded) and aggregate (the GPU's life).
@@ -264,6 +272,16 @@ class FakeGPU:
     nvlink_tx_kbps: int = 0  #: KiB/s over all links; the throughput fields count KiB
     nvlink_rx_kbps: int = 0
     xid_errors: list[XidError] = field(default_factory=list)  #: delivered as NVML events
+    #: The video engines' utilisation, % (nvmlDeviceGetEncoderUtilization / Decoder...).
+    encoder_pct: int = 0
+    decoder_pct: int = 0
+    #: HBM row remapping (Ampere and later; nvmlDeviceGetRemappedRows and the field values
+    #: NVML_FI_DEV_REMAPPED_*): rows remapped for correctable and uncorrectable errors, a
+    #: remapping waiting for a GPU reset, a remapping that failed (the GPU needs service).
+    remapped_rows_corrected: int = 0
+    remapped_rows_uncorrected: int = 0
+    row_remap_pending: bool = False
+    row_remap_failed: bool = False
     #: A file processes write their kernels, spins, contexts and allocations into
     #: (tests/livelab/emulator.py): utilisation, power, GPM, memory and the process list
     #: then follow what they do, and ``pattern`` is not used.
@@ -329,6 +347,16 @@ class FakeGPU:
             f"gpm_sm_active_pct={_pct(self.gpm_sm_active_pct)}",
             f"gpm_sm_occupancy_pct={_pct(self.gpm_sm_occupancy_pct)}",
             f"gpm_tensor_active_pct={_pct(self.gpm_tensor_active_pct)}",
+            f"gpm_dram_active_pct={_pct(self.gpm_dram_active_pct)}",
+            f"gpm_fp64_active_pct={_pct(self.gpm_fp64_active_pct)}",
+            f"gpm_fp32_active_pct={_pct(self.gpm_fp32_active_pct)}",
+            f"gpm_fp16_active_pct={_pct(self.gpm_fp16_active_pct)}",
+            f"encoder_pct={int(self.encoder_pct)}",
+            f"decoder_pct={int(self.decoder_pct)}",
+            f"remapped_rows_corrected={int(self.remapped_rows_corrected)}",
+            f"remapped_rows_uncorrected={int(self.remapped_rows_uncorrected)}",
+            f"row_remap_pending={int(self.row_remap_pending)}",
+            f"row_remap_failed={int(self.row_remap_failed)}",
         ]
         if len(self.mig) > 7:
             raise ValueError("a GPU has at most 7 MIG GPU instances")

@@ -18,11 +18,14 @@
  *           samples_supported pattern=steady|burst|off busy_pct idle_pct period_s duty phase_s
  *           noise_pct mem_busy_pct clock_reasons lost process=<pid>,<bytes>,<sm%|-1>,<mem%>
  *           gpm_supported gpm_sm_active_pct gpm_sm_occupancy_pct gpm_tensor_active_pct
+ *           gpm_dram_active_pct gpm_fp64_active_pct gpm_fp32_active_pct gpm_fp16_active_pct
  *           mig_instance=<gpu instance id>,<sm%>,<occupancy%>,<tensor%> (repeatable; any
  *           makes MIG enabled) unsupported=... error=... (see gpu_set for the rest)
  *           memory_temperature_c ecc_corrected ecc_uncorrected ecc_corrected_aggregate
  *           ecc_uncorrected_aggregate pcie_replays nvlink_links nvlink_tx_kbps nvlink_rx_kbps
  *           xid=<CLOCK_MONOTONIC seconds>,<code> (repeatable: an XID critical error then)
+ *           encoder_pct decoder_pct remapped_rows_corrected remapped_rows_uncorrected
+ *           row_remap_pending row_remap_failed
  *           driven=<file>: activity written by real processes (see "driven GPUs" below)
  *
  * Time model: every utilisation pattern is a function of CLOCK_MONOTONIC seconds since the
@@ -38,7 +41,8 @@
  * instance's) percentage while busy, so a steady 100 % pattern with gpm_sm_active_pct=2 is a
  * GPU that reads busy while its SMs idle (a collective spinning).  A negative percentage makes
  * that metric NOT_SUPPORTED.  With MIG enabled the whole-GPU sample is NOT_SUPPORTED and each
- * GPU instance is read with nvmlGpmMigSampleGet.
+ * GPU instance is read with nvmlGpmMigSampleGet (SM activity, occupancy and tensor activity
+ * only: an instance's DRAM and FP pipe metrics are NOT_SUPPORTED here).
  *
  * Events: an event set (nvmlEventSetCreate) delivers, through nvmlEventSetWait_v2, the XID
  * critical errors of the GPUs registered on it whose scripted time lies after the registration
@@ -230,7 +234,16 @@ typedef struct {
 #define MAX_MIG 8 /* MIG devices per GPU (an H100 has at most 7) */
 #define MAX_XIDS 64 /* scripted XID errors per GPU */
 #define STR_LEN 96
-enum { GPM_SM_ACTIVE = 0, GPM_SM_OCCUPANCY = 1, GPM_TENSOR_ACTIVE = 2, N_GPM = 3 };
+enum {
+    GPM_SM_ACTIVE = 0,
+    GPM_SM_OCCUPANCY = 1,
+    GPM_TENSOR_ACTIVE = 2,
+    GPM_DRAM_ACTIVE = 3, /* NVML_GPM_METRIC_DRAM_BW_UTIL */
+    GPM_FP64_ACTIVE = 4,
+    GPM_FP32_ACTIVE = 5,
+    GPM_FP16_ACTIVE = 6,
+    N_GPM = 7
+};
 
 /* Short call names: the keys of "unsupported" and "error" in the scenario. */
 #define CALL_LIST(X)                                                                       \
@@ -245,7 +258,8 @@ enum { GPM_SM_ACTIVE = 0, GPM_SM_OCCUPANCY = 1, GPM_TENSOR_ACTIVE = 2, N_GPM = 3
     X(MISC, "misc") X(COUNT, "count") X(DRIVER_VERSION, "driver_version")                    \
     X(NVML_VERSION, "nvml_version") X(CUDA_VERSION, "cuda_version")                          \
     X(PROCESS_NAME, "process_name") X(MEMORY_TEMPERATURE, "memory_temperature")               \
-    X(PCIE_REPLAY, "pcie_replay") X(NVLINK, "nvlink") X(EVENTS, "events")
+    X(PCIE_REPLAY, "pcie_replay") X(NVLINK, "nvlink") X(EVENTS, "events")                    \
+    X(ENCODER, "encoder") X(DECODER, "decoder") X(REMAPPED_ROWS, "remapped_rows")
 
 #define X_ENUM(id, s) C_##id,
 enum call_id { CALL_LIST(X_ENUM) N_CALLS };
@@ -299,6 +313,8 @@ typedef struct {
     int memory_temperature_c;
     unsigned long long ecc[4]; /* corrected, uncorrected (volatile); the same, aggregate */
     unsigned int pcie_replays, nvlink_links, nvlink_tx_kbps, nvlink_rx_kbps;
+    unsigned int encoder_pct, decoder_pct;
+    unsigned int remap_corrected, remap_uncorrected, remap_pending, remap_failed;
     int nxid;
     struct {
         double t; /* CLOCK_MONOTONIC seconds */
@@ -480,6 +496,10 @@ static void gpu_defaults(gpu_t *g, int index) {
     g->gpm_pct[GPM_SM_ACTIVE] = 80;
     g->gpm_pct[GPM_SM_OCCUPANCY] = 40;
     g->gpm_pct[GPM_TENSOR_ACTIVE] = 30;
+    g->gpm_pct[GPM_DRAM_ACTIVE] = 50;
+    g->gpm_pct[GPM_FP64_ACTIVE] = 10;
+    g->gpm_pct[GPM_FP32_ACTIVE] = 20;
+    g->gpm_pct[GPM_FP16_ACTIVE] = 5;
     g->memory_temperature_c = 50;
     g->nvlink_links = 18;
     parse_bus_id(g);
@@ -566,6 +586,17 @@ static void gpu_set(gpu_t *g, const char *key, const char *v) {
     else if (KEY("gpm_sm_active_pct")) g->gpm_pct[GPM_SM_ACTIVE] = strtod(v, NULL);
     else if (KEY("gpm_sm_occupancy_pct")) g->gpm_pct[GPM_SM_OCCUPANCY] = strtod(v, NULL);
     else if (KEY("gpm_tensor_active_pct")) g->gpm_pct[GPM_TENSOR_ACTIVE] = strtod(v, NULL);
+    else if (KEY("gpm_dram_active_pct")) g->gpm_pct[GPM_DRAM_ACTIVE] = strtod(v, NULL);
+    else if (KEY("gpm_fp64_active_pct")) g->gpm_pct[GPM_FP64_ACTIVE] = strtod(v, NULL);
+    else if (KEY("gpm_fp32_active_pct")) g->gpm_pct[GPM_FP32_ACTIVE] = strtod(v, NULL);
+    else if (KEY("gpm_fp16_active_pct")) g->gpm_pct[GPM_FP16_ACTIVE] = strtod(v, NULL);
+    else if (KEY("encoder_pct")) g->encoder_pct = (unsigned int)strtoul(v, NULL, 0);
+    else if (KEY("decoder_pct")) g->decoder_pct = (unsigned int)strtoul(v, NULL, 0);
+    else if (KEY("remapped_rows_corrected")) g->remap_corrected = (unsigned int)strtoul(v, NULL, 0);
+    else if (KEY("remapped_rows_uncorrected"))
+        g->remap_uncorrected = (unsigned int)strtoul(v, NULL, 0);
+    else if (KEY("row_remap_pending")) g->remap_pending = (unsigned int)parse_bool(v);
+    else if (KEY("row_remap_failed")) g->remap_failed = (unsigned int)parse_bool(v);
     else if (KEY("mig_instance") && g->nmig < MAX_MIG) {
         unsigned int gi = 0;
         double a = -1, b = -1, c = -1;
@@ -574,6 +605,7 @@ static void gpu_set(gpu_t *g, const char *key, const char *v) {
             g->mig[g->nmig].pct[GPM_SM_ACTIVE] = a;
             g->mig[g->nmig].pct[GPM_SM_OCCUPANCY] = b;
             g->mig[g->nmig].pct[GPM_TENSOR_ACTIVE] = c;
+            for (int k = GPM_DRAM_ACTIVE; k < N_GPM; k++) g->mig[g->nmig].pct[k] = -1;
             g->nmig++;
         }
     }
@@ -1574,7 +1606,23 @@ UNSUPPORTED_GETTER(nvmlDeviceGetGpuOperationMode)
 UNSUPPORTED_GETTER(nvmlDeviceGetFanSpeedRPM)
 UNSUPPORTED_GETTER(nvmlDeviceGetGpuFabricInfo)
 UNSUPPORTED_GETTER(nvmlDeviceGetGpuFabricInfoV)
-UNSUPPORTED_GETTER(nvmlDeviceGetRemappedRows)
+
+/* Rows of HBM remapped (Ampere and later): for correctable and uncorrectable errors, one
+ * pending until the GPU is reset, and whether a remapping failed. */
+API nvmlReturn_t nvmlDeviceGetRemappedRows(nvmlDevice_t device, unsigned int *corrRows,
+                                           unsigned int *uncRows, unsigned int *isPending,
+                                           unsigned int *failureOccurred) {
+    DEV(REMAPPED_ROWS);
+    NONNULL(corrRows);
+    NONNULL(uncRows);
+    NONNULL(isPending);
+    NONNULL(failureOccurred);
+    *corrRows = G->remap_corrected;
+    *uncRows = G->remap_uncorrected;
+    *isPending = G->remap_pending;
+    *failureOccurred = G->remap_failed;
+    return NVML_SUCCESS;
+}
 UNSUPPORTED_GETTER(nvmlDeviceGetRetiredPagesPendingStatus)
 UNSUPPORTED_GETTER(nvmlDeviceGetInforomImageVersion)
 UNSUPPORTED_GETTER(nvmlDeviceGetNumaNodeId)
@@ -1889,10 +1937,15 @@ API nvmlReturn_t nvmlGpmMigSampleGet(nvmlDevice_t device, unsigned int gpuInstan
     return NVML_ERROR_NOT_FOUND;
 }
 
-static const char *const gpm_names[][3] = {
+/* By metric (GPM_*), then the graphics utilisation at N_GPM. */
+static const char *const gpm_names[N_GPM + 1][3] = {
     {"sm_util", "SM utilization", "%"},
     {"sm_occupancy", "SM occupancy", "%"},
     {"any_tensor_util", "Any tensor utilization", "%"},
+    {"dram_bw_util", "DRAM bandwidth utilization", "%"},
+    {"fp64_util", "FP64 utilization", "%"},
+    {"fp32_util", "FP32 utilization", "%"},
+    {"fp16_util", "FP16 utilization", "%"},
     {"gr_util", "Graphics utilization", "%"},
 };
 
@@ -1921,7 +1974,8 @@ API nvmlReturn_t nvmlGpmMetricsGet(nvmlGpmMetricsGet_t *m) {
     }
     double frac = busy_between(S, G, a->t, b->t) / (b->t - a->t);
     frac = frac < 0 ? 0 : frac > 1 ? 1 : frac;
-    double gpm_frac[N_GPM] = {frac, frac, frac}; /* per metric: the share of pct it reads */
+    double gpm_frac[N_GPM]; /* per metric: the share of pct it reads */
+    for (int k = 0; k < N_GPM; k++) gpm_frac[k] = frac;
     if (emu_on(G)) gpm_driven(G, a->t, b->t, pct, gpm_frac);
     for (unsigned int i = 0; i < m->numMetrics; i++) {
         nvmlGpmMetric_t *o = &m->metrics[i];
@@ -1930,6 +1984,10 @@ API nvmlReturn_t nvmlGpmMetricsGet(nvmlGpmMetricsGet_t *m) {
         case 2: k = GPM_SM_ACTIVE; break;     /* NVML_GPM_METRIC_SM_UTIL */
         case 3: k = GPM_SM_OCCUPANCY; break;  /* NVML_GPM_METRIC_SM_OCCUPANCY */
         case 5: k = GPM_TENSOR_ACTIVE; break; /* NVML_GPM_METRIC_ANY_TENSOR_UTIL */
+        case 10: k = GPM_DRAM_ACTIVE; break;  /* NVML_GPM_METRIC_DRAM_BW_UTIL */
+        case 11: k = GPM_FP64_ACTIVE; break;  /* NVML_GPM_METRIC_FP64_UTIL */
+        case 12: k = GPM_FP32_ACTIVE; break;  /* NVML_GPM_METRIC_FP32_UTIL */
+        case 13: k = GPM_FP16_ACTIVE; break;  /* NVML_GPM_METRIC_FP16_UTIL */
         case 1: k = N_GPM; break;             /* NVML_GPM_METRIC_GRAPHICS_UTIL */
         default: k = -1;
         }
@@ -1942,7 +2000,7 @@ API nvmlReturn_t nvmlGpmMetricsGet(nvmlGpmMetricsGet_t *m) {
         }
         o->nvmlReturn = NVML_SUCCESS;
         o->value = k == N_GPM ? util_between(G, a->t, b->t) : gpm_frac[k] * p;
-        const char *const *names = gpm_names[k == N_GPM ? 3 : k];
+        const char *const *names = gpm_names[k];
         o->metricInfo.shortName = (char *)names[0];
         o->metricInfo.longName = (char *)names[1];
         o->metricInfo.unit = (char *)names[2];
@@ -1961,20 +2019,25 @@ API nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvmlUtilizat
     return NVML_SUCCESS;
 }
 
+/* The video engines: the scenario's percentage, over a 167 ms sample period. */
 API nvmlReturn_t nvmlDeviceGetEncoderUtilization(nvmlDevice_t device, unsigned int *u,
                                                  unsigned int *period) {
-    DEV(UTILIZATION);
-    (void)G;
+    DEV(ENCODER);
     NONNULL(u);
     NONNULL(period);
-    *u = 0;
+    *u = G->encoder_pct;
     *period = 167000;
     return NVML_SUCCESS;
 }
 
 API nvmlReturn_t nvmlDeviceGetDecoderUtilization(nvmlDevice_t device, unsigned int *u,
                                                  unsigned int *period) {
-    return nvmlDeviceGetEncoderUtilization(device, u, period);
+    DEV(DECODER);
+    NONNULL(u);
+    NONNULL(period);
+    *u = G->decoder_pct;
+    *period = 167000;
+    return NVML_SUCCESS;
 }
 
 /* Value of one driver sample of `type` over the mono window [t0, t1]. */
@@ -2620,6 +2683,15 @@ API nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t device, int valuesCount,
             FIELD_OF(ENERGY);
             v->valueType = 3;
             v->value.ullVal = energy_mj(S, G);
+            break;
+        case 142: case 143: case 144: case 145: /* NVML_FI_DEV_REMAPPED_{COR,UNC,PENDING,
+                                                 * FAILURE} */
+            FIELD_OF(REMAPPED_ROWS);
+            v->valueType = 1;
+            v->value.uiVal = v->fieldId == 142   ? G->remap_corrected
+                             : v->fieldId == 143 ? G->remap_uncorrected
+                             : v->fieldId == 144 ? G->remap_pending
+                                                 : G->remap_failed;
             break;
         case 197: /* NVML_FI_DEV_PCIE_COUNT_TX_BYTES */
             v->valueType = 3;

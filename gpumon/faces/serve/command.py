@@ -43,6 +43,9 @@ OPTION_HINTS = {
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "serve",
+        # A daemon's options are written once, in a unit file: each exactly (node_exporter's
+        # are), so --collector.gpu is refused, not taken for --collector.gpus.
+        allow_abbrev=False,
         help="run as a node daemon: Prometheus metrics, a JSON-lines log, job labels",
         description="Sample every GPU continuously, classify each as healthy, starved, "
         "sync-stalled or idle, attribute GPUs to Slurm jobs and Kubernetes pods, serve "
@@ -100,7 +103,28 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="seconds between ticks (default 1; the driver's sub-second samples between "
         "ticks are kept whatever the interval)",
     )
+    for group in serve_config.COLLECTORS:
+        p.add_argument(
+            f"--collector.{group}",
+            dest=f"collector_{group}",
+            action=argparse.BooleanOptionalAction,
+            help=f"export the {group} group of metrics ({COLLECTOR_HELP[group]}); on by "
+            "default, or as [collectors] in the configuration says",
+        )
     p.set_defaults(func=run, option_hints=OPTION_HINTS)
+
+
+# What each group of metrics holds, for --help (docs/serve.md lists every series).
+COLLECTOR_HELP = {
+    "build": "gpumon_build_info",
+    "gpus": "each GPU's utilisation, memory, power, processes, GPM activity and jobs",
+    "hardware": "temperatures, clocks, fan, P-state, energy, ECC, row remapping, PCIe, "
+    "NVLink, XID, encoder and decoder: not read from NVML when off",
+    "detection": "each GPU's and the node's state, cause, reason, gaps and bursts",
+    "jobs": "each job's state, reason and GPUs",
+    "host": "the host's CPU and iowait",
+    "health": "gpumon's own ticks, errors, log and HTTP clients",
+}
 
 
 def load_config(args: argparse.Namespace) -> ServeConfig:
@@ -112,12 +136,19 @@ def load_config(args: argparse.Namespace) -> ServeConfig:
         interval_s=args.interval,
         telemetry=args.telemetry_path,
         web_config_file=args.web_config_file,
+        collectors=collector_switches(args),
     )
     if cfg.web_config_file is not None:
         from gpumon.faces.serve import webconfig  # PyYAML only for a web configuration
 
         cfg = serve_config.with_web_config(cfg, webconfig.load(cfg.web_config_file))
     return cfg
+
+
+def collector_switches(args: argparse.Namespace) -> dict[str, bool]:
+    """The groups switched on (--collector.X) or off (--no-collector.X) on the command line."""
+    given = ((g, getattr(args, f"collector_{g}", None)) for g in serve_config.COLLECTORS)
+    return {group: on for group, on in given if on is not None}
 
 
 class _VersionAction(argparse.Action):
@@ -153,7 +184,13 @@ def _serve(args: argparse.Namespace) -> int:
     from prometheus_client import disable_created_metrics
 
     from gpumon.faces.serve.collector import make_registry
-    from gpumon.faces.serve.daemon import ServeState, detector_config, job_options, stack_options
+    from gpumon.faces.serve.daemon import (
+        ServeState,
+        detector_config,
+        job_options,
+        reads_hardware,
+        stack_options,
+    )
     from gpumon.faces.serve.http import (
         ConnectionStats,
         MetricsServer,
@@ -180,6 +217,7 @@ def _serve(args: argparse.Namespace) -> int:
         jobs=job_options(cfg),
         config=detector_config(cfg),
         stacks=stacks,
+        hardware=reads_hardware(cfg),
     )
     log = EventLog(None)
     state = ServeState(session, cfg, log)

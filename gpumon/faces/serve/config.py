@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import re
 import tomllib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -31,6 +31,10 @@ DEFAULT_ADDRESS = "127.0.0.1"
 # Where jobs are found (docs/serve.md "How jobs are found"); all by default.
 JOB_SOURCES = ("slurm", "kubernetes", "containers", "units", "processes")
 DEFAULT_TELEMETRY_PATH = "/metrics"
+# The groups of metrics serve exports, each switched as node_exporter's collectors are
+# (--[no-]collector.<group>, [collectors] <group> = true|false): the names
+# gpumon_scrape_group_success{group} gives them; all on by default.
+COLLECTORS = ("build", "gpus", "hardware", "detection", "jobs", "host", "health")
 # Paths the server answers itself; the metrics cannot live there.
 RESERVED_PATHS = ("/", "/-/healthy", "/-/ready")
 
@@ -60,6 +64,9 @@ class ServeConfig:
     log_path: str | None = None
     summary_interval_s: float = 300.0
     job_sources: tuple[str, ...] = JOB_SOURCES
+    # The groups of metrics exported, in COLLECTORS' order; a group switched off is not
+    # built, and what only it reads is not read (the hardware's NVML readings).
+    collectors: tuple[str, ...] = COLLECTORS
     # Per-job detectors are dropped this long after the job's last GPU process left.
     job_linger_s: float = 60.0
     max_jobs: int = 64
@@ -187,7 +194,14 @@ SCHEMA: dict[str, dict[str, tuple[str, Callable[[Any], Any]]]] = {
         "enabled": ("stacks_enabled", _bool),
         "every_s": ("stacks_every_s", _seconds(1.0, 120.0)),
     },
+    # One switch per group: together they set ServeConfig.collectors.
+    "collectors": {group: ("collectors", _bool) for group in COLLECTORS},
 }
+
+
+def switched(enabled: tuple[str, ...], switches: Mapping[str, bool]) -> tuple[str, ...]:
+    """The groups exported once ``switches`` (group -> on) are applied to ``enabled``."""
+    return tuple(g for g in COLLECTORS if switches.get(g, g in enabled))
 
 
 def key_line(text: str, section: str, key: str | None = None) -> int | None:
@@ -233,6 +247,7 @@ def parse(text: str, path: str = "<config>") -> ServeConfig:
         # The message already ends with "(at line N, column M)".
         raise ConfigError(f"{path}: not valid TOML: {exc}; gpumon serve did not start.") from None
     values: dict[str, Any] = {}
+    switches: dict[str, bool] = {}
     for section, body in data.items():
         if section not in SCHEMA:
             known = ", ".join(f"[{s}]" for s in SCHEMA)
@@ -246,10 +261,14 @@ def parse(text: str, path: str = "<config>") -> ServeConfig:
                 raise _error(path, text, section, key, f"unknown key (known: {known})")
             attr, check = spec
             try:
-                values[attr] = check(value)
+                checked = check(value)
             except ValueError as exc:
                 raise _error(path, text, section, key, str(exc)) from None
-    cfg = ServeConfig(**values, source=path)
+            if attr == "collectors":
+                switches[key] = checked
+            else:
+                values[attr] = checked
+    cfg = ServeConfig(**values, collectors=switched(COLLECTORS, switches), source=path)
     return _check_tls(cfg, text, path)
 
 
@@ -310,8 +329,10 @@ def with_overrides(
     interval_s: float | None = None,
     telemetry: str | None = None,
     web_config_file: str | None = None,
+    collectors: Mapping[str, bool] | None = None,
 ) -> ServeConfig:
-    """Command-line options win over the file."""
+    """Command-line options win over the file (``collectors``: group -> on, the groups
+    switched on the command line)."""
     if listen is not None:
         host, port = parse_listen(listen)
         cfg = replace(cfg, address=host, port=port)
@@ -329,6 +350,14 @@ def with_overrides(
             cfg = replace(cfg, interval_s=check_interval(interval_s))
         except ValueError as exc:
             raise ConfigError(f"--interval: {exc}.") from None
+    if collectors:
+        unknown = sorted(set(collectors) - set(COLLECTORS))
+        if unknown:
+            raise ConfigError(
+                f"--collector.{unknown[0]}: no such group of metrics (known: "
+                f"{', '.join(COLLECTORS)}); gpumon serve did not start."
+            )
+        cfg = replace(cfg, collectors=switched(cfg.collectors, collectors))
     return cfg
 
 

@@ -38,6 +38,11 @@ def stack_options(cfg: ServeConfig) -> StackOptions | None:
     return StackOptions(every_s=cfg.stacks_every_s) if cfg.stacks_enabled else None
 
 
+def reads_hardware(cfg: ServeConfig) -> bool:
+    """Whether NVML's hardware readings are taken: the hardware group is their only user."""
+    return "hardware" in cfg.collectors
+
+
 def job_options(cfg: ServeConfig) -> JobOptions:
     """How the daemon's session follows jobs, from its configuration."""
     return JobOptions(
