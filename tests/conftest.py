@@ -22,6 +22,20 @@ from fakenvml import (
 SYSTEM_DSTAT = Path("/usr/bin/dstat")
 
 
+# --------------------------------------------------------------------------- terminal size
+@pytest.fixture(autouse=True)
+def _no_inherited_terminal_size() -> None:
+    """Children see no terminal size the runner did not set.
+
+    GNU readline (loaded with pdb, which pytest imports) exports LINES and COLUMNS into the
+    process's C environment, not into ``os.environ``, so every child started with the
+    inherited environment would wrap its text at 80 columns, and only under pytest.  A
+    test that means a width says it (``COLUMNS=80``)."""
+    for name in ("COLUMNS", "LINES"):
+        if name not in os.environ:
+            os.unsetenv(name)
+
+
 # --------------------------------------------------------------------------- fake NVML
 @dataclass
 class FakeNvml:

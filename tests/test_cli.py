@@ -11,6 +11,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -131,13 +132,33 @@ def _case_no_pid(fake, tmp: Path) -> list[int]:
 
 
 def _case_fail_on(fake, tmp: Path) -> list[int]:
-    """An idle GPU held by the watched process, and --fail-on idle at any share."""
-    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(2)"])
+    """An idle GPU held by the watched process, and --fail-on idle at any share: the
+    process ends once the watch has shown it idle (however long gpumon took to start)."""
+    sleeper = subprocess.Popen(
+        [sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE
+    )
     try:
         fake.set(Scenario(gpus=[FakeGPU(pattern=Pattern.off(), processes=[Process(sleeper.pid)])]))
         args = ("--interval", "0.2", "--fail-on", "idle", "--fail-threshold", "0")
-        return [gpumon(fake.env, "watch", "--pid", str(sleeper.pid), *args).returncode]
+        watch = subprocess.Popen(
+            [sys.executable, "-m", "gpumon", "watch", "--pid", str(sleeper.pid), *args],
+            env=fake.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+        assert watch.stdout is not None
+        guard = threading.Timer(120, sleeper.kill)  # a watch that never says idle ends too
+        guard.daemon = True
+        guard.start()
+        seen = next((line for line in watch.stdout if "state=idle" in line), None)
+        assert seen, "the watch never showed the GPU idle"
+        sleeper.communicate(timeout=30)  # stdin closed: the watched process exits
+        watch.communicate(timeout=60)
+        guard.cancel()
+        return [watch.returncode]
     finally:
+        sleeper.kill()
         sleeper.wait(10)
 
 
