@@ -13,6 +13,7 @@ import json
 import os
 import re
 import shutil
+import site
 import subprocess
 import sys
 import tempfile
@@ -505,12 +506,18 @@ def test_serve_logs_what_an_episodes_gaps_were_spent_on(
 def test_stacks_without_py_spy_is_refused_before_the_command_starts(
     fake_nvml, tmp_path: Path
 ) -> None:
-    """A Python whose scripts hold no py-spy, and a PATH without one."""
+    """A Python whose scripts hold no py-spy, and a PATH without one.
+
+    The new venv sees this Python's packages (rich, psutil, ...) through a .pth file that
+    names this interpreter's site directories: ``--system-site-packages`` would expose the
+    *base* interpreter's, which lack them when the tests run from a venv."""
     venv = tmp_path / "venv"
     subprocess.run(
-        [sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)],
-        check=True, timeout=120,
-    )  # fmt: skip
+        [sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120
+    )
+    here = [p for p in site.getsitepackages() if Path(p).is_dir()]
+    lib = venv / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}"
+    (lib / "site-packages" / "gpumon-test-deps.pth").write_text("\n".join(here) + "\n")
     marker = tmp_path / "started"
     env = {**fake_nvml.env, "PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)}
     r = subprocess.run(
