@@ -291,13 +291,17 @@ def test_stdout_that_cannot_be_written_is_one_sentence_and_status_1(
 
 
 def test_ci_runs_the_readmes_test_command() -> None:
-    """The README's second line is the test suite; .ci/run must run the same checks (after
-    installing what they need), or CI and a user's checkout disagree."""
+    """The README's first block makes a venv and runs the test suite in it; .ci/run must
+    run the same (after installing the system tools), or CI and a user's checkout disagree."""
     root = Path(__file__).resolve().parent.parent
     first_block = (root / "README.md").read_text().split("```sh\n", 1)[1].split("```", 1)[0]
-    line = first_block.splitlines()[1].split("#", 1)[0].strip()
-    install, _, checks = line.partition(" && ")
+    lines = [ln.split("#", 1)[0].strip() for ln in first_block.splitlines()]
+    venv = next(ln for ln in lines if " -m venv " in ln)
+    suite = next(ln for ln in lines if "pytest" in ln)
     ci = (root / ".ci" / "run").read_text()
-    assert install.replace("pip", "python3 -m pip", 1) in ci
-    assert checks.replace("python -m", "python3 -m") in ci
+    for step in venv.split(" && "):
+        assert step in ci, step
+    install, _, checks = suite.partition(" && ")
+    assert install in ci and checks in ci
+    assert ci.index(venv.split(" && ")[-1]) < ci.index(install)  # installed into the venv
     assert "mypy" in checks and "pytest" in checks
