@@ -30,6 +30,9 @@ from fakenvml import missing_library_env
 from rich.console import Console
 from rich.screen import Screen
 
+# One worker: a rewrite reads and writes the docs whole (and the demo runs once).
+pytestmark = pytest.mark.xdist_group("captures")
+
 ROOT = Path(__file__).resolve().parent.parent
 REWRITE = os.environ.get("GPUMON_REWRITE_CAPTURES") == "1"
 MARK = re.compile(r"^<!-- capture: ([\w-]+) -->\n```[^\n]*\n(.*?)^```$", re.M | re.S)
