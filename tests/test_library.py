@@ -71,9 +71,10 @@ def test_errors_carry_their_fields() -> None:
     with pytest.raises(gpumon.ProcessGoneError) as gone:
         gpumon.Session.live(pid=2**22 + 12345)
     assert gone.value.pid == 2**22 + 12345
-    with pytest.raises(gpumon.TraceFormatError) as bad, gpumon.open_trace(str(ROOT / "README.md")):
+    not_a_trace = ROOT / "docs" / "library.md"
+    with pytest.raises(gpumon.TraceFormatError) as bad, gpumon.open_trace(str(not_a_trace)):
         pass
-    assert bad.value.path is not None and bad.value.path.endswith("README.md")
+    assert bad.value.path is not None and bad.value.path.endswith("library.md")
     err = gpumon.NoDriverError("cannot read GPUs: no driver.", nvml_code=12)
     assert err.nvml_code == 12 and str(err) == "cannot read GPUs: no driver."
 

@@ -112,6 +112,18 @@ class Cluster:
         """The samples Prometheus holds for ``selector`` (what it scraped, when)."""
         return _raw(self.tmp, self.port, selector)
 
+    def unseen(self, gaps: list[dict]) -> list[dict]:
+        """The missing stretches of a report that Prometheus did not record as failed
+        scrapes (up == 0 within a step of them): a report's gap on a node that answered.
+        On a busy machine a node may miss a scrape's one-second deadline: that gap is the
+        run's own truth, and the report is right to name it."""
+        out = []
+        for g in gaps:
+            failed = [t for t, v in self.raw(f'up{{instance="{g["instance"]}"}}') if v == 0]
+            if not any(g["start"] - 1.0 <= t <= g["end"] + 1.0 for t in failed):
+                out.append(g)
+        return out
+
     def report_json(self, *args: str) -> dict:
         res = self.report(*args, "--json")
         assert res.returncode == 0, res.stderr
@@ -339,7 +351,7 @@ def test_one_node_starved_one_healthy_names_the_starved_node(cluster: Cluster) -
     assert 2.3 <= r["effective_gpus"] <= 2.9
     assert 1.2 <= r["speedup_if_fed"] <= 1.9
     assert r["lost_gpu_seconds"] > 2 * HOLD_S * 0.5
-    assert r["straggler"] is None and r["missing"] == []
+    assert r["straggler"] is None and cluster.unseen(r["missing"]) == []
     assert r["sources"]["utilization_by_state"] == "recording rule"
 
     text = cluster.report("--job", "1001", "--last", "10m")
@@ -429,10 +441,7 @@ def test_series_missing_for_part_of_the_job_are_named_and_the_rest_judged(
     assert back[0] - step - slack <= gap["end"] <= back[0] + slack, (gap, back[0])
     assert gap["end"] - gap["start"] >= N4_DOWN_FOR_S - 2 * step
     # Any other stretch is one Prometheus saw too (a scrape that timed out on a busy node).
-    for other in r["missing"]:
-        if other is not gap:
-            failed = [t for t, v in cluster.raw(f'up{{instance="{other["instance"]}"}}') if v == 0]
-            assert any(other["start"] - step <= t <= other["end"] + step for t in failed), other
+    assert cluster.unseen([g for g in r["missing"] if g is not gap]) == []
     assert r["restarted"] == [n4]
     assert r["verdict"] == "healthy"  # judged on the rest
     warnings = [ln for ln in res.stderr.splitlines() if ln.startswith("gpumon: warning:")]

@@ -137,14 +137,17 @@ def test_a_main_process_activity_is_named_by_its_frames(
 ) -> None:
     job = Job(mode)
     jobs.append(job)
+    began = time.monotonic()
     samples = record([Target(job.pid, ProcessRole.MAIN)])
+    window_s = time.monotonic() - began
     assert samples, "py-spy read nothing"
     assert all(s.pid == job.pid and s.role is ProcessRole.MAIN for s in samples)
     act, share = top(shares(samples)[(ProcessRole.MAIN, job.pid)])
     assert act is activity and share >= 0.6, shares(samples)
     assert place in wheres(samples, ProcessRole.MAIN).most_common(1)[0][0]
-    # Timed: the samples cover the window, back to back, on gpumon's clock.
-    assert 1.5 < sum(s.seconds for s in samples) <= 5.0  # py-spy's 3 s, from its attach
+    # Timed: the samples cover the window, back to back, on gpumon's clock: at least half
+    # of py-spy's 3 s, at most the time it ran (a busy machine stretches its attach).
+    assert 1.5 < sum(s.seconds for s in samples) <= window_s
     assert abs(samples[0].t_s - time.monotonic()) < 40
 
 

@@ -203,6 +203,27 @@ def _schedstat(pid: int) -> tuple[int, int] | None:
         return None
 
 
+def busy_share(seconds: float = 2.0) -> float:
+    """Share of the machine's CPU busy over ``seconds`` (before a run: all of it others')."""
+    a = _host_ticks()
+    time.sleep(seconds)
+    b = _host_ticks()
+    return (b[0] - a[0]) / max(1, b[1] - a[1])
+
+
+def too_busy_for_a_run(seconds: float = 2.0) -> str | None:
+    """Why a lab run would not keep to its design on this machine now (None: it may):
+    other processes already hold the share of the CPUs that makes every phase of a job
+    that needs them ``contention`` by ``derive``'s rule."""
+    share = busy_share(seconds)
+    if share < OUTSIDE_SHARE[1]:
+        return None
+    return (
+        f"other processes keep {share:.0%} of this machine's CPUs busy: a lab job's phases "
+        f"would be contention, not their design (the truth's line: {OUTSIDE_SHARE[1]:.0%})"
+    )
+
+
 def _host_ticks() -> tuple[int, int]:
     """(busy, total) clock ticks of all CPUs since boot."""
     with open("/proc/stat", encoding="ascii") as f:
