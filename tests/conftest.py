@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import time
 from collections.abc import Iterator
@@ -20,6 +21,75 @@ from fakenvml import (
 )
 
 SYSTEM_DSTAT = Path("/usr/bin/dstat")
+
+
+# --------------------------------------------------------------------------- parallel runs
+# The suite runs on several workers (pytest-xdist, ``-n`` in pyproject.toml).  Two rules
+# keep that safe:
+#
+# - A module whose tests share a module-scoped fixture (a Prometheus cluster, dstat runs
+#   started together, the live lab's runs) goes to one worker whole, so the fixture is
+#   built once (``xdist_group``, with ``--dist loadgroup``).
+# - A test marked ``owns_machine`` (the live lab, which scores gpumon against what a job
+#   did second by second, and whose truth reads the machine's load) runs alone: it takes
+#   the machine's lock exclusively, every other test shares it.  Nothing is timed by the
+#   lock; a lab test simply waits until the others have run.
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "owns_machine: runs with no other test at once (the live lab)"
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        defs = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
+        shared = any(
+            d[-1].scope == "module" and d[-1].baseid == item.nodeid.split("::")[0]
+            for d in defs.values()
+            if d
+        )
+        if shared:
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+
+
+def _machine_lock(config: pytest.Config) -> Path | None:
+    """One lock file per run of the suite, shared by its workers (None: not parallel):
+    beside their temporary folders, in the run's own (pytest removes old runs')."""
+    worker = getattr(config, "workerinput", None)
+    if worker is None:
+        return None
+    factory: pytest.TempPathFactory = config._tmp_path_factory  # type: ignore[attr-defined]
+    return factory.getbasetemp().parent / f"machine-{worker['testrunuid']}.lock"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """Setup, call and teardown of each test under the machine's lock (module fixtures
+    are built and torn down inside them)."""
+    path = _machine_lock(item.config)
+    if path is None:
+        yield
+        return
+    exclusive = item.get_closest_marker("owns_machine") is not None
+    with open(path, "a") as lock:
+        fcntl.flock(lock.fileno(), fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        yield
+
+
+# --------------------------------------------------------------------------- terminal size
+@pytest.fixture(autouse=True)
+def _no_inherited_terminal_size() -> None:
+    """Children see no terminal size the runner did not set.
+
+    GNU readline (loaded with pdb, which pytest imports) exports LINES and COLUMNS into the
+    process's C environment, not into ``os.environ``, so every child started with the
+    inherited environment would wrap its text at 80 columns, and only under pytest.  A
+    test that means a width says it (``COLUMNS=80``)."""
+    for name in ("COLUMNS", "LINES"):
+        if name not in os.environ:
+            os.unsetenv(name)
 
 
 # --------------------------------------------------------------------------- fake NVML

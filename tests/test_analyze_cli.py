@@ -186,23 +186,3 @@ def test_a_string_where_a_number_belongs_names_the_line(
     doc = json.loads(proc.stdout)
     check_json(doc, 1)
     assert doc["gpus"][0]["samples"] > 0
-
-
-@pytest.mark.parametrize("doc", ["README.md", "docs/analyze.md"])
-def test_the_documented_example_report_is_what_gpumon_prints(doc: str) -> None:
-    """The example in the docs is an excerpt of the real output for its log, line for line
-    (in order), so it cannot drift from what users will see."""
-    text = (ROOT / doc).read_text(encoding="utf-8")
-    start = text.index("gpumon analysis · nvidia-smi-csv · 2 GPU(s)")
-    shown = [
-        ln
-        for ln in text[start : text.index("```", start)].splitlines()
-        if ln.strip() and ln.strip() != "..."
-    ]
-    proc = gpumon(LOGS / "nvsmi_units_index.csv")
-    assert proc.returncode == 0, proc.stderr
-    printed = proc.stdout.splitlines()
-    at = 0
-    for line in shown:
-        assert line in printed[at:], f"{doc}: {line!r} is not in the output (in order)"
-        at = printed.index(line, at) + 1

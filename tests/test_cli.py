@@ -11,6 +11,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -131,13 +132,33 @@ def _case_no_pid(fake, tmp: Path) -> list[int]:
 
 
 def _case_fail_on(fake, tmp: Path) -> list[int]:
-    """An idle GPU held by the watched process, and --fail-on idle at any share."""
-    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(2)"])
+    """An idle GPU held by the watched process, and --fail-on idle at any share: the
+    process ends once the watch has shown it idle (however long gpumon took to start)."""
+    sleeper = subprocess.Popen(
+        [sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE
+    )
     try:
         fake.set(Scenario(gpus=[FakeGPU(pattern=Pattern.off(), processes=[Process(sleeper.pid)])]))
         args = ("--interval", "0.2", "--fail-on", "idle", "--fail-threshold", "0")
-        return [gpumon(fake.env, "watch", "--pid", str(sleeper.pid), *args).returncode]
+        watch = subprocess.Popen(
+            [sys.executable, "-m", "gpumon", "watch", "--pid", str(sleeper.pid), *args],
+            env=fake.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+        assert watch.stdout is not None
+        guard = threading.Timer(120, sleeper.kill)  # a watch that never says idle ends too
+        guard.daemon = True
+        guard.start()
+        seen = next((line for line in watch.stdout if "state=idle" in line), None)
+        assert seen, "the watch never showed the GPU idle"
+        sleeper.communicate(timeout=30)  # stdin closed: the watched process exits
+        watch.communicate(timeout=60)
+        guard.cancel()
+        return [watch.returncode]
     finally:
+        sleeper.kill()
         sleeper.wait(10)
 
 
@@ -270,13 +291,17 @@ def test_stdout_that_cannot_be_written_is_one_sentence_and_status_1(
 
 
 def test_ci_runs_the_readmes_test_command() -> None:
-    """The README's second line is the test suite; .ci/run must run the same checks (after
-    installing what they need), or CI and a user's checkout disagree."""
+    """The README's first block makes a venv and runs the test suite in it; .ci/run must
+    run the same (after installing the system tools), or CI and a user's checkout disagree."""
     root = Path(__file__).resolve().parent.parent
     first_block = (root / "README.md").read_text().split("```sh\n", 1)[1].split("```", 1)[0]
-    line = first_block.splitlines()[1].split("#", 1)[0].strip()
-    install, _, checks = line.partition(" && ")
+    lines = [ln.split("#", 1)[0].strip() for ln in first_block.splitlines()]
+    venv = next(ln for ln in lines if " -m venv " in ln)
+    suite = next(ln for ln in lines if "pytest" in ln)
     ci = (root / ".ci" / "run").read_text()
-    assert install.replace("pip", "python3 -m pip", 1) in ci
-    assert checks.replace("python -m", "python3 -m") in ci
+    for step in venv.split(" && "):
+        assert step in ci, step
+    install, _, checks = suite.partition(" && ")
+    assert install in ci and checks in ci
+    assert ci.index(venv.split(" && ")[-1]) < ci.index(install)  # installed into the venv
     assert "mypy" in checks and "pytest" in checks

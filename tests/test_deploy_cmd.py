@@ -39,10 +39,20 @@ def tree(root: Path) -> dict[str, bytes]:
 
 
 def deployed_for(gpumon: Path) -> dict[str, bytes]:
-    """deploy/ as `gpumon deploy` run by ``gpumon`` writes it: that path where the files
-    name /usr/local/bin/gpumon, every other byte the same."""
-    old = SHIPPED_GPUMON.encode()
-    return {k: v.replace(old, str(gpumon).encode()) for k, v in repo_deploy_files().items()}
+    """deploy/ as `gpumon deploy` run by ``gpumon`` writes it: that path where a program
+    reads /usr/local/bin/gpumon; prose (Markdown, comment lines) and every other byte the
+    same."""
+    old, new = SHIPPED_GPUMON.encode(), str(gpumon).encode()
+
+    def deployed(name: str, data: bytes) -> bytes:
+        if name.endswith(".md"):
+            return data
+        return b"".join(
+            ln if ln.lstrip().startswith(b"#") else ln.replace(old, new)
+            for ln in data.splitlines(keepends=True)
+        )
+
+    return {k: deployed(k, v) for k, v in repo_deploy_files().items()}
 
 
 @pytest.fixture
@@ -70,6 +80,10 @@ def test_deploy_writes_the_files_with_their_modes(
     assert f"\nExecStart={this_gpumon} serve --config /etc/gpumon/gpumon.toml\n" in unit
     epilog = (dest / "slurm" / "gpumon-epilog.sh").read_text()
     assert f"GPUMON_BIN=${{GPUMON_BIN:-{this_gpumon}}}" in epilog
+    # What people read still says what the shipped copies (a clone's deploy/) run.
+    assert str(this_gpumon) not in (dest / "README.md").read_text()
+    assert f"runs {SHIPPED_GPUMON} (`command -v gpumon`)" in unit
+    assert f"(default {SHIPPED_GPUMON}: `gpumon deploy` writes its own)" in epilog
     assert os.stat(dest / "pcp" / "gpumon_node.py").st_mode & 0o777 == 0o755
     assert os.stat(dest / "systemd" / "gpumon.service").st_mode & 0o777 == 0o644
     out = capsys.readouterr().out

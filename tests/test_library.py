@@ -71,9 +71,10 @@ def test_errors_carry_their_fields() -> None:
     with pytest.raises(gpumon.ProcessGoneError) as gone:
         gpumon.Session.live(pid=2**22 + 12345)
     assert gone.value.pid == 2**22 + 12345
-    with pytest.raises(gpumon.TraceFormatError) as bad, gpumon.open_trace(str(ROOT / "README.md")):
+    not_a_trace = ROOT / "docs" / "library.md"
+    with pytest.raises(gpumon.TraceFormatError) as bad, gpumon.open_trace(str(not_a_trace)):
         pass
-    assert bad.value.path is not None and bad.value.path.endswith("README.md")
+    assert bad.value.path is not None and bad.value.path.endswith("library.md")
     err = gpumon.NoDriverError("cannot read GPUs: no driver.", nvml_code=12)
     assert err.nvml_code == 12 and str(err) == "cannot read GPUs: no driver."
 
@@ -96,3 +97,39 @@ def test_no_driver_names_nvmls_code(tmp_path: Path) -> None:
         timeout=60,
     )
     assert out.stdout.strip() == "12", (out.stdout, out.stderr)  # NVML_ERROR_LIBRARY_NOT_FOUND
+
+
+@pytest.mark.slow
+def test_the_docs_live_example_runs_as_written_and_ends_with_a_verdict(
+    fake_nvml, tmp_path: Path
+) -> None:
+    """docs/library.md's live loop, on the fake NVML, watching a process that holds the
+    fake GPU: its ticks are paced, so the run it watches is judged (not `unknown`)."""
+    from fakenvml import FakeGPU, Process, Scenario
+
+    doc = (ROOT / "docs" / "library.md").read_text(encoding="utf-8")
+    block = re.search(
+        r"```python\n(import gpumon\n\nsession = gpumon\.Session\.live.*?)```", doc, re.S
+    )
+    assert block is not None, "docs/library.md: the live example"
+    job = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        fake_nvml.set(Scenario(gpus=[FakeGPU(processes=[Process(job.pid)])]))
+        code = block.group(1).replace("pid=1234", f"pid={job.pid}")
+        assert code != block.group(1)
+        out = subprocess.run(
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            cwd=tmp_path,
+            env=fake_nvml.env,
+            timeout=300,
+        )
+    finally:
+        job.kill()
+        job.wait()
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.split()
+    assert len(lines) == 21, out.stdout  # a state per tick, then the run's verdict
+    assert lines[-1] == "healthy", out.stdout
+    assert "healthy" in lines[:-1], out.stdout  # judged while it ran, too

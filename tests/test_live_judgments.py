@@ -189,12 +189,17 @@ def test_advice_says_each_lever_once_and_covers_every_cause_of_the_run() -> None
     pin = "pin_memory=True and non_blocking=True copies let transfers overlap compute"
     w.add(_episode(State.STARVED, Cause.CPU, (cpu + "~20", pin), 60), 60)
     w.add(_episode(State.STARVED, Cause.CPU, (cpu + "~19", pin), 20), 20)
-    gil = gil_prescription({"duty_cycle": 0.3, "cpu_count": 16, "host_cpu_pct": 10.0})
-    w.add(_episode(State.STARVED, Cause.GIL, (gil, pin), 75), 75)
+    ev = {"duty_cycle": 0.3, "cpu_count": 16, "host_cpu_pct": 10.0}
+    gil = advice_for(State.STARVED, Cause.GIL, ev)
+    assert gil[0] == gil_prescription(ev) and "num_workers=4" in gil[0]
+    w.add(_episode(State.STARVED, Cause.GIL, gil, 75), 75)
     w.add(_episode(State.STARVED, Cause.IO, ("storage does not keep up: cache it", pin), 2), 2)
     advice = w.for_verdict(State.STARVED, Cause.CPU)
-    assert advice == (cpu + "~20", gil, pin)  # one per lever; io held too little to say
-    assert [lever_of(a) for a in advice] == [Lever.WORKERS, Lever.GIL, Lever.PINNING]
+    # One per lever; io held too little to say.  The worker count is one lever whichever
+    # cause named it (the GIL's wording held longest), so the run names one count.
+    assert advice == (gil[0], gil[1], pin)
+    assert [lever_of(a) for a in advice] == [Lever.WORKERS, Lever.OFFLOAD, Lever.PINNING]
+    assert len([a for a in advice if "num_workers" in a]) == 1
 
 
 def test_every_advice_text_pulls_a_known_lever() -> None:

@@ -9,11 +9,13 @@ the lab: six runs of training jobs (tests/livelab/workloads.py), each observed a
 The mechanics must hold; each issue scenario then has a test holding the faces to the
 targets (precision and recall >= 0.95 per state, cause accuracy >= 0.95, healthy within
 3 s of a GPU busy from its first sample, at most one cause change per steady phase, and
-the faces telling one story).  Those gpumon misses today are strict xfails whose reason
-says what it gets wrong, so a fix turns them into passes (and a pytest failure until the
-mark is removed).  The jobs run as Slurm jobs; the noisy neighbour's run also runs on a
-node with no scheduler (a typed command, and a container-like cgroup), where serve must
-find the job itself for its story to be watch's.
+the faces telling one story).  What gpumon misses today is a ``KnownMiss``: its reason in
+words and the shape of the failures it makes, so each run decides -- a run that meets the
+targets passes, one that misses only in the known way is an xfail saying so, any other
+miss fails; a phase the machine kept from its design (the run's own truth says so) is not
+scored.  The jobs run as Slurm jobs; the noisy neighbour's run also runs on a node with
+no scheduler (a typed command, and a container-like cgroup), where serve must find the
+job itself for its story to be watch's.
 
 CI runs seed 0 (of the tuning range, 0-99) at scale 1 (phases of 10-20 s);
 ``benchmarks/bench_live.py`` runs longer phases over the tuning and the held-out range.
@@ -24,10 +26,12 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import re
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
@@ -35,9 +39,9 @@ import pytest
 from fakenvml import FakeGPU, Scenario
 from livelab import cgroup, emulator, runner, score, workloads
 from livelab.pipeline import make_data_file
-from livelab.truth import read_truth
+from livelab.truth import read_truth, too_busy_for_a_run
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.owns_machine]
 
 TESTS = Path(__file__).resolve().parent
 CI_SEED = 0
@@ -300,6 +304,9 @@ def lab(
 
     def get(name: str, placement: str = "slurm") -> Path:
         if (name, placement) not in done:
+            busy = too_busy_for_a_run()
+            if busy:
+                pytest.skip(busy)  # (asked again by the next test: the load may have gone)
             scn = workloads.build(name, CI_SEED, 1.0)
             label = name if placement == "slurm" else f"{name}-{placement}"
             if keep:
@@ -349,22 +356,63 @@ def test_each_scenario_starts_logs_its_truth_and_exits_cleanly(lab, name: str) -
         assert (run_dir / f).stat().st_size > 0, f
 
 
-def _hold_to_targets(run_dir: Path, *phases: str) -> None:
-    rs = score.score_run(run_dir, phases)
-    if rs.invalid_phases:
-        pytest.skip(f"the machine kept a phase from its design: {rs.invalid_phases}")
-    failures = rs.failures()
+@dataclass(frozen=True)
+class KnownMiss:
+    """What gpumon gets wrong today in one scenario: the reason, in words, and the shape of
+    the failures it makes (one pattern per kind of failure line, ``score.failures()``).
+
+    A run decides: one that meets every target passes (the miss did not happen this time:
+    how often it does depends on the machine), one that misses only in these ways is an
+    xfail saying so, and one that misses in any other way fails.  A strict xfail mark
+    could do neither: on a machine where the miss did not happen it failed the suite, and
+    it passed a run that failed for a new reason."""
+
+    reason: str
+    patterns: tuple[str, ...]
+
+    def covers(self, failure: str) -> bool:
+        return any(re.search(p, failure) for p in self.patterns)
+
+
+def _decide(failures: list[str], known: KnownMiss | None) -> None:
+    if failures and known is not None and all(known.covers(f) for f in failures):
+        pytest.xfail(f"{known.reason} [this run: {'; '.join(failures)}]")
     assert not failures, "\n".join(failures)
 
 
-def _story(run_dir: Path) -> None:
+def _hold_to_targets(run_dir: Path, *phases: str, known: KnownMiss | None = None) -> None:
+    rs = score.score_run(run_dir, phases)
+    if rs.invalid_phases:
+        pytest.skip(f"the machine kept a phase from its design: {rs.invalid_phases}")
+    _decide(rs.failures(), known)
+
+
+def _story(run_dir: Path, known: KnownMiss | None = None) -> None:
     rs = score.score_run(run_dir)
-    bad = [f"{c.name}: {c.detail}" for c in rs.checks if not c.ok]
-    assert not bad, "\n".join(bad)
+    if rs.invalid_phases:
+        # The faces told the story of another run than the one designed (a phase the
+        # machine turned into another state leaves its mark on the ones after it).
+        pytest.skip(f"the machine kept a phase from its design: {rs.invalid_phases}")
+    _decide([f"{c.name}: {c.detail}" for c in rs.checks if not c.ok], known)
 
 
-def _xfail(why: str) -> pytest.MarkDecorator:
-    return pytest.mark.xfail(strict=True, reason=why)
+def _cause_miss(*pairs: str) -> str:
+    """A face's cause accuracy short of the target, every wrong second one of ``pairs``."""
+    one = "|".join(pairs)
+    return rf"^\w+: cause accuracy [\d.]+ < [\d.]+ \(((?:{one}) \d+s(?:, )?)+\)$"
+
+
+def _recall_miss(state: str, *said: str) -> str:
+    """A face's recall of ``state`` short of the target, the seconds missed shown as ``said``."""
+    one = "|".join(said)
+    return rf"^\w+: recall of {state} [\d.]+ < [\d.]+ \(said ((?:{one}) \d+s(?:, )?)+\)$"
+
+
+def _precision_miss(state: str) -> str:
+    return rf"^\w+: precision of {state} [\d.]+ < "
+
+
+CAUSE_FLAPS = r"^\w+: \d+ cause changes in one steady phase$"
 
 
 # --- lifecycle: busy from the first sample, workers forked, evaluation, memory held, exit
@@ -378,14 +426,15 @@ def test_workers_forked_mid_run_keep_it_healthy(lab) -> None:
     _hold_to_targets(lab("lifecycle"), "workers-forked")
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="passes on a quiet machine; on a busy one the eval worker, held below 80 % of a "
-    "core by other work, leaves the cause to host CPU near 90 %, and serve's log flaps "
-    "cpu <-> unknown for a second or two",
+EVALUATION_MISS = KnownMiss(
+    "on a busy machine the eval worker, held below 80 % of a core by other work, leaves the "
+    "cause to host CPU near 90 %, and serve's log flaps cpu <-> unknown for a second or two",
+    (_cause_miss("cpu->unknown", "cpu->contention"), CAUSE_FLAPS),
 )
+
+
 def test_evaluation_phase_starved_by_its_loader(lab) -> None:
-    _hold_to_targets(lab("lifecycle"), "evaluation")
+    _hold_to_targets(lab("lifecycle"), "evaluation", known=EVALUATION_MISS)
 
 
 def test_memory_held_with_no_work_is_idle(lab) -> None:
@@ -403,43 +452,53 @@ def test_lifecycle_faces_tell_one_story(lab) -> None:
 # --- starved: by saturated workers, then GIL-bound
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="the cause is right but for a second or two at the phase's start, where watch "
-    "reads processes outside the job (the lab's own faces starting) as contention",
+SATURATED_MISS = KnownMiss(
+    "the cause is right but for a second or two at the phase's start, where watch reads "
+    "processes outside the job (the lab's own faces starting) as contention",
+    (_cause_miss("cpu->contention"),),
 )
+
+
 def test_starved_by_saturated_workers(lab) -> None:
-    _hold_to_targets(lab("starved"), "starved-cpu")
+    _hold_to_targets(lab("starved"), "starved-cpu", known=SATURATED_MISS)
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="num_workers=0, the main process building every batch: the cause turns from cpu "
-    "to gil within seconds of the change, but serve (a reading a second) and analyze keep "
-    "cpu for 1-2 s past the margin; on a busy machine a main process held to a share of a "
-    "core never reads 'pinned'",
+GIL_MISS = KnownMiss(
+    "num_workers=0, the main process building every batch: the cause turns from cpu to gil "
+    "within seconds of the change, but serve (a reading a second) and analyze keep cpu for "
+    "1-2 s past the margin; on a busy machine a main process held to a share of a core "
+    "never reads 'pinned'",
+    (_cause_miss("gil->cpu", "gil->unknown", "gil->contention"), CAUSE_FLAPS),
 )
+
+
 def test_gil_bound_main_process(lab) -> None:
-    _hold_to_targets(lab("starved"), "starved-gil")
+    _hold_to_targets(lab("starved"), "starved-gil", known=GIL_MISS)
 
 
-@_xfail(
+STARVED_STORY_MISS = KnownMiss(
     "watch's lines and serve's metrics differ on the seconds around the change of cause "
-    "(each face reads the host over its own ticks)"
+    "(each face reads the host over its own ticks)",
+    (r"^watch lines = serve metrics: ",),
 )
+
+
 def test_starved_faces_tell_one_story(lab) -> None:
-    _story(lab("starved"))
+    _story(lab("starved"), STARVED_STORY_MISS)
 
 
 # --- I/O-bound
 
 
-@_xfail(
-    "a GPU starved from its first sample is shown idle for its first second (before its "
-    "first kernel ends, nothing shows work): recall 0.92 of a short phase"
+IO_MISS = KnownMiss(
+    "a GPU starved from its first sample is shown idle for a second past its first work: "
+    "recall 0.92 of a short phase",
+    (_recall_miss("starved", "idle"), _precision_miss("idle")),
 )
+
+
 def test_io_bound_workers(lab) -> None:
-    _hold_to_targets(lab("io"), "starved-io")
+    _hold_to_targets(lab("io"), "starved-io", known=IO_MISS)
 
 
 def test_io_faces_tell_one_story(lab) -> None:
@@ -464,43 +523,59 @@ def test_noisy_faces_tell_one_story(lab) -> None:
 # --- gaps at a rhythm: workers restarted every epoch, checkpoints
 
 
-@_xfail(
+EPOCH_MISS = KnownMiss(
     "workers restarted every epoch: the GPU busy for the first epoch's seconds is judged "
     "healthy (4-5 s) before its first gap, and the workers' CPU over the gaps (~80 %) sits on "
-    "the CPU's line, so the cause reads unknown for a third of the phase"
+    "the CPU's line, so the cause reads unknown for a third of the phase",
+    (
+        _recall_miss("starved", "healthy"),
+        _precision_miss("healthy"),
+        _cause_miss("cpu->unknown", "cpu->contention"),
+        CAUSE_FLAPS,
+    ),
 )
+
+
 def test_workers_restarted_every_epoch(lab) -> None:
-    _hold_to_targets(lab("periodic"), "epoch-restarts")
+    _hold_to_targets(lab("periodic"), "epoch-restarts", known=EPOCH_MISS)
 
 
-@_xfail(
+CHECKPOINT_MISS = KnownMiss(
     "a checkpoint written synchronously (O_DIRECT|O_DSYNC) every few seconds: io, but cpu or "
-    "unknown for 1-2 s after the change from the epoch restarts (cause accuracy 0.82-0.94)"
+    "unknown for 1-2 s after the change from the epoch restarts (cause accuracy 0.82-0.94)",
+    (_cause_miss("io->cpu", "io->unknown"), CAUSE_FLAPS),
 )
+
+
 def test_checkpoint_every_few_seconds(lab) -> None:
-    _hold_to_targets(lab("periodic"), "checkpoints")
+    _hold_to_targets(lab("periodic"), "checkpoints", known=CHECKPOINT_MISS)
 
 
-@_xfail(
+PERIODIC_STORY_MISS = KnownMiss(
     "epoch restarts: watch's lines differ from serve's metrics on 6 of 23 settled seconds "
     "and from the summary's episodes on 8 (the cause near the CPU's line reads cpu in one "
-    "face, unknown in another); the lines show the first epoch's seconds as a provisional "
-    "starved, which the summary, the reading never confirmed, counts as start-up (7 s)"
+    "face, unknown in another)",
+    (r"^watch lines = serve metrics: ", r"^watch lines = the summary's episodes "),
 )
+
+
 def test_periodic_faces_tell_one_story(lab) -> None:
-    _story(lab("periodic"))
+    _story(lab("periodic"), PERIODIC_STORY_MISS)
 
 
 # --- ranks at a barrier: a straggler, then a hang
 
 
-@_xfail(
+STRAGGLER_MISS = KnownMiss(
     "the peers computing ~40 % and spinning ~60 % of every step from the first sample are "
     "shown healthy (busy from their first sample) for 4-12 s before the busy-wait on the "
-    "straggler is found from SM activity (serve, reading a tick a second, the later)"
+    "straggler is found from SM activity (serve, reading a tick a second, the later)",
+    (_recall_miss("sync_stall", "healthy"), _precision_miss("healthy")),
 )
+
+
 def test_straggler_at_a_barrier(lab) -> None:
-    _hold_to_targets(lab("ranks"), "straggler")
+    _hold_to_targets(lab("ranks"), "straggler", known=STRAGGLER_MISS)
 
 
 def test_hang_every_rank_spinning(lab) -> None:

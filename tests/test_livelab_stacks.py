@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from livelab import runner, workloads
-from livelab.truth import read_truth
+from livelab.truth import read_truth, too_busy_for_a_run
 
 from gpumon.detect.activities import Activity, decide
 from gpumon.model import ProcessRole
@@ -25,6 +25,7 @@ from gpumon.traces.jsonl import decode_stacks
 
 pytestmark = [
     pytest.mark.slow,
+    pytest.mark.owns_machine,
     pytest.mark.skipif(
         find_py_spy() is None, reason="py-spy is not installed (gpumon-why[stacks])"
     ),
@@ -76,6 +77,9 @@ def _top(seconds: dict[str, float] | None) -> str | None:
 def test_watch_names_what_each_starved_phase_was_spent_on(
     tmp_path: Path, fake_nvml_lib: Path
 ) -> None:
+    busy = too_busy_for_a_run()
+    if busy:
+        pytest.skip(busy)
     run_dir = tmp_path / "run"
     obs = runner.run(stacks_scenario(), run_dir, stacks_every_s=STACKS_EVERY_S)
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -83,6 +87,12 @@ def test_watch_names_what_each_starved_phase_was_spent_on(
     if refused:
         pytest.skip(refused[0])
     assert obs.errors == [], obs.errors
+    # What the processes spend the gaps on is the design's only where the run kept to it:
+    # workers that wait for a CPU other processes hold sit idle, their batches queued.
+    kept = [r for r in read_truth(run_dir / "truth-rank0.jsonl") if r.get("event") == "phase_end"]
+    off = [(r["phase"], r["label"]) for r in kept if r["label"] != r["design"]]
+    if off:
+        pytest.skip(f"the machine kept phases from their design (the run's truth): {off}")
     stacks = summary["stacks"]
     assert isinstance(stacks, dict), summary
     # The summary, over the run: the workers decoded; the main process waited on its

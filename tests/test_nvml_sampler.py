@@ -9,7 +9,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -322,13 +322,34 @@ def test_a_failing_event_wait_is_counted_and_never_blocks(nvml) -> None:
 
 
 def test_record_keeps_the_hardware_fields_and_xid_errors(fake_nvml, tmp_path: Path) -> None:
-    gpu = replace(HEALTHY_H100, xid_errors=[XidError(63, time.monotonic() + 1.5)])
-    fake_nvml.set(Scenario(gpus=[gpu, FakeGPU(nvlink_links=0)]))
+    """An XID that happens while the recording runs (once it has ticks, whenever a busy
+    machine let it start) is in the trace; the recording ends with the process it follows."""
+    fake_nvml.set(Scenario(gpus=[HEALTHY_H100, FakeGPU(nvlink_links=0)]))
     out = tmp_path / "t.jsonl"
-    result = run_gpumon(
-        "record", "-o", str(out), "--duration", "2.5", "--interval", "0.5", env=fake_nvml.env
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE
     )
-    assert result.returncode == 0, result.stderr
+    rec = subprocess.Popen(
+        [sys.executable, "-m", "gpumon", "record", "-o", str(out), "--pid", str(child.pid),
+         "--interval", "0.5", "--duration", "600"],
+        env=fake_nvml.env, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        _until("no tick was recorded", lambda: _ticks_in(out) >= 2 or rec.poll() is not None)
+        gpu = replace(HEALTHY_H100, xid_errors=[XidError(63, time.monotonic() + 0.3)])
+        fake_nvml.set(Scenario(gpus=[gpu, FakeGPU(nvlink_links=0)]))
+        seen = _ticks_in(out)
+        _until(
+            "the recording stopped", lambda: _ticks_in(out) >= seen + 3 or rec.poll() is not None
+        )
+        child.communicate(timeout=60)
+        _, err = rec.communicate(timeout=120)
+    finally:
+        for p in (child, rec):
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert rec.returncode == 0, err
     from gpumon.traces.jsonl import FORMAT_VERSION, read_trace
 
     header, snaps = read_trace(out)
@@ -475,27 +496,47 @@ def test_record_end_to_end_keeps_every_driver_sample(fake_nvml, tmp_path: Path) 
     assert all(s.host is not None and s.host.cpu_pct is not None for s in snaps[1:])
 
 
+def _ticks_in(path: Path) -> int:
+    """Ticks written to a trace so far (its header aside)."""
+    try:
+        return max(0, path.read_text().count("\n") - 1)
+    except FileNotFoundError:
+        return 0
+
+
+def _until(what: str, done: Callable[[], bool], deadline_s: float = 300.0) -> None:
+    """Wait for an event (the deadline only ends a wait for one that never comes)."""
+    end = time.monotonic() + deadline_s
+    while not done():
+        assert time.monotonic() < end, what
+        time.sleep(0.05)
+
+
 def test_record_follows_a_pid_and_stops_when_it_exits(fake_nvml, tmp_path: Path) -> None:
-    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(1.5)"])
+    """The process exits once the recording has ticks of it (however long gpumon took to
+    start), and the recording ends then, not at --duration."""
     out = tmp_path / "t.jsonl"
-    started = time.monotonic()
-    result = run_gpumon(
-        "record",
-        "-o",
-        str(out),
-        "--pid",
-        str(child.pid),
-        "--interval",
-        "0.25",
-        "--duration",
-        "20",
-        env=fake_nvml.env,
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE
     )
-    child.wait()
-    assert result.returncode == 0, result.stderr
-    assert time.monotonic() - started < 10
-    assert f"process {child.pid} exited" in result.stderr
+    rec = subprocess.Popen(
+        [sys.executable, "-m", "gpumon", "record", "-o", str(out), "--pid", str(child.pid),
+         "--interval", "0.25", "--duration", "600"],
+        env=fake_nvml.env, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        _until("no tick was recorded", lambda: _ticks_in(out) >= 2 or rec.poll() is not None)
+        child.communicate(timeout=60)  # stdin closed: it exits
+        _, err = rec.communicate(timeout=120)
+    finally:
+        for p in (child, rec):
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert rec.returncode == 0, err
+    assert f"process {child.pid} exited" in err
     lines = [json.loads(x) for x in out.read_text().splitlines()]
+    assert lines[-1]["t"] - lines[1]["t"] < 600 - 1  # it ended with the process
     assert lines[0]["header"]["watched_pid"] == child.pid
     assert lines[1]["tree"]["root_pid"] == child.pid
     assert lines[-1]["tree"]["root_alive"] is False

@@ -25,17 +25,46 @@ from gpumon.sample.host import ProcessTreeSampler
 from gpumon.sample.monitor import Monitor
 from gpumon.sample.outside import OutsideScanner, read_stat
 
-BURN = "import time\nend = time.monotonic() + 30\nwhile time.monotonic() < end: pass\n"
-SLEEP = "import time; time.sleep(30)"
+BURN = "import time\nend = time.monotonic() + 300\nwhile time.monotonic() < end: pass\n"
+SLEEP = "import time; time.sleep(300)"
+
+
+def burn() -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, "-c", BURN])
+
+
+def burned(*procs: subprocess.Popen[bytes], cpu_s: float = 0.1) -> None:
+    """Wait until each process has run ``cpu_s`` more seconds of CPU (however few a busy
+    machine gives it per second): what a scan compares is CPU used, not time passed."""
+    start = {p.pid: (read_stat("/proc", p.pid) or ("", 0.0, 0))[1] for p in procs}
+    end = time.monotonic() + 300
+    while True:
+        now = {p.pid: (read_stat("/proc", p.pid) or ("", 0.0, 0))[1] for p in procs}
+        if all(now[pid] - start[pid] >= cpu_s for pid in now):
+            return
+        assert time.monotonic() < end, "the burners never got the CPU"
+        time.sleep(0.05)
+
+
+class StepClock:
+    """A scanner's clock that moves ``step`` each time it is read: the baseline is fair
+    at every scan (a busy machine's late tick does not make the previous scan stale)."""
+
+    def __init__(self, step: float) -> None:
+        self.t, self.step = 100.0, step
+
+    def __call__(self) -> float:
+        self.t += self.step
+        return self.t
 
 
 def test_the_scanner_finds_a_burning_process_outside_the_job_and_not_the_jobs_own() -> None:
-    outsider = subprocess.Popen([sys.executable, "-c", BURN])
-    job = subprocess.Popen([sys.executable, "-c", BURN])  # busy too, but the job's
+    outsider = burn()
+    job = burn()  # busy too, but the job's
     try:
-        scanner = OutsideScanner(every_s=0.3, keep=1000)
+        scanner = OutsideScanner(every_s=0.3, keep=1000, clock=StepClock(0.3))
         assert scanner.scan({job.pid}) == ()  # the first scan is the baseline
-        time.sleep(0.6)
+        burned(outsider, job)
         found = {p.pid: p for p in scanner.scan({job.pid})}
         assert outsider.pid in found and job.pid not in found
         burner = found[outsider.pid]
@@ -66,12 +95,12 @@ class BusyHost:
 
 def test_the_monitor_looks_only_while_the_host_is_busy() -> None:
     job = subprocess.Popen([sys.executable, "-c", SLEEP])
-    outsider = subprocess.Popen([sys.executable, "-c", BURN])
+    outsider = burn()
     try:
-        scanner = OutsideScanner(every_s=0.2, keep=1000)
+        scanner = OutsideScanner(every_s=0.2, keep=1000, clock=StepClock(0.25))  # due, then scan
         mon = Monitor(None, BusyHost(), ProcessTreeSampler(job.pid), outside=scanner)  # type: ignore[arg-type]
         mon.sample()
-        time.sleep(0.5)
+        burned(outsider)
         snap = mon.sample()
         assert snap.host is not None
         pids = {p.pid for p in snap.host.busiest_outside}

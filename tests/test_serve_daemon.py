@@ -37,6 +37,9 @@ STEADY = Pattern.steady(100)
 BURSTY = Pattern.burst(period_s=0.5, duty=0.3)
 
 
+START_DEADLINE_S = 120.0
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -159,7 +162,9 @@ def start_daemon(
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     d = Daemon(proc, port, log_path, scheme, _ctx=ctx)
     if wait:
-        deadline = time.monotonic() + 15
+        # A start on a busy machine takes seconds (the imports alone): the deadline only
+        # ends the wait on a daemon that never listens, it times nothing.
+        deadline = time.monotonic() + START_DEADLINE_S
         while time.monotonic() < deadline:
             if proc.poll() is not None:
                 raise AssertionError(f"daemon exited {proc.returncode}: {d.stop()} {d.stderr_text}")
@@ -170,7 +175,7 @@ def start_daemon(
                 time.sleep(0.05)
         else:
             d.stop()
-            raise AssertionError("daemon did not listen within 15 s")
+            raise AssertionError(f"daemon did not listen within {START_DEADLINE_S:g} s")
     return d
 
 

@@ -13,6 +13,7 @@ import json
 import os
 import re
 import shutil
+import site
 import subprocess
 import sys
 import tempfile
@@ -136,14 +137,17 @@ def test_a_main_process_activity_is_named_by_its_frames(
 ) -> None:
     job = Job(mode)
     jobs.append(job)
+    began = time.monotonic()
     samples = record([Target(job.pid, ProcessRole.MAIN)])
+    window_s = time.monotonic() - began
     assert samples, "py-spy read nothing"
     assert all(s.pid == job.pid and s.role is ProcessRole.MAIN for s in samples)
     act, share = top(shares(samples)[(ProcessRole.MAIN, job.pid)])
     assert act is activity and share >= 0.6, shares(samples)
     assert place in wheres(samples, ProcessRole.MAIN).most_common(1)[0][0]
-    # Timed: the samples cover the window, back to back, on gpumon's clock.
-    assert 1.5 < sum(s.seconds for s in samples) <= 5.0  # py-spy's 3 s, from its attach
+    # Timed: the samples cover the window, back to back, on gpumon's clock: at least half
+    # of py-spy's 3 s, at most the time it ran (a busy machine stretches its attach).
+    assert 1.5 < sum(s.seconds for s in samples) <= window_s
     assert abs(samples[0].t_s - time.monotonic()) < 40
 
 
@@ -505,12 +509,18 @@ def test_serve_logs_what_an_episodes_gaps_were_spent_on(
 def test_stacks_without_py_spy_is_refused_before_the_command_starts(
     fake_nvml, tmp_path: Path
 ) -> None:
-    """A Python whose scripts hold no py-spy, and a PATH without one."""
+    """A Python whose scripts hold no py-spy, and a PATH without one.
+
+    The new venv sees this Python's packages (rich, psutil, ...) through a .pth file that
+    names this interpreter's site directories: ``--system-site-packages`` would expose the
+    *base* interpreter's, which lack them when the tests run from a venv."""
     venv = tmp_path / "venv"
     subprocess.run(
-        [sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)],
-        check=True, timeout=120,
-    )  # fmt: skip
+        [sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120
+    )
+    here = [p for p in site.getsitepackages() if Path(p).is_dir()]
+    lib = venv / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}"
+    (lib / "site-packages" / "gpumon-test-deps.pth").write_text("\n".join(here) + "\n")
     marker = tmp_path / "started"
     env = {**fake_nvml.env, "PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)}
     r = subprocess.run(

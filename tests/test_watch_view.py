@@ -210,6 +210,14 @@ def test_view_falls_back_to_ticks_without_the_driver_buffer() -> None:
     snap = snapshot(points=())
     text = screen(state_with(None, snap))
     assert "per tick" in text
+    # The first tick reads before the driver recorded a sample: not yet "unavailable".
+    assert "until the driver's samples arrive" in text and "unavailable" not in text
+    st = state_with(None, snap)
+    for t in (10.5, 11.0):  # the buffer stays silent tick after tick: now it is said
+        feed(st, snapshot(t, points=()), None)
+    assert "per tick: the driver's sample buffer is unavailable" in screen(st)
+    feed(st, snapshot(11.5), None)  # it speaks: one character per sample again
+    assert "one character per driver sample" in screen(st)
 
 
 SIZES = [(80, 24), (81, 25), (97, 28), (100, 30), (120, 40), (133, 50), (200, 60), (240, 70)]
@@ -535,6 +543,46 @@ def test_summary_text_reads_well() -> None:
     assert "none: no process of the run appeared" in none
 
 
+LONG_ADVICE = (
+    "data-loading workers are CPU-saturated during the gaps: raise num_workers from 8 to 16 "
+    "(all the free cores: 8 of 16); ~20 would be needed, so also move decoding onto the GPU "
+    "(e.g. NVIDIA DALI) or pre-process the dataset offline",
+    "pin_memory=True and non_blocking=True copies let transfers overlap compute",
+)
+
+
+@pytest.mark.parametrize("width", [80, 100, 132])
+def test_summary_lines_fit_the_terminal_and_break_between_words(width: int) -> None:
+    run = _run(
+        advice=LONG_ADVICE,
+        notes=("2 GPUs deliver 1.3 GPUs of work while working; data-parallel training "
+               "usually reaches 1.2-1.9 on 2",),
+        speedup_if_fed=1.6,
+        work_duty_cycle=0.64,
+        seconds={**dict.fromkeys(State, 0.0), State.HEALTHY: 177.0, State.STARVED: 243.0,
+                 State.IDLE: 18.2},
+    )  # fmt: skip
+    gpus = [GpuLine(i, f"GPU-fa4e000{i}-0000-4000-8000-00000000000{i}", "NVIDIA H100 80GB HBM3",
+                    0.35, lost_gpu_seconds=172.5) for i in range(2)]  # fmt: skip
+    summary = _summary(run, gpus=gpus, command=("python", "train.py", "--data", "/d" * 40))
+    text = summary.text(width)
+    lines = text.splitlines()
+    assert max(len(ln) for ln in lines) <= width, text
+    words = " ".join(ln.strip() for ln in lines)
+    for advice in LONG_ADVICE:  # broken only between words: the lines join back into it
+        assert advice in words, text
+    assert "worth            fixing the input pipeline" in text
+    assert lines[0].startswith("gpumon watch summary: pid 100 (python train.py")
+
+
+def test_summary_text_follows_the_terminal_width(monkeypatch: pytest.MonkeyPatch) -> None:
+    run = _run(advice=LONG_ADVICE)
+    monkeypatch.setenv("COLUMNS", "80")
+    assert max(len(ln) for ln in _summary(run).text().splitlines()) <= 80
+    monkeypatch.setenv("COLUMNS", "200")
+    assert any(len(ln) > 100 for ln in _summary(run).text().splitlines())
+
+
 def test_summary_says_when_a_gpu_fell_off_the_bus_and_names_the_straggler() -> None:
     run = _run(
         verdict=State.SYNC_STALL,
@@ -576,7 +624,7 @@ def with_three_advices(st: WatchState) -> WatchState:
 
 
 def test_readme_capture_is_an_80x24_screen_of_this_view() -> None:
-    lines = _capture_after("README.md", "`gpumon demo` at 80x24 (`tmux capture-pane`):")
+    lines = _capture_after("README.md", "`gpumon demo` at 80x24:")
     assert len(lines) == 24 and all(Text(ln).cell_len <= 80 for ln in lines)
     assert "state: starved  cause: cpu" in lines[0] and "elapsed" in lines[0]
     assert [ln for ln in lines if ln.startswith("── ")] == [

@@ -9,6 +9,7 @@ episodes give several wordings of one lever; a summary says each lever once
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from enum import StrEnum
 
 from gpumon.detect.config import DetectorConfig
@@ -47,6 +48,9 @@ GENERAL_LEVERS = frozenset({Lever.PINNING, Lever.BATCH})
 
 # The first words of each lever's texts (as this module writes them).
 _LEVER_OF = (
+    # Every text that names a worker count pulls the one lever, whatever the cause: a run
+    # starved on saturated workers and, for a while, on its main process gets one count.
+    (r".*\bnum_workers(=| from )\d", Lever.WORKERS),
     (r"data-loading workers are CPU-saturated|no free cores \(num_workers", Lever.WORKERS),
     (r"move decoding/augmentation|move Python-side preprocessing", Lever.OFFLOAD),
     (r"one process is pinned at", Lever.GIL),
@@ -92,51 +96,85 @@ def _free_cores(ev: Evidence) -> float | None:
     return max(0.0, cores * (1.0 - host / 100.0))
 
 
-def worker_prescription(ev: Evidence) -> str | None:
-    """How many DataLoader workers would keep the GPU fed, and whether the cores exist.
+@dataclass(frozen=True, slots=True)
+class WorkerCount:
+    """The DataLoader worker count the evidence asks for, worked out once for every
+    advice that names one (saturated workers, or the main process loading alone).
 
-    Saturated workers make batches at a rate proportional to their number; a GPU busy a
-    duty ``d`` of the time would take 1/d times as many.  So about ``workers / d`` workers,
-    each needing what one uses now, out of the cores the host has free.
+    Loaders make batches at a rate proportional to their number (the main process counts
+    as one where there are no workers); a GPU busy a duty ``d`` of the time would take
+    1/d times as many, each needing the CPU one uses now, out of the cores free.
     """
+
+    now: int  # workers the job runs now (0: the main process loads the data itself)
+    want: int  # what would keep the GPU fed
+    fits: int  # what the free cores hold: ``want`` at most, ``now`` at least
+    free: float  # cores not busy now
+    cores: int  # the host's
+    need: float  # cores beyond the loaders' own that ``want`` takes
+
+    @property
+    def enough_cores(self) -> bool:
+        return self.fits >= self.want
+
+
+def worker_count(ev: Evidence) -> WorkerCount | None:
+    """How many workers, from the duty cycle, the loaders' CPU and the free cores;
+    None without the host readings to tell."""
     workers, per, duty = _num(ev, "workers"), _num(ev, "workers_cpu_pct"), _num(ev, "duty_cycle")
     free = _free_cores(ev)
-    if workers is None or workers < 0.5 or duty is None or duty <= 0.02 or free is None:
+    if duty is None or duty <= 0.02 or free is None:
         return None
-    now = round(workers)
-    want = max(now + 1, round(now / duty + 0.49))
-    core_each = max(0.25, (per or 100.0) / 100.0)
-    need = (want - now) * core_each  # cores beyond those the workers use now
-    cores = int(_num(ev, "cpu_count") or 0)
-    if need <= free:
+    now = 0 if workers is None or workers < 0.5 else round(workers)
+    loaders = max(now, 1)  # no workers: the main process is the one loader
+    want = max(now + 1, 2, round(loaders / duty + 0.49))
+    core_each = max(0.25, (per if now and per is not None else 100.0) / 100.0)
+    need = (want - now) * core_each
+    # Whole workers on the free cores as the advice names them (rounded: "8 of 16 free"
+    # holds 8 more workers at 0.96 of a core each, not 7 because 7.7 cores were free).
+    fits = min(want, now + round(free / core_each))
+    return WorkerCount(now, want, fits, free, int(_num(ev, "cpu_count") or 0), need)
+
+
+def worker_prescription(ev: Evidence) -> str | None:
+    """Saturated workers: how many would keep the GPU fed, and whether the cores exist."""
+    n = worker_count(ev)
+    if n is None or n.now == 0:
+        return None
+    if n.enough_cores:
         return (
-            f"raise num_workers from {now} to about {want} (needs ~{need:.0f} more cores; "
-            f"{free:.0f} of {cores} are free)"
+            f"raise num_workers from {n.now} to about {n.want} (needs ~{n.need:.0f} more "
+            f"cores; {n.free:.0f} of {n.cores} are free)"
         )
-    fits = now + int(free / core_each)
-    if fits > now:
+    if n.fits > n.now:
         return (
-            f"raise num_workers from {now} to {fits} (all the free cores: {free:.0f} of "
-            f"{cores}); ~{want} would be needed, so also move decoding onto the GPU (e.g. "
-            "NVIDIA DALI) or pre-process the dataset offline"
+            f"raise num_workers from {n.now} to {n.fits} (all the free cores: {n.free:.0f} "
+            f"of {n.cores}); ~{n.want} would be needed, so also move decoding onto the GPU "
+            "(e.g. NVIDIA DALI) or pre-process the dataset offline"
         )
     return (
-        f"no free cores (num_workers={now} on {cores} cores): move decoding/augmentation onto "
-        "the GPU (e.g. NVIDIA DALI) or pre-process the dataset offline"
+        f"no free cores (num_workers={n.now} on {n.cores} cores): move decoding/augmentation "
+        "onto the GPU (e.g. NVIDIA DALI) or pre-process the dataset offline"
     )
 
 
 def gil_prescription(ev: Evidence) -> str:
-    """The main process does the loading: how many workers to hand it to."""
-    duty = _num(ev, "duty_cycle")
-    free = _free_cores(ev)
-    want = 2 if duty is None or duty <= 0.02 else max(2, round(1.0 / duty + 0.49))
-    if free is not None:
-        want = max(1, min(want, int(free)))
+    """One process does the loading while the rest idle: hand it to worker processes
+    (as many as ``worker_count`` says), or, where the job has workers already and they
+    idle, move the work the main process does per batch into them."""
+    head = "one process is pinned at ~100 % of one core while the rest idle: "
+    n = worker_count(ev)
+    workers = _num(ev, "workers")
+    if workers is not None and workers >= 0.5:
+        return (
+            head + f"its {round(workers)} DataLoader workers wait while it works; move what "
+            "it does per batch (transforms, collate_fn) into the workers' Dataset.__getitem__"
+        )
+    if n is None:
+        return head + "load data in DataLoader worker processes (num_workers > 0)"
     return (
-        "one process is pinned at ~100 % of one core while the rest idle: load data in "
-        f"DataLoader worker processes, num_workers={want}"
-        + (f" ({free:.0f} cores are free)" if free is not None else "")
+        head + f"load data in DataLoader worker processes, num_workers={max(1, n.fits)} "
+        f"({n.free:.0f} cores are free)"
     )
 
 
@@ -266,7 +304,7 @@ def advice_for(
             if asleep:
                 out.append(asleep)
             else:
-                out.append("try more DataLoader workers, pin_memory=True and prefetch_factor >= 2")
+                out.append("try more DataLoader workers and prefetch_factor >= 2")
         out.append("pin_memory=True and non_blocking=True copies let transfers overlap compute")
         out += _memory_advice(ev)
     elif state is State.SYNC_STALL:

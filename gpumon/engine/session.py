@@ -4,7 +4,8 @@ A face asks a ``Session`` for ticks and for what the run amounts to; it never bu
 sampler, a detector or a job table itself (tests/test_architecture.py checks the imports):
 
     session = Session.live(pid=1234, interval_s=1.0, tree_gpus_only=True)
-    tick = session.tick()                     # read, judge, remember
+    tick = session.tick()                     # read, judge, remember (now)
+    for tick in session.ticks(20): ...        # or 20 of them, one per interval
     session.verdict(), session.summary()      # the detector's view now, and of the run
     session.memory                            # timelines, histograms, episodes, seconds
 
@@ -16,7 +17,8 @@ host, /proc for jobs) and changes nothing a reader sees; ``fold()`` judges and r
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import threading
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Self
 
@@ -35,6 +37,7 @@ from gpumon.engine.sources import (
     replay_of,
 )
 from gpumon.engine.stacks import StackOptions, StackWatch, check_stacks
+from gpumon.loop import paced
 from gpumon.model import Episode, GpuIdentity, Snapshot, TraceHeader, Verdict
 
 if TYPE_CHECKING:
@@ -48,6 +51,8 @@ if TYPE_CHECKING:
 OFFLINE_CONFIG = DetectorConfig(calm_factor=5.0)
 
 _NO_UPDATE = DetectorUpdate()
+# A live session's pace when none was given: what `gpumon watch --plain` ticks at.
+DEFAULT_INTERVAL_S = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -227,8 +232,28 @@ class Session:
     # --- ticks ----------------------------------------------------------------------------
 
     def tick(self) -> Tick:
-        """Read (or replay what fell due), judge and remember."""
+        """Read (or replay what fell due), judge and remember, now: it does not wait, so
+        a loop of ticks needs its own pace (``ticks()`` keeps one)."""
         return self.fold(self.read())
+
+    def ticks(
+        self,
+        count: int | None = None,
+        *,
+        interval_s: float | None = None,
+        stop: threading.Event | None = None,
+    ) -> Iterator[Tick]:
+        """``count`` ticks (None: until ``stop`` is set or a replay ends), one every
+        ``interval_s`` (the session's interval, else 1 s) without drift: the pace the
+        driver's samples and the detector's windows are made for.  A live loop of bare
+        ``tick()`` calls reads the same few samples many times and judges nothing."""
+        every = interval_s or self.interval_s or DEFAULT_INTERVAL_S
+        if count is not None and count <= 0:
+            return
+        for done, _ in enumerate(paced(every, stop or threading.Event()), start=1):
+            yield self.tick()
+            if done == count or self.finished:
+                return
 
     def read(self, snapshot: Snapshot | None = None) -> Reading:
         """The tick's reads: the source polled (or ``snapshot`` given), and the /proc

@@ -71,8 +71,10 @@ def consume(q: mp.Queue) -> None:  # type: ignore[type-arg]
 
 
 def run_loader(end: float) -> list[int]:
-    """The main process takes each sample as soon as a worker has decoded one."""
-    q: mp.Queue = mp.Queue(2)  # type: ignore[type-arg]
+    """The main process takes each sample as soon as a worker has decoded one.  The queue
+    holds what the workers decode while the main process waits for a CPU (a busy machine
+    wakes it late): they decode on, as workers with a prefetch do, and never wait on it."""
+    q: mp.Queue = mp.Queue(64)  # type: ignore[type-arg]
     procs = [mp.Process(target=produce, args=(q, os.getpid()), daemon=True) for _ in range(2)]
     for p in procs:
         p.start()

@@ -88,6 +88,12 @@ def gpumon(*args: str) -> list[str]:
     return [sys.executable, "-m", "gpumon", *args]
 
 
+# How long a face, the job or a wait on them may take before the run is called broken: a
+# deadline for what never comes, not a measure (a face starts in seconds on a machine at
+# load 20: its imports alone).
+START_DEADLINE_S = 180.0
+
+
 class _Lines(threading.Thread):
     """Reads a pipe line by line, stamping each line with time.monotonic() on arrival."""
 
@@ -278,18 +284,18 @@ def run(
         assert watch.stdout is not None
         lines = _Lines(watch.stdout, run_dir / "watch.jsonl")
         lines.start()
-        if not lines.first.wait(30):
-            raise RuntimeError("gpumon watch printed nothing in 30 s")
+        if not lines.first.wait(START_DEADLINE_S):
+            raise RuntimeError(f"gpumon watch printed nothing in {START_DEADLINE_S:g} s")
         go_t = time.monotonic()
         (run_dir / "go").write_text("go\n")
         try:
-            job.wait(scn.seconds + 90)
+            job.wait(scn.seconds + START_DEADLINE_S)
         except subprocess.TimeoutExpired:
             errors.append("the job ran past its time and was killed")
             _stop(job, signal.SIGKILL)
         exit_t = time.monotonic()
         try:
-            watch.wait(30)
+            watch.wait(START_DEADLINE_S)
         except subprocess.TimeoutExpired:
             errors.append("gpumon watch did not end after the job exited")
             _stop(watch, signal.SIGINT)
@@ -346,7 +352,7 @@ def run(
     return Observed(run_dir, scn, go_t, exit_t, end_t, errors)
 
 
-def _wait_port(port: int, proc: subprocess.Popen[str], timeout: float = 30) -> None:
+def _wait_port(port: int, proc: subprocess.Popen[str], timeout: float = START_DEADLINE_S) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:

@@ -125,6 +125,9 @@ class Run:
     # the run's state and the note
     serve_jobs: list[dict[str, str]] = field(default_factory=list)  # as serve's series name
     # them (each label set once)
+    # Per GPU, the end of the first second the truth saw it work: before a kernel (or a
+    # spin) has run, no driver sample can show work, however loaded the machine kept it.
+    first_work: dict[int, float] = field(default_factory=dict)
 
     @property
     def go_t(self) -> float:
@@ -164,9 +167,12 @@ def read_run(run_dir: Path) -> Run:
     truth: dict[int, list[Seg]] = {}
     invalid: list[dict[str, Any]] = []
     exits: dict[int, float] = {}
+    first_work: dict[int, float] = {}
     for path in sorted(run_dir.glob("truth-rank*.jsonl")):
         for rec in read_truth(path):
             gpu = int(rec["gpu"])
+            if "event" not in rec and rec.get("compute", 0) + rec.get("spin", 0) > 0:
+                first_work[gpu] = min(first_work.get(gpu, float("inf")), float(rec["t"]) + 1.0)
             if rec.get("event") == "phase_end":
                 lab = Label(**rec["label"])
                 seg = Seg(float(rec["start"]), float(rec["t"]), lab, rec["phase"], rec["valid"])
@@ -244,6 +250,7 @@ def read_run(run_dir: Path) -> Run:
         invalid,
         spans,
         serve_jobs,
+        first_work,
     )
 
 
@@ -280,6 +287,20 @@ def face_at(run: Run, face: str, gpu: int, t: float) -> Obs | None:
     if face in LIVE_FACES:
         return _live_at(run.faces[face].get(gpu, []), t)
     return _interval_at(run.intervals[face].get(gpu, []), t)
+
+
+WORKING = ("healthy", "starved", "sync_stall")
+
+
+def onset(run: Run, gpu: int, seg: Seg, first: bool) -> float:
+    """When a face could first show ``seg``: its start (from the go signal), or, for a
+    run's first phase of work, the end of the second its GPU first worked (a job the
+    machine kept from its first kernel for seconds is idle to every face till then)."""
+    start = max(seg.start, run.go_t)
+    work = run.first_work.get(gpu)
+    if first and seg.label.state in WORKING and work is not None:
+        start = max(start, min(work, seg.end))
+    return start
 
 
 def _margin(face: str, first: bool = False) -> float:
@@ -379,7 +400,8 @@ def score_face(run: Run, face: str, phases: set[str] | None = None) -> FaceScore
             seg = truth_at(segs, t)
             if seg is None or not seg.valid:
                 continue
-            if t - max(seg.start, run.go_t) < _margin(face, seg is segs[0]):
+            first = seg is segs[0]
+            if t - onset(run, gpu, seg, first) < _margin(face, first):
                 continue
             if seg.end - t < GUARD_S and seg is not segs[-1]:
                 continue
@@ -418,7 +440,7 @@ def _shows(o: Obs | None, want: Label) -> bool:
 
 def _latency(run: Run, face: str, gpu: int, seg: Seg, first: bool) -> dict[str, Any]:
     """Seconds from the truth change to the face showing it (and keeping it HOLD_S)."""
-    start = max(seg.start, run.go_t)
+    start = onset(run, gpu, seg, first)
     t, step = start, 0.25
     shown_at = None
     while t < seg.end:

@@ -21,16 +21,20 @@ activity makes, by the rules of ``derive`` (a person could state them):
   building batches (``loader_cpu``) or starting up (``worker_start``): ``cpu``; the main
   process building them itself (``main_cpu``): ``gil``; reads or writes to disk
   (``loader_io``, ``checkpoint``): ``io``; something outside the job (``remote``):
-  ``unknown``.  CPU work held back by processes outside the job is ``contention``: the
-  job's processes waited on the run queue at least 30 % of the time they wanted a CPU
-  (schedstat) while processes outside the job used at least 60 % of the machine; with
-  them between 40 and 60 % the truth cannot tell (``ambiguous``: the phase is not scored);
+  ``unknown``.  A job held back by processes outside it is ``contention``, whatever it
+  waited on: the job's processes waited on the run queue at least 30 % of the time they
+  wanted a CPU (schedstat) while processes outside the job used at least 60 % of the
+  machine (workers whose reads come back to a CPU they wait for are slowed by the CPUs as
+  much as by the disk); with them between 40 and 60 % the truth cannot tell
+  (``ambiguous``: the phase is not scored);
 - every rank spinning and none computing (a phase of nothing but spin): **sync_stall**
   (hang).
 
 A phase is designed to be one of these, far from the lines; ``phase_end`` says whether the
 measured label matches the design (``valid``), so a phase that an overloaded machine kept
-from doing what it was designed to do is reported, not scored as if it had.
+from doing what it was designed to do is reported, not scored as if it had (contention
+matches a CPU-bound design: whose the CPUs were is the machine's doing; an I/O-bound phase
+it turned into contention is reported).
 """
 
 from __future__ import annotations
@@ -124,7 +128,7 @@ def derive(p: PhaseTotals) -> Label:
     why = max(waits, key=lambda k: waits[k]) if waits else None
     cause = WAIT_CAUSE.get(why or "", "unknown")
     out, wait = p.outside_share, p.wait_share
-    if cause in CPU_BOUND and out is not None and wait is not None and wait >= CONTENDED_WAIT:
+    if out is not None and wait is not None and wait >= CONTENDED_WAIT:
         if out >= OUTSIDE_SHARE[1]:  # held back by other processes
             cause = "contention"
         elif out >= OUTSIDE_SHARE[0]:  # by its own and others' alike: no truth to score
@@ -197,6 +201,27 @@ def _schedstat(pid: int) -> tuple[int, int] | None:
         return int(run), int(wait)
     except (OSError, ValueError):
         return None
+
+
+def busy_share(seconds: float = 2.0) -> float:
+    """Share of the machine's CPU busy over ``seconds`` (before a run: all of it others')."""
+    a = _host_ticks()
+    time.sleep(seconds)
+    b = _host_ticks()
+    return (b[0] - a[0]) / max(1, b[1] - a[1])
+
+
+def too_busy_for_a_run(seconds: float = 2.0) -> str | None:
+    """Why a lab run would not keep to its design on this machine now (None: it may):
+    other processes already hold the share of the CPUs that makes every phase of a job
+    that needs them ``contention`` by ``derive``'s rule."""
+    share = busy_share(seconds)
+    if share < OUTSIDE_SHARE[1]:
+        return None
+    return (
+        f"other processes keep {share:.0%} of this machine's CPUs busy: a lab job's phases "
+        f"would be contention, not their design (the truth's line: {OUTSIDE_SHARE[1]:.0%})"
+    )
 
 
 def _host_ticks() -> tuple[int, int]:

@@ -7,12 +7,16 @@ module only formats its ``Analysis``, in the words every face shares
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
+from typing import TypeVar
+
 from gpumon.engine import Analysis
 from gpumon.engine.memory import Durations
 from gpumon.engine.words import (
+    EVIDENCE,
     clock,
     duration,
-    evidence_line,
+    evidence_value,
     seconds_by_state,
     share,
     speedup_sentence,
@@ -21,7 +25,12 @@ from gpumon.engine.words import (
     state_label,
     verdict_words,
 )
+from gpumon.faces.wrap import pack, terminal_width, wrap
 from gpumon.model import Episode, Reason, State
+
+_T = TypeVar("_T")
+# Where an episode's evidence and advice start, under its state.
+_EVIDENCE = " " * 22
 
 BLOCKS = " ▁▂▃▄▅▆▇█"
 STATE_CHAR = {
@@ -40,94 +49,148 @@ def _quantiles(d: Durations) -> str:
     return f"p50 {duration(d.quantile(0.5))}, p90 {duration(d.quantile(0.9))}"
 
 
-def render_text(result: Analysis, max_episodes: int = 12) -> str:
-    """A readable report: verdict, then per GPU a timeline, statistics and episodes."""
+def _fit(series: list[_T], room: int, merge: Callable[[list[_T]], _T]) -> list[_T]:
+    """A timeline in at most ``room`` characters: neighbours merged in pairs until it fits."""
+    while len(series) > max(1, room):
+        series = [merge(series[i : i + 2]) for i in range(0, len(series), 2)]
+    return series
+
+
+def _mean_util(pair: list[float | None]) -> float | None:
+    known = [u for u in pair if u is not None]
+    return sum(known) / len(known) if known else None
+
+
+def _first_state(pair: list[State | None]) -> State | None:
+    return next((st for st in pair if st is not None), None)
+
+
+def _time_per_state(seconds: dict[State, float], startup_s: float) -> list[str]:
+    """Seconds per state as people read them: start-up (warming up, and readings not yet
+    confirmed) apart from idle, which it is counted in, so a run whose GPUs never idled
+    shows no idle time."""
+    shown = dict(seconds)
+    shown[State.IDLE] = max(0.0, shown.get(State.IDLE, 0.0) - startup_s)
+    out = [f"{st.value} {clock(x, 0)}" for st, x in shown.items() if x >= 0.5]
+    if startup_s >= 0.5:
+        out.append(f"start-up {clock(startup_s, 0)}")
+    return out
+
+
+def render_text(result: Analysis, max_episodes: int = 12, width: int | None = None) -> str:
+    """A readable report in lines of at most ``width`` columns (the terminal's by
+    default): verdict, then per GPU a timeline, statistics and episodes."""
+    width = terminal_width() if width is None else width
     v = result.verdict
     summ = result.summary
     t0 = result.start_s or 0.0
     gpus = result.gpus
     out: list[str] = []
-    out.append(
-        f"gpumon analysis · {result.header.source} · {len(gpus)} GPU(s) · "
-        f"{clock(result.end_s or t0, t0)} · {result.ticks} ticks"
+    out += pack(
+        [
+            "gpumon analysis",
+            result.header.source,
+            f"{len(gpus)} GPU(s)",
+            f"{clock(result.end_s or t0, t0)}",
+            f"{result.ticks} ticks",
+        ],
+        width,
+        sep=" · ",
+        rest="  ",
     )
-    line = f"Verdict: {verdict_words(result.state, result.cause)}"
+    verdict = [f"Verdict: {verdict_words(result.state, result.cause)}"]
     if v.state is not result.state:
-        line += f" · now {state_label(v.state, v.cause)}"
+        verdict.append(f"now {state_label(v.state, v.cause)}")
     eff = summ.effective_gpus
     if eff is not None and len(gpus) > 1:
-        line += f" · {len(gpus)} GPUs deliver {eff:.1f} GPUs of work"
+        verdict.append(f"{len(gpus)} GPUs deliver {eff:.1f} GPUs of work")
     if summ.straggler is not None and result.state is State.SYNC_STALL:
-        line += f" · straggler GPU {summ.straggler}"
+        verdict.append(f"straggler GPU {summ.straggler}")
     if result.lost_gpu_seconds > 0:
-        line += f" · {result.lost_gpu_seconds:.0f} GPU-seconds lost waiting"
-    out.append(line)
+        verdict.append(f"{result.lost_gpu_seconds:.0f} GPU-seconds lost waiting")
+    out += pack(verdict, width, sep=" · ", rest="  ")
     gain = speedup_sentence(summ)
     if gain:
-        out.append(f"  {gain}")
+        out += wrap(gain, width, "  ")
     for note in summ.notes:
-        out.append(f"  note: {note}")
+        out += wrap(note, width, "  note: ")
     stacks = result.memory.stacks_run()
     if stacks is not None and stacks_line(stacks):
-        out.append(f"  stacks during the gaps: {stacks_line(stacks)}")
+        out += wrap(stacks_line(stacks), width, "  stacks during the gaps: ", "    ")
     if v.note and v.state is not result.state:
-        out.append(f"  now: {v.note}")
+        out += wrap(v.note, width, "  now: ")
     out.append("")
-    legend = ", ".join(f"{c} {s.value}" for s, c in STATE_CHAR.items())
+    legend = [f"{c} {s.value}" for s, c in STATE_CHAR.items()]
     now = {g.gpu: g for g in v.gpus}
     for idx, s in gpus.items():
         gv = now.get(idx)
-        head = f"GPU {idx}  {s.identity.uuid}"
+        head = [f"GPU {idx}", s.identity.uuid]
         if gv is not None:
-            head += f"  now {state_label(gv.state, gv.cause)}"
-        head += f"  duty {share(s.duty_cycle)}  samples {s.samples}"
-        out.append(head)
-        util = "".join(
-            " " if u is None else BLOCKS[min(8, max(0, round(u / 12.5)))]
-            for u in s.timeline.util_series()
-        )
-        states = "".join(" " if st is None else STATE_CHAR[st] for st in s.timeline.state_series())
+            head.append(f"now {state_label(gv.state, gv.cause)}")
+        # Over every sample of the trace (start-up included): an episode's duty cycle is
+        # its own stretch's.
+        head.append(f"duty {share(s.duty_cycle)} over {s.samples} samples")
+        out += pack(head, width, rest="       ")
+        room = width - len("  util  ||")
+        utils = _fit(s.timeline.util_series(), room, _mean_util)
+        states = _fit(s.timeline.state_series(), room, _first_state)
+        per_char = s.timeline.width * (len(s.timeline.util_series()) / max(1, len(utils)))
+        util = "".join(" " if u is None else BLOCKS[min(8, max(0, round(u / 12.5)))] for u in utils)
         out.append(f"  util  |{util}|")
-        out.append(f"  state |{states}|  ({duration(s.timeline.width)}/char)")
-        out.append(
-            f"  bursts {s.bursts.count}: {_quantiles(s.bursts)} · "
-            f"gaps {s.gaps.count}: {_quantiles(s.gaps)}"
-        )
+        out += pack(
+            [f"  state |{''.join(' ' if st is None else STATE_CHAR[st] for st in states)}|",
+             f"({duration(per_char)}/char)"],
+            width,
+            rest=" " * 9,
+        )  # fmt: skip
+        out += pack(
+            [f"bursts {s.bursts.count}: {_quantiles(s.bursts)}",
+             f"gaps {s.gaps.count}: {_quantiles(s.gaps)}"],
+            width,
+            "  ",
+            sep=" · ",
+        )  # fmt: skip
         eps = list(s.episodes)
         shown = eps[-max_episodes:]
         hidden = len(eps) - len(shown) + s.dropped_episodes
         if hidden:
             out.append(f"  ({hidden} earlier episodes not shown)")
         for ep in shown:
-            out += _episode_lines(ep, t0, result.end_s)
+            out += _episode_lines(ep, t0, result.end_s, width)
         out.append("")
-    out.append(f"legend: {legend}")
-    spent = ", ".join(f"{st.value} {clock(x, 0)}" for st, x in summ.seconds.items() if x >= 0.5)
+    out += pack(legend, width, "legend: ", sep=", ")
+    spent = _time_per_state(summ.seconds, summ.startup_s)
     if spent:
-        out.append(f"time per state (run): {spent}")
+        out += pack(spent, width, "time per state (run): ", sep=", ")
     if result.advice:
         out.append("")
         out.append("Advice:")
-        out.extend(f"  - {a}" for a in result.advice)
+        for a in result.advice:
+            out += wrap(a, width, "  - ")
     return "\n".join(out) + "\n"
 
 
-def _episode_lines(ep: Episode, t0: float, end_s: float | None) -> list[str]:
+def _episode_lines(ep: Episode, t0: float, end_s: float | None, width: int) -> list[str]:
     end = ep.end_s if ep.end_s is not None else end_s or ep.start_s
-    txt = f"  {clock(ep.start_s, t0):>8}–{clock(end, t0):<8} {state_label(ep.state, ep.cause):<14}"
+    head = f"  {clock(ep.start_s, t0):>8}–{clock(end, t0):<8} {state_label(ep.state, ep.cause):<14}"
+    out = [head]
     if ep.note:
-        txt += f" ({ep.note})"
-    out = [txt]
+        out = pack([head, f"({ep.note})"], width, sep=" ", rest=_EVIDENCE)
+    out[0] = out[0].rstrip()  # the state's column, padded for a note that did not follow
+    ev: Mapping[str, object] = ep.evidence
     if ep.reason is Reason.JUDGING:
-        evl = None  # a provisional reading, never confirmed: its numbers judge nothing
+        ev = {}  # a provisional reading, never confirmed: its numbers judge nothing
     elif ep.state is State.HEALTHY:
-        evl = evidence_line({"duty_cycle": ep.evidence.get("duty_cycle")})
-    else:
-        evl = evidence_line(ep.evidence)
-    if evl:
-        out.append(f"{'':22}{evl}")
+        ev = {"duty_cycle": ev.get("duty_cycle")}
+    listed = [
+        f"{label} {evidence_value(ev[key], kind)}"
+        for key, label, kind in EVIDENCE
+        if ev.get(key) is not None
+    ]
+    if listed:
+        out += pack([*(x + "," for x in listed[:-1]), listed[-1]], width, _EVIDENCE, sep=" ")
     if ep.advice and ep.state in (State.STARVED, State.SYNC_STALL):
-        out.append(f"{'':22}→ {ep.advice[0]}")
+        out += wrap(ep.advice[0], width, _EVIDENCE + "→ ")
     return out
 
 

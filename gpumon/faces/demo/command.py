@@ -26,6 +26,7 @@ from typing import Any
 from gpumon.engine import DetectorConfig, Reading, Session
 from gpumon.errors import GpumonError
 from gpumon.faces.common import interval, positive_float
+from gpumon.faces.wrap import terminal_width, wrap
 from gpumon.loop import paced
 from gpumon.model import Snapshot, TraceHeader
 from gpumon.traces.jsonl import TraceReader
@@ -248,7 +249,7 @@ class NarratedSession(Session):
         reading = super().read(snapshot)
         while self.phases and self.phases[0][0] <= reading.polled.view.t_s:
             _, text = self.phases.pop(0)
-            print(f"gpumon demo: -- {text} --", file=self.out, flush=True)
+            say(f"-- {text} --", self.out)
         return reading
 
 
@@ -276,21 +277,20 @@ def run(args: argparse.Namespace) -> int:
     interval = args.interval or min(0.25 if tui else 1.0, max(0.05, MAX_TRACE_S_PER_TICK / speed))
     kind = "synthetic trace" if trace.synthetic else "real trace"
     out = sys.stdout
-    print(
-        f"gpumon demo: replaying {trace.describe()} at {speed:g}x "
-        f"(about {fmt_span(trace.span_s / speed)}).",
-        file=out,
+    say(
+        f"replaying {trace.describe()} at {speed:g}x (about {fmt_span(trace.span_s / speed)}).",
+        out,
     )
     if trace.synthetic:
-        print(
-            "gpumon demo: this is a synthetic trace, made by gpumon.lab.synth to show what "
-            "gpumon reports; no GPU was measured.",
-            file=out,
+        say(
+            "this is a synthetic trace, made by gpumon.lab.synth to show what gpumon reports; "
+            "no GPU was measured.",
+            out,
         )
     story = trace.header.extra.get("story")
     if isinstance(story, list) and story:
         phases = " -> ".join(str(p.get("phase")) for p in story if isinstance(p, dict))
-        print(f"gpumon demo: the run's phases: {phases}.", file=out)
+        say(f"the run's phases: {phases}.", out)
 
     pause = TUI_PAUSE_S if tui and not args.no_serve else 0.0
     live_start = time.monotonic() + pause  # both replays start on this instant
@@ -304,17 +304,14 @@ def run(args: argparse.Namespace) -> int:
                 f"({exc.strerror or exc}); set TMPDIR or use --no-serve."
             ) from None
         server = DemoServer(trace, speed, live_start, log_dir)
-        print(
-            f"gpumon demo: Prometheus metrics at {server.url} (try: curl -s {server.url} "
+        say(
+            f"Prometheus metrics at {server.url} (try: curl -s {server.url} "
             "| grep gpumon_gpu_state)",
-            file=out,
+            out,
         )
-        print(f"gpumon demo: the daemon's log: {server.log_path}", file=out)
+        say(f"the daemon's log: {server.log_path}", out)
     if pause:
-        print(
-            f"gpumon demo: the live view opens in {pause:g} s; ? lists its keys, q quits it.",
-            file=out,
-        )
+        say(f"the live view opens in {pause:g} s; ? lists its keys, q quits it.", out)
     out.flush()
     if pause:
         time.sleep(max(0.0, live_start - time.monotonic()))
@@ -348,21 +345,25 @@ def run(args: argparse.Namespace) -> int:
         if server is not None:
             server.close(reason)
     played = min(trace.span_s, session.played_s)
-    print(
-        f"\ngpumon demo: replayed {fmt_span(played)} of the {kind} in "
+    print(file=out)
+    say(
+        f"replayed {fmt_span(played)} of the {kind} in "
         f"{fmt_span(time.monotonic() - live_start)} (wall time above is the replay's).",
-        file=out,
+        out,
     )
     if server is not None:
-        print(
-            f"gpumon demo: metrics were served at {server.url}; the daemon's log "
+        say(
+            f"metrics were served at {server.url}; the daemon's log "
             f"({server.state.log.lines_total} lines) is at {server.log_path}",
-            file=out,
+            out,
         )
-    print(
-        "gpumon demo: on a GPU machine, run `gpumon watch -- python train.py` or "
-        "`gpumon watch --pid PID`.",
-        file=out,
-        flush=True,
+    say(
+        "on a GPU machine, run `gpumon watch -- python train.py` or `gpumon watch --pid PID`.",
+        out,
     )
     return status
+
+
+def say(text: str, out: Any) -> None:
+    """One of the demo's own sentences, wrapped to the terminal."""
+    print("\n".join(wrap(text, terminal_width(), "gpumon demo: ", "  ")), file=out, flush=True)

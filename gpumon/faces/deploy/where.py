@@ -54,7 +54,19 @@ def writable_as_is(path: Path) -> bool:
 
 
 def point_at(files: Iterable[DeployFile], gpumon: Path) -> list[DeployFile]:
-    """The files, with every mention of the shipped gpumon path naming ``gpumon`` instead
-    (the whole path only: not ``/usr/local/bin/gpumon-foo``)."""
+    """The files, with the shipped gpumon path naming ``gpumon`` where a program reads it
+    (the whole path only: not ``/usr/local/bin/gpumon-foo``).  What people read keeps it:
+    comment lines and Markdown say what the shipped copies run (a clone's deploy/), and
+    would otherwise name the gpumon that happened to write them."""
     new = str(gpumon).encode()
-    return [replace(f, data=_SHIPPED.sub(lambda _: new, f.data)) for f in files]
+    out = []
+    for f in files:
+        if f.path.suffix == ".md":
+            out.append(f)
+            continue
+        lines = f.data.splitlines(keepends=True)
+        data = b"".join(
+            ln if ln.lstrip().startswith(b"#") else _SHIPPED.sub(lambda _: new, ln) for ln in lines
+        )
+        out.append(replace(f, data=data))
+    return out

@@ -369,6 +369,12 @@ def run_install(args: argparse.Namespace) -> int:
                     "(see docs/dstat.md)."
                 )
             python = interpreter_of(resolve_program(program))
+            # The check starts another Python that imports gpumon: seconds on a busy
+            # machine, so say what is happening before it.
+            print(
+                f"Checking that {target.program}'s Python ({python[0]}) can load the plugin...",
+                flush=True,
+            )
             check = probe(python, candidate, target.program)
             found = problems(target, program, check)
             if found and not args.force:

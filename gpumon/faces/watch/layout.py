@@ -47,6 +47,8 @@ from gpumon.terminal import printable
 
 MIN_WIDTH = 80
 LABEL_WIDTH = 6  # "GPU 10": the label column of GPU rows and evidence lines
+# Ticks drawn without a driver sample before a GPU's buffer is said to be unavailable.
+SILENT_TICKS = 3
 MIN_TIMELINE = 30  # cells at 80 columns (5 s of samples); half the width, less 10, wider
 BAR_WIDTH = 12
 TREE_FEW_ROWS = 3  # process rows shown before per-GPU details get the room
@@ -453,13 +455,22 @@ class _GpuRows:
         return head + out
 
     def _rule_note(self, spans: list[float]) -> str:
+        # The first tick reads before the driver has recorded a sample for gpumon (its
+        # buffer is read from the moment gpumon started), so it is drawn per tick: only a
+        # buffer that stays silent over several ticks is said to be unavailable.
         ticks = [t.identity.index for t in self.shown if t.from_ticks]
+        silent = [t for t in self.shown if t.from_ticks and len(t.points) >= SILENT_TICKS]
         if ticks and len(ticks) == len(self.shown):
-            kind = "per tick: the driver's sample buffer is unavailable"
+            kind = (
+                "per tick: the driver's sample buffer is unavailable"
+                if len(silent) == len(self.shown)
+                else "per tick until the driver's samples arrive"
+            )
         else:
             kind = "one character per driver sample, newest right"
-            if ticks:
-                kind += f" (per tick on GPU {', '.join(map(str, ticks))}: no sample buffer)"
+            if silent:
+                which = ", ".join(str(t.identity.index) for t in silent)
+                kind += f" (per tick on GPU {which}: no sample buffer)"
         span = max(spans, default=0.0)
         note = f"{kind} · last {span:.0f}s" if span else kind
         return f"{note} · {self.page_note}" if self.page_note else note

@@ -9,13 +9,13 @@ ended, GPU names) and renders it.  No classification happens here.
 from __future__ import annotations
 
 import json
-import textwrap
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from gpumon.engine import RunSummary
 from gpumon.engine.words import duration, short_command, speedup_sentence, stacks_json, stacks_line
+from gpumon.faces.wrap import pack, terminal_width, wrap
 from gpumon.files import replace_whole
 from gpumon.model import Cause, State
 
@@ -24,6 +24,8 @@ from gpumon.model import Cause, State
 EXIT_FAIL_ON = 5
 
 STATES: tuple[State, ...] = tuple(State)
+# Where every field's text starts: under the first after its label.
+_INDENT = " " * 19
 
 
 def parse_states(text: str) -> tuple[State, ...]:
@@ -168,8 +170,10 @@ class Summary:
         data = (json.dumps(self.to_json(), indent=2) + "\n").encode()
         replace_whole(path, data)
 
-    def text(self) -> str:
-        """The summary as plain lines (printed after the live view or the plain lines)."""
+    def text(self, width: int | None = None) -> str:
+        """The summary as plain lines of at most ``width`` columns (the terminal's by
+        default), printed after the live view or the plain lines."""
+        width = terminal_width() if width is None else width
         who = "the run" if self.pid is None else f"pid {self.pid}"
         if self.command:
             who += f" ({short_command(self.command)})"
@@ -179,10 +183,14 @@ class Summary:
             ended = f"the command exited with status {self.exit_status}"
         else:
             ended = "the process exited"
+
+        def field(label: str, text: str) -> list[str]:
+            return wrap(text, width, f"  {label:<17}", _INDENT)
+
         lines = [
-            f"gpumon watch summary: {who}",
-            f"  ended            {ended}",
-            f"  wall time        {duration(self.wall_s)}",
+            *wrap(who, width, "gpumon watch summary: ", "    "),
+            *field("ended", ended),
+            *field("wall time", duration(self.wall_s)),
         ]
         total = self.tracked_s
         parts = []
@@ -194,18 +202,16 @@ class Summary:
             if s is State.IDLE and self.startup_s > 0:
                 extra += f", {duration(self.startup_s)} of it start-up"
             parts.append(f"{s.value} {duration(secs)} ({extra})")
-        lines.append("  time in state    " + ("  ".join(parts) or "none classified"))
+        lines += pack(parts or ["none classified"], width, f"  {'time in state':<17}", _INDENT)
         if not self.used_gpu:
-            lines.append(
-                "  GPUs             none: no process of the run appeared in any GPU's process list"
-            )
+            lines += field("GPUs", "none: no process of the run appeared in any GPU's process list")
         for g in self.gpus:
             duty = "n/a" if g.duty_cycle is None else f"{100 * g.duty_cycle:.0f}%"
             name = f"{g.name}, " if g.name else ""
             lost = f", {g.lost_gpu_seconds:.1f} GPU-s lost" if g.lost_gpu_seconds >= 0.05 else ""
-            lines.append(f"  GPU {g.gpu:<13d}{name}mean utilisation {duty}{lost} ({g.uuid})")
+            lines += field(f"GPU {g.gpu}", f"{name}mean utilisation {duty}{lost} ({g.uuid})")
             if g.off_bus_s > 0:
-                lines.append(f"  {'':17}fell off the bus: unknown for {duration(g.off_bus_s)}")
+                lines += field("", f"fell off the bus: unknown for {duration(g.off_bus_s)}")
         if self.used_gpu:
             lines.append(f"  GPU-seconds lost waiting  {self.lost_gpu_seconds:.1f}")
         verdict = self.verdict.value
@@ -214,35 +220,25 @@ class Summary:
         if self.run.straggler is not None and self.verdict is State.SYNC_STALL:
             verdict += f", straggler GPU {self.run.straggler}"
         gain = speedup_sentence(self.run)
-        lines.append(f"  verdict          {verdict}")
+        lines += field("verdict", verdict)
         if self.stacks is not None and stacks_line(self.stacks):
-            lines += textwrap.wrap(
-                "during the gaps, " + stacks_line(self.stacks),
-                width=100,
-                initial_indent="  stacks           ",
-                subsequent_indent=" " * 19,
-                break_on_hyphens=False,
-            )
+            lines += field("stacks", "during the gaps, " + stacks_line(self.stacks))
         if gain:
-            lines += textwrap.wrap(
-                gain, width=100, initial_indent="  worth            ", subsequent_indent=" " * 19
-            )
+            lines += field("worth", gain)
         for i, a in enumerate(self.advice):
-            lines += textwrap.wrap(
-                a,
-                width=100,
-                initial_indent=("  advice           " if i == 0 else " " * 19) + "- ",
-                subsequent_indent=" " * 21,
+            lines += wrap(
+                a, width, ("  advice           " if i == 0 else _INDENT) + "- ", _INDENT + "  "
             )
         if self.fail_on:
             states = ",".join(s.value for s in self.fail_on)
             mark = "FAILED" if self.failed else "ok"
-            lines.append(
-                f"  --fail-on {states}: {100 * self.share(self.fail_on):.0f}% of the run "
-                f"(threshold {100 * (self.fail_threshold or 0):.0f}%) -> {mark}"
+            lines += wrap(
+                f"{100 * self.share(self.fail_on):.0f}% of the run "
+                f"(threshold {100 * (self.fail_threshold or 0):.0f}%) -> {mark}",
+                width,
+                f"  --fail-on {states}: ",
+                _INDENT,
             )
         for n in self.all_notes:
-            lines += textwrap.wrap(
-                n, width=100, initial_indent="  note             ", subsequent_indent=" " * 19
-            )
+            lines += field("note", n)
         return "\n".join(lines)
