@@ -50,14 +50,19 @@ class RunContext:
     # Since when every working GPU has been spinning with none computing (in and out:
     # kept across evals by the detector); None while some GPU computes.
     spinning_since: float | None = None
+    _working: list[int] | None = field(default=None, repr=False)
 
     def working(self) -> list[int]:
-        """GPUs past start-up, with data, and not known to be free of processes."""
-        return [
-            i
-            for i, tr in self.tracks.items()
-            if tr.seen_work and self.wins[i].duty is not None and tr.held() is not False
-        ]
+        """GPUs past start-up, with data, and not known to be free of processes (found
+        once per eval: the rules rewrite candidates, never tracks or windows)."""
+        if self._working is None:
+            wins = self.wins
+            self._working = [
+                i
+                for i, tr in self.tracks.items()
+                if tr.seen_work and wins[i].duty is not None and tr.held() is not False
+            ]
+        return self._working
 
 
 RunRule = Callable[[RunContext], None]
