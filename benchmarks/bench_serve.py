@@ -23,6 +23,15 @@ the same fake GPUs and scrape schedule, and reports the CPU per tick of both and
 ratio: two daemons measured side by side see the same machine load.  The CPU per tick is
 the daemon's CPU seconds over its own tick count (``gpumon_samples_total``).
 
+The soak (``--soak-hours``, in this process): the daemon's state as ``gpumon serve``
+builds it, stepped tick after tick on an emulated clock that gains a second a tick (each
+tick reads a second of driver samples, ``_timing.OneHertz``), scraped every 15 ticks
+(OpenMetrics, gzip: Prometheus' request), so hours of a daemon's life pass in minutes:
+RSS and live objects each emulated half hour, and the growth per hour after the first
+(its rings and histograms fill in the first minutes).  Target: flat (< 0.25 MiB an hour).
+It is how a growth of ~2 MiB an hour was found (tracemalloc: episodes kept, 400 per GPU,
+with their evidence and advice, by a memory no live face read them from).
+
 Last, in this process, the cost of one re-enumeration (``NvmlSampler._rediscover``: the
 GPU count, plus a handle and UUID call per lost GPU) against one tick of the same
 sampler, interleaved (benchmarks/_timing.py), and what it adds per tick at its period.
@@ -220,6 +229,76 @@ def run_one(
     return out
 
 
+def soak(hours: float, n_gpus: int, scenario: Path) -> list[tuple[float, float, int]]:
+    """(emulated hours, RSS MiB, live objects) at every tenth of an accelerated soak (see
+    the module docstring), in this process, whose fake NVML reads ``scenario``."""
+    import gc
+
+    from _timing import OneHertz, clock_modules, nvml_sampler_of
+    from prometheus_client import disable_created_metrics
+
+    from gpumon.engine import Session
+    from gpumon.faces.serve.collector import make_registry
+    from gpumon.faces.serve.config import ServeConfig
+    from gpumon.faces.serve.daemon import ServeState, detector_config, job_options
+    from gpumon.faces.serve.http import WebApp
+    from gpumon.faces.serve.log import EventLog
+
+    holders = [
+        subprocess.Popen(
+            [sys.executable, "-c", "import time; time.sleep(100000)"],
+            env=dict(os.environ, SLURM_JOB_ID=str(5000 + i // 4)),
+        )
+        for i in range(n_gpus)
+    ]
+    try:
+        scn = Scenario(
+            gpus=[
+                FakeGPU(
+                    pattern=Pattern.burst(period_s=0.7, duty=0.6, phase_s=i * 0.05),
+                    processes=[Process(pid=holders[i].pid)],
+                )
+                for i in range(n_gpus)
+            ]
+        )
+        write_scenario(scenario, scn)
+        time.sleep(0.05)  # the fake rereads its scenario within 10 ms
+        disable_created_metrics()
+        cfg = ServeConfig(log_path=str(scenario.with_suffix(".jsonl")))
+        node = Session.live(interval_s=1.0, jobs=job_options(cfg), config=detector_config(cfg))
+        clock = [1000.0]  # the daemon's own clocks, a second a tick
+        state = ServeState(
+            node, cfg, EventLog(cfg.log_path), mono=lambda: clock[0], wall=lambda: clock[0] + 1.7e9
+        )
+        hz = OneHertz(nvml_sampler_of(node), clock_modules())
+        app = WebApp(cfg, make_registry(state))
+        env = {
+            "REQUEST_METHOD": "GET",
+            "PATH_INFO": "/metrics",
+            "HTTP_ACCEPT": "application/openmetrics-text;version=1.0.0",
+            "HTTP_ACCEPT_ENCODING": "gzip",
+        }
+        out = []
+        every = max(60, int(hours * 360))
+        with hz.installed():
+            for k in range(int(hours * 3600) + 1):
+                if k % every == 0:
+                    gc.collect()
+                    out.append((k / 3600, rss_mb(os.getpid()), len(gc.get_objects())))
+                hz.step()
+                clock[0] += 1.0
+                state.step()
+                if k % 15 == 0:
+                    app(env, lambda *_: None)
+        assert state.tick_errors_total == 0
+        node.close()
+        return out
+    finally:
+        for h in holders:
+            h.kill()
+            h.wait()
+
+
 def rediscovery_cost(n_gpus: int, tmp: Path) -> dict[str, float]:
     """One re-enumeration against one tick, in this process on the fake (µs of CPU): with
     every GPU up, then with GPU 0 off the bus (asked again, and still gone, each time)."""
@@ -266,6 +345,9 @@ def main() -> int:
     ap.add_argument("--intervals", type=float, nargs="+", default=[1.0, 0.1])
     ap.add_argument("--scrape-every", type=float, default=1.0, help="seconds between scrapes")
     ap.add_argument(
+        "--soak-hours", type=float, default=6.0, help="emulated hours of the accelerated soak"
+    )
+    ap.add_argument(
         "--baseline-src",
         metavar="DIR",
         help="a gpumon source tree to run beside this one (its gpumon/ package in DIR)",
@@ -273,9 +355,9 @@ def main() -> int:
     args = ap.parse_args()
     warmup_s = 15.0
     if args.quick:
-        args.seconds = 60.0
+        args.seconds, args.soak_hours = 60.0, 3.0
     if args.smoke:
-        args.seconds, args.intervals, warmup_s = 5.0, [1.0], 3.0
+        args.seconds, args.intervals, warmup_s, args.soak_hours = 5.0, [1.0], 3.0, 0.2
     sources: dict[str, str | None] = {"gpumon": None}
     if args.baseline_src:
         sources["baseline"] = str(Path(args.baseline_src).resolve())
@@ -291,7 +373,10 @@ def main() -> int:
                 )
             )  # fmt: skip
             say_load(f"interval {interval:g} s: end")
-        redisc = rediscovery_cost(args.gpus, Path(d))
+        redisc = rediscovery_cost(args.gpus, Path(d))  # (loads the fake NVML here)
+        say_load(f"soak, {args.soak_hours:g} h emulated: start")
+        soaked = soak(args.soak_hours, args.gpus, Path(d) / "rediscover.txt")
+        say_load("soak: end")
     print(
         f"gpumon serve, {args.gpus} fake GPUs, {args.seconds:.0f} s measured per row, "
         f"a scrape every {args.scrape_every:g} s; {machine_load()}"
@@ -323,6 +408,20 @@ def main() -> int:
             print(f"RSS per minute, {name} at {r['interval_s']:g} s (MB): {trace}")
     for name, r in rows[0].items():
         print(f"{name} ran: {r['build']}")  # which code each daemon really was
+    print("soak (emulated hours: RSS MiB, live objects): " + ", ".join(
+        f"{h:.2f} h: {mb:.2f}, {n}" for h, mb, n in soaked
+    ))  # fmt: skip
+    settled = min(1.0, soaked[-1][0] / 2)  # its rings and histograms fill first
+    after_first = [(h, mb) for h, mb, _ in soaked if h >= settled]
+    if len(after_first) >= 2:
+        (h0, mb0), (h1, mb1) = after_first[0], after_first[-1]
+        growth = (mb1 - mb0) / (h1 - h0)
+        flat = growth < 0.25
+        ok &= flat
+        print(
+            f"| soak RSS growth from {h0:.2f} h on | {growth:+.2f} MiB/h over {h1 - h0:.2f} "
+            f"emulated h | < 0.25 MiB/h | {'PASS' if flat else 'FAIL'} |"
+        )
     if "baseline" in sources:
         for row in rows:
             a, b = row["gpumon"], row["baseline"]

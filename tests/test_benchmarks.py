@@ -36,7 +36,7 @@ FIGURES: dict[str, tuple[str, ...]] = {
     ),
     "bench_daemon_tick.py": ("daemon tick / in-process tick, 8 GPU, 32 procs",),
     "bench_peers.py": ("tick vs fastest full refresh, 8 GPU, 2 procs/GPU",),
-    "bench_serve.py": ("| gpumon | 1 s |", "re-enumeration:"),
+    "bench_serve.py": ("| gpumon | 1 s |", "| soak RSS growth from", "re-enumeration:"),
     "bench_analyze.py": (
         "[gpumon trace 24h 8 GPU 6/s, a third starved]",
         "[gpumon record of a starved run, 4 causes]",
