@@ -301,7 +301,7 @@ def main() -> int:
     ]
     slow = statistics.median(speed)
     print(
-        f"\njob: main + {WORKERS} workers; the engine reads {len(p.targets)} processes per "
+        f"\njob: main + {WORKERS} workers; py-spy's model plans {len(p.targets)} processes per "
         f"window (main + {len(p.targets) - 1} workers in turn) at {p.rate_hz}/s for {p.seconds} s"
     )
     per_sample = record_s / (p.rate_hz * p.seconds)
