@@ -25,8 +25,12 @@ Phases: 1 GPU (a 32-process tree); 8 GPUs healthy and starved (a 32-process tree
 128-process job: a launcher, 8 ranks of 12 threads, 119 DataLoader-like workers of 2
 threads, 4 of them waking every 2 ms); 64 GPUs starved with a 1,024-process job (64 ranks)
 for the scale; and the outside scan alone with the host at 2,000 processes (sleepers
-started to make up the count).  ``--quick``: shorter runs; ``--smoke``: a few ticks 50 ms
-apart on small trees, only to prove every figure is produced (its numbers mean nothing).
+started to make up the count).  With 8 starved GPUs the job's tree is also sampled alone,
+were every process to run between ticks and in a tick that walks it (every 300th does, and
+every one while the host gives out more pids a tick than a quarter of its children
+files); each phase prints how many pids the host gave out a second meanwhile.
+``--quick``: shorter runs; ``--smoke``: a few ticks 50 ms apart on small trees, only to
+prove every figure is produced (its numbers mean nothing).
 
 Budgets (issue "Honest speed"): whole tick 8 GPUs + the 128-process job <= 1 ms, + 32
 processes <= 0.6 ms; judging at 8 GPUs <= 100 us healthy, <= 200 us starved; NVML part
@@ -271,6 +275,7 @@ class Phase:
     n_gpus: int
     pattern: Pattern
     trees: list[Callable[[], Tree]]
+    tree_cases: bool = False  # the job's tree alone, every process run, and walked
 
 
 @dataclass
@@ -325,6 +330,8 @@ def run_phase(
                 os.pread(fd, 4096, 0)
 
         contenders: dict[str, Callable[[], object]] = {"stat_floor": stat_floor}
+        if phase.tree_cases:
+            contenders |= tree_cases(big.root)
         parts: dict[str, Parts] = {}
         for tree in trees:
             parts[tree.label] = Parts()
@@ -334,9 +341,9 @@ def run_phase(
         nvml_floor, _ = make_floor(phase.n_gpus, gpm=True)  # (NVML is initialised now)
         contenders["nvml_floor"] = nvml_floor
         say_load(f"{phase.name}: start")
-        load0 = machine_load()
+        load0, pid0, t0 = machine_load(), last_pid(), time.monotonic()
         ticks = at_cadence(contenders, calls=calls, period_s=period_s, parts=parts)
-        load1 = machine_load()
+        load1, pids_per_s = machine_load(), (last_pid() - pid0) / (time.monotonic() - t0)
         say_load(f"{phase.name}: end")
         n_procs = []
         verdicts = []
@@ -353,8 +360,37 @@ def run_phase(
         for tree in trees:
             tree.stop()
     assert n_procs == [len(t.pids) for t in trees], (n_procs, [len(t.pids) for t in trees])
-    return PhaseResult(phase, n_procs, ticks, [t.label for t in trees], f"{load0} -> {load1}",
+    return PhaseResult(phase, n_procs, ticks, [t.label for t in trees],
+                       f"{load0} -> {load1}; {pids_per_s:.0f} pids given out a second",
                        verdicts)  # fmt: skip
+
+
+def last_pid() -> int:
+    """The last pid the kernel gave out (/proc/loadavg): how fast the host makes tasks."""
+    with open("/proc/loadavg") as f:
+        return int(f.read().rsplit(None, 1)[1])
+
+
+def tree_cases(root: int) -> dict[str, Callable[[], object]]:
+    """The job's tree alone, were every process to run between ticks (each read in full:
+    emulated by marking every process busy) and in a tick that walks it through its
+    children files (every 300th does, and every one while the host gives out more pids a
+    tick than a quarter of those files)."""
+    from gpumon.sample.host import FdBudget, ProcessTreeSampler
+
+    all_ran = ProcessTreeSampler(root, fd_budget=FdBudget(1024))
+    walker = ProcessTreeSampler(root, fd_budget=FdBudget(1024))
+
+    def every_process_ran() -> None:
+        for m in all_ran._members.values():
+            m.busy, m.stat_raw = True, ""
+        all_ran.sample()
+
+    def walk_tick() -> None:
+        walker._walk_due, walker._walked_last = True, False  # as every 300th tick
+        walker.sample()
+
+    return {"tree_all_ran": every_process_ran, "tree_walk": walk_tick}
 
 
 # --- the outside scan at 2,000 host processes ---------------------------------------------
@@ -370,8 +406,8 @@ def outside_scan(total: int, calls: int, period_s: float) -> tuple[Ticks, int]:
     that over 5 s)."""
     from gpumon.sample.outside import OutsideScanner
 
-    need = max(0, total - host_processes())
-    # One process forks them all (a shell's job table makes thousands of `&` quadratic).
+    # One process forks each batch (a shell's job table makes thousands of `&` quadratic);
+    # the host's own processes come and go meanwhile, so it is topped up a few times.
     spawn = (
         "import os, signal, sys\n"
         "for _ in range(int(sys.argv[1])):\n"
@@ -380,24 +416,29 @@ def outside_scan(total: int, calls: int, period_s: float) -> tuple[Ticks, int]:
         "print('ready', flush=True)\n"
         "signal.pause()\n"
     )
-    sleepers = subprocess.Popen(
-        [sys.executable, "-c", spawn, str(need)],
-        stdout=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
+    spawners: list[subprocess.Popen[str]] = []
     try:
-        assert sleepers.stdout is not None and sleepers.stdout.readline().startswith("ready")
-        deadline = time.monotonic() + 60
-        while host_processes() < total - 10 and time.monotonic() < deadline:
-            time.sleep(0.2)
+        for _ in range(5):
+            need = total - host_processes()
+            if need <= 10:
+                break
+            spawner = subprocess.Popen(
+                [sys.executable, "-c", spawn, str(need)],
+                stdout=subprocess.PIPE,
+                text=True,
+                start_new_session=True,
+            )
+            spawners.append(spawner)
+            assert spawner.stdout is not None and spawner.stdout.readline().startswith("ready")
+            time.sleep(0.5)
         scanner = OutsideScanner()
         scanner._clock = lambda: 0.0 if scanner._last_t is None else scanner._last_t + 5.0  # type: ignore[method-assign]
         seen = host_processes()
         ticks = at_cadence({"scan": lambda: scanner.scan(())}, calls=calls, period_s=period_s)
     finally:
-        os.killpg(sleepers.pid, signal.SIGKILL)
-        sleepers.wait()
+        for spawner in spawners:
+            os.killpg(spawner.pid, signal.SIGKILL)
+            spawner.wait()
     return ticks["scan"], seen
 
 
@@ -432,6 +473,11 @@ def report(
               "mean per tick (min-max of the runs):")  # fmt: skip
         print(f"  NVML floor {floor.figure(runs):6.0f}   stat floor of the biggest tree "
               f"{t['stat_floor'].figure(runs):6.0f}")  # fmt: skip
+        if "tree_walk" in t:
+            n = res.n_procs[-1]
+            print(f"  the {res.labels[-1]}'s tree alone: every process ran "
+                  f"{t['tree_all_ran'].figure(runs):.0f} ({t['tree_all_ran'].figure(runs) / n:.1f}"
+                  f"/proc); a tick that walks it {t['tree_walk'].figure(runs):.0f}")  # fmt: skip
         for label, n, verdict in zip(res.labels, res.n_procs, res.verdicts, strict=True):
             tk = t[label]
             lo, hi = tk.spread(runs)
@@ -496,7 +542,7 @@ def main() -> int:
         Phase("8 GPUs, healthy", 8, HEALTHY,
               [lambda: plain_tree(32), lambda: job_tree(8, 128)]),
         Phase("8 GPUs, starved", 8, STARVED,
-              [lambda: plain_tree(32), lambda: job_tree(8, 128)]),
+              [lambda: plain_tree(32), lambda: job_tree(8, 128)], tree_cases=True),
         Phase("64 GPUs, starved", 64, STARVED,
               [lambda: job_tree(64, 160 if small else 1024)]),
     ]  # fmt: skip
