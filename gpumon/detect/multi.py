@@ -150,8 +150,8 @@ def partial_busy_wait(c: RunContext) -> None:
         return
     cfg = c.cfg
     pinned = c.working()
-    if len(pinned) < 2 or any(_pinned_window(c, i) is None for i in pinned):
-        return  # a GPU not pinned: starvation or idleness is the story, not this
+    if len(pinned) < 2:
+        return
     sm = {i: c.tracks[i].sm_active_ratio for i in pinned}
     power = {i: c.wins[i].power_watts for i in pinned}
     gpm = all(v is not None for v in sm.values())
@@ -165,6 +165,9 @@ def partial_busy_wait(c: RunContext) -> None:
     busiest = [i for i in pinned if level[i] > share * top]
     if top <= 0 or len(waiting) < len(busiest) or not busiest:
         return
+    # (Asked last: a window each, and GPUs that all compute alike never get this far.)
+    if any(_pinned_window(c, i) is None for i in pinned):
+        return  # a GPU not pinned: starvation or idleness is the story, not this
     s = max(busiest, key=lambda i: level[i])
     c.straggler = s
     c.busywait = set(waiting)
