@@ -27,10 +27,16 @@ def test_a_costlier_py_spy_is_read_less_often_within_the_same_budget() -> None:
     options = StackOptions(every_s=10.0)
     as_modelled = plan(FOUND, options)
     assert as_modelled is not None and cost(as_modelled, 1.0) <= options.budget
-    for scale in (1.5, 2.0, 4.0):
+    for scale in (1.5, 2.0):
         dearer = plan(FOUND, options, cost_scale=scale)
         assert dearer is not None and cost(dearer, scale) <= options.budget
-        assert dearer.rate_hz < as_modelled.rate_hz  # fewer samples, the same processes
+        assert dearer.rate_hz < as_modelled.rate_hz  # fewer samples
+        assert dearer.targets == as_modelled.targets  # the same processes
+    # Far dearer than the budget allows: the same few processes, at the least rate (read
+    # slowly, never left unread).
+    slowest = plan(FOUND, options, cost_scale=6.0)
+    assert slowest is not None and slowest.targets == as_modelled.targets
+    assert slowest.rate_hz == 2
     cheaper = plan(FOUND, options, cost_scale=0.5)
     assert cheaper is not None and cheaper.rate_hz >= as_modelled.rate_hz
     assert modelled_cpu_s(as_modelled) == len(as_modelled.targets) * (

@@ -104,12 +104,15 @@ def plan(
 ) -> Plan | None:
     """The processes of one window and their rate, within the budget: every driver
     first, then ``workers_per_main`` workers each (the ``turn``-th in rotation); as many
-    as leave each a rate of at least 2 samples a second.  ``cost_scale``: what windows
-    have really cost against py-spy's modelled cost (2: twice as much)."""
+    as py-spy's model says leave each a rate of at least 2 samples a second.
+    ``cost_scale``: what windows have really cost against that model (2: twice as much):
+    the rate those processes are read at is what the budget allows at that real cost, at
+    least 2 samples a second (the few processes that say what the job does are always
+    read: a window too short or a machine too slow for the budget is read slowly, not
+    left unread)."""
     left_out = set(skip)
     seconds = max(1, round(options.every_s))
-    attach_s, sample_s = ATTACH_CPU_S * cost_scale, SAMPLE_CPU_S * cost_scale
-    per_process = attach_s / seconds + 2 * sample_s
+    per_process = ATTACH_CPU_S / seconds + 2 * SAMPLE_CPU_S
     most = max(1, int(options.budget / per_process))
     drivers = [p for p, r in sorted(found.items()) if r is not ProcessRole.WORKER]
     drivers = [p for p in drivers if p not in left_out]
@@ -123,8 +126,9 @@ def plan(
         chosen += rotated[: max(0, min(want, most - len(chosen)))]
     if not chosen:
         return None
+    attach_s, sample_s = ATTACH_CPU_S * cost_scale, SAMPLE_CPU_S * cost_scale
     rate = (options.budget / len(chosen) - attach_s / seconds) / sample_s
-    rate_hz = max(1, min(MAX_RATE_HZ, int(rate)))
+    rate_hz = max(2, min(MAX_RATE_HZ, int(rate)))
     return Plan(tuple((p, found[p]) for p in chosen), rate_hz, seconds)
 
 
