@@ -13,12 +13,37 @@ most of the wall-clock noise; it is also what a monitor costs the node it runs o
 
 from __future__ import annotations
 
+import argparse
+import os
+import resource
 import statistics
+import sys
 import time
 import types
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+#: A benchmark's exit status when it ran to its table and missed a target; any other
+#: non-zero status means it did not run through (a crash: Python exits 1 on one), and
+#: ``run_all.py`` says which.
+EXIT_MISSED = 3
+
+
+def exit_status(ok: bool) -> int:
+    """0 when every target was met, ``EXIT_MISSED`` when one was not."""
+    return 0 if ok else EXIT_MISSED
+
+
+def machine_load() -> str:
+    """The machine's load as ``uptime`` prints it, with its CPU count: every figure is
+    reported with it (a shared 2-core machine at load 6 is not a quiet one)."""
+    one, five, fifteen = os.getloadavg()
+    return f"load average {one:.2f}, {five:.2f}, {fifteen:.2f} on {os.cpu_count()} CPUs"
+
+
+def say_load(when: str) -> None:
+    print(f"# {time.strftime('%H:%M:%S')} {when}: {machine_load()}", file=sys.stderr, flush=True)
 
 
 @dataclass(frozen=True)
@@ -73,6 +98,152 @@ def interleaved(
         )
         for n in names
     }
+
+
+@dataclass
+class Ticks:
+    """One contender's calls at a real cadence: CPU and wall microseconds of each call,
+    and of its parts where the contender times them (``part``)."""
+
+    cpus: list[float] = field(default_factory=list)
+    walls: list[float] = field(default_factory=list)
+    parts: dict[str, list[float]] = field(default_factory=dict)
+
+    def run_means(self, runs: int, values: Sequence[float] | None = None) -> list[float]:
+        """The mean of each of ``runs`` consecutive runs of calls: a mean, so what comes
+        every few calls (a scan every 5 s, health readings every 10 s) is counted."""
+        vals = list(self.cpus if values is None else values)
+        runs = max(1, min(runs, len(vals)))
+        size = len(vals) // runs
+        return [statistics.fmean(vals[i * size : (i + 1) * size]) for i in range(runs)]
+
+    def figure(self, runs: int, part: str | None = None) -> float:
+        """Median over runs of the mean CPU microseconds per call (of one part)."""
+        vals = self.cpus if part is None else self.parts.get(part, [0.0] * len(self.cpus))
+        return statistics.median(self.run_means(runs, vals))
+
+    def spread(self, runs: int, part: str | None = None) -> tuple[float, float]:
+        vals = self.cpus if part is None else self.parts.get(part, [0.0] * len(self.cpus))
+        means = self.run_means(runs, vals)
+        return min(means), max(means)
+
+
+class Parts:
+    """Process CPU time of the parts of one call, timed where they run (``timed``):
+    wrappers put around a sampler's methods, so a tick's NVML, host, tree and judging
+    parts are measured inside the very tick that is timed whole."""
+
+    def __init__(self) -> None:
+        self.now: dict[str, float] = {}
+
+    def timed(self, name: str, fn: Callable[..., object]) -> Callable[..., object]:
+        clock = time.process_time_ns
+        now = self.now
+
+        def wrapper(*args: object, **kwargs: object) -> object:
+            t0 = clock()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                now[name] = now.get(name, 0.0) + (clock() - t0) / 1000.0
+
+        return wrapper
+
+    def take(self) -> dict[str, float]:
+        out = dict(self.now)
+        self.now.clear()
+        return out
+
+
+def children_cpu_s() -> float:
+    """CPU seconds of this process's children that have been waited for (py-spy's)."""
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def at_cadence(
+    contenders: Mapping[str, Callable[[], object]],
+    *,
+    calls: int,
+    period_s: float = 1.0,
+    warmup: int = 2,
+    parts: Mapping[str, Parts] | None = None,
+) -> dict[str, Ticks]:
+    """Call each contender once every ``period_s``, as a daemon's loop calls its tick,
+    ``calls`` times after ``warmup`` untimed calls; the CPU and wall time of each call.
+
+    Within a period the contenders take evenly spaced slots in an order that rotates
+    from period to period, and the process sleeps in between: each call finds its caches
+    as cold as a 1 Hz tick finds them (other processes ran meanwhile), reads the driver
+    samples of a real second, and runs its periodic work (a scan every 5 s) when it falls
+    due.  CPU time is the process's (``time.process_time``, every thread: user + system)
+    plus its waited-for children's, so it leaves out the wait for a core.
+    """
+    names = list(contenders)
+    slot = period_s / len(names)
+    out = {n: Ticks() for n in names}
+    start = time.monotonic()
+    for k in range(warmup + calls):
+        r = k % len(names)
+        for i, name in enumerate(names[r:] + names[:r]):
+            due = start + k * period_s + i * slot
+            pause = due - time.monotonic()
+            if pause > 0:
+                time.sleep(pause)
+            timer = None if parts is None else parts.get(name)
+            if timer is not None:
+                timer.take()
+            c0, w0, k0 = time.process_time_ns(), time.perf_counter_ns(), children_cpu_s()
+            contenders[name]()
+            w1, c1, k1 = time.perf_counter_ns(), time.process_time_ns(), children_cpu_s()
+            if k < warmup:
+                continue
+            ticks = out[name]
+            ticks.cpus.append((c1 - c0) / 1000.0 + (k1 - k0) * 1e6)
+            ticks.walls.append((w1 - w0) / 1000.0)
+            if timer is not None:
+                for part, us in timer.take().items():
+                    ticks.parts.setdefault(part, [0.0] * (len(ticks.cpus) - 1)).append(us)
+                for values in ticks.parts.values():
+                    if len(values) < len(ticks.cpus):
+                        values.append(0.0)
+    return out
+
+
+def run_ratio(num: Ticks, den: Ticks, runs: int, part: str | None = None) -> float:
+    """Median over runs of (num's mean / den's mean): both called in the same seconds
+    (``part``: of that part of num's calls)."""
+    nums = num.run_means(runs, None if part is None else num.parts.get(part, []))
+    pairs = zip(nums, den.run_means(runs), strict=True)
+    return statistics.median(a / b for a, b in pairs if b > 0)
+
+
+@dataclass(frozen=True)
+class Cadence:
+    """How long a benchmark runs at its cadence: calls a contender, runs they are cut
+    into (a figure is the median of the runs' means), seconds between calls."""
+
+    calls: int
+    runs: int
+    period_s: float
+
+
+def add_modes(parser: argparse.ArgumentParser, quick_help: str) -> None:
+    """``--quick`` and ``--smoke`` (every benchmark has both; run_all passes either)."""
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--quick", action="store_true", help=quick_help)
+    mode.add_argument("--smoke", action="store_true", help="every figure once, numbers moot")
+
+
+def cadence_of(
+    args: argparse.Namespace, *, full: tuple[int, int], quick: tuple[int, int]
+) -> Cadence:
+    """(calls, runs) of the full or quick run, a second apart; a smoke run makes 3 calls
+    50 ms apart (only to prove every figure is produced)."""
+    if args.smoke:
+        return Cadence(3, 1, 0.05)
+    calls, runs = quick if args.quick else full
+    return Cadence(calls, runs, 1.0)
 
 
 def ratio(num: Timing, den: Timing | tuple[Timing, ...], *, cpu: bool = True) -> float:

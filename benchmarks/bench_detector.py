@@ -15,7 +15,8 @@ Runs every trace through the live path (``Detector.update`` tick by tick) and sc
   that GPU (live, not backdated); a transition never detected counts as a miss.
 * **Throughput**: driver points per second of detector time (generation excluded).
 
-Usage: ``python benchmarks/bench_detector.py [--seeds N] [--quick]``.
+Usage: ``python benchmarks/bench_detector.py [--seeds N] [--quick | --smoke]``.  Exit
+status 0 when every target is met, 3 when one is missed.
 """
 
 from __future__ import annotations
@@ -28,6 +29,9 @@ from collections import defaultdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _timing import exit_status
 
 from gpumon.detect import Detector, DetectorConfig
 from gpumon.lab.synth import SCENARIOS, Label, Phase, SynthTrace, generate
@@ -231,7 +235,9 @@ def speed_line(minutes: float = 20.0) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--seeds", type=int, default=10)
-    ap.add_argument("--quick", action="store_true", help="3 seeds")
+    mode = ap.add_mutually_exclusive_group()
+    mode.add_argument("--quick", action="store_true", help="3 seeds")
+    mode.add_argument("--smoke", action="store_true", help="1 seed (the tables, not the score)")
     ap.add_argument(
         "--first-seed",
         type=int,
@@ -254,7 +260,8 @@ def main() -> int:
             for k, v in (kv.split("=", 1) for kv in args.set)
         }
     )
-    seeds = range(args.first_seed, args.first_seed + (3 if args.quick else args.seeds))
+    n_seeds = 1 if args.smoke else 3 if args.quick else args.seeds
+    seeds = range(args.first_seed, args.first_seed + n_seeds)
     scenarios = args.scenario or SCENARIOS
     conf: dict = defaultdict(int)
     causes = [0, 0]
@@ -370,7 +377,7 @@ def main() -> int:
             if row:
                 print(f"  {st.value:<10} " + ", ".join(f"{p.value}:{v}" for p, v in row.items()))
     speed_line()
-    return 0 if ok else 1
+    return exit_status(ok)
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ one cause change per steady phase, every face agreeing.  Seeds 0-99 are the tuni
     python benchmarks/bench_live.py                      # seeds 0-1, phases x2 (~20 min)
     python benchmarks/bench_live.py --first-seed 7000    # the held-out range
     python benchmarks/bench_live.py --quick              # one seed, CI-length phases
+    python benchmarks/bench_live.py --smoke              # one short run: the tables, moot
 """
 
 from __future__ import annotations
@@ -43,7 +44,9 @@ from statistics import median
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _timing import exit_status  # noqa: E402
 from livelab import runner, score, workloads  # noqa: E402
 from livelab.pipeline import make_data_file  # noqa: E402
 
@@ -157,7 +160,7 @@ def report(run_dirs: list[Path], json_out: Path | None, md_out: Path | None = No
         json_out.write_text(json.dumps(results, indent=1))
     if md_out:
         md_out.write_text("\n".join(markdown(per_scn, checks, seeds)) + "\n")
-    return 0 if met == len(results) else 1
+    return exit_status(met == len(results))
 
 
 def main() -> int:
@@ -165,7 +168,11 @@ def main() -> int:
     ap.add_argument("--first-seed", type=int, default=0, help="first seed (held-out: 7000)")
     ap.add_argument("--seeds", type=int, default=2, help="seeds per scenario (default 2)")
     ap.add_argument("--scale", type=float, default=2.0, help="phase length factor (default 2)")
-    ap.add_argument("--quick", action="store_true", help="one seed at CI length (scale 1)")
+    mode = ap.add_mutually_exclusive_group()
+    mode.add_argument("--quick", action="store_true", help="one seed at CI length (scale 1)")
+    mode.add_argument(
+        "--smoke", action="store_true", help="one io run at CI length: the tables, not the score"
+    )
     ap.add_argument(
         "--scenario", action="append", choices=workloads.names(), help="only these scenarios"
     )
@@ -191,6 +198,8 @@ def main() -> int:
         return report(runs, args.json, args.markdown)
     if args.quick:
         args.seeds, args.scale = 1, 1.0
+    if args.smoke:
+        args.seeds, args.scale, args.scenario = 1, 1.0, ["io"]
     names = args.scenario or workloads.names()
     seeds = range(args.first_seed, args.first_seed + args.seeds)
     held_out = args.first_seed >= HELD_OUT_FIRST_SEED

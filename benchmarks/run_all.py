@@ -1,14 +1,18 @@
 """Run every gpumon benchmark in sequence; each prints its own results table last.
 
-    python benchmarks/run_all.py            # full runs (about 25 minutes on 2 cores)
-    python benchmarks/run_all.py --quick    # smoke runs (about 6 minutes)
+    python benchmarks/run_all.py            # full runs (about an hour on 2 cores)
+    python benchmarks/run_all.py --quick    # shorter runs (about 20 minutes)
+    python benchmarks/run_all.py --smoke    # every figure once, numbers moot (about 5 minutes)
     python benchmarks/run_all.py --only tick peers
 
 Each benchmark runs as its own process (so one's imports, NVML state and memory do not
-colour the next), with ``--quick`` where it has one; ``bench_serve`` has none, so the
-quick run gives it a shorter soak (``--seconds``).  Options a script does not list in its
-``--help`` are never passed.  The exit status is non-zero if any benchmark failed a target
-or crashed; the summary at the end says which.
+colour the next), given ``--quick`` or ``--smoke`` (every script has both;
+tests/test_benchmarks.py runs each ``--smoke`` to its table, so a benchmark that crashes
+fails CI).  A benchmark that ran to its table and missed a target
+exits with ``EXIT_MISSED`` (3, benchmarks/_timing.py); any other non-zero status is a
+crash (a traceback exits 1) and is reported as one, never as a missed target.  The exit
+status is non-zero if any benchmark missed a target or crashed; the summary at the end
+says which.
 """
 
 from __future__ import annotations
@@ -20,47 +24,47 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from _timing import EXIT_MISSED, machine_load  # noqa: E402
+
 #: (short name, script, what it measures): issue 7's items 1-5, in that order, and issue
 #: 12's daemon tick after the peers.
 BENCHMARKS: tuple[tuple[str, str, str], ...] = (
-    ("tick", "bench_tick.py", "one tick against the bare-pynvml floor"),
+    ("tick", "bench_tick.py", "the tick at 1 Hz and its parts against the NVML and stat floors"),
     ("peers", "bench_peers.py", "one tick against nvitop and gpustat queries"),
     ("daemon_tick", "bench_daemon_tick.py", "the daemon's tick against the in-process tick"),
-    ("serve", "bench_serve.py", "daemon soak: CPU share, RSS, scrape latency"),
-    ("analyze", "bench_analyze.py", "analysis throughput and peak memory"),
+    ("serve", "bench_serve.py", "the daemon: CPU share, RSS, scrape latency"),
+    ("analyze", "bench_analyze.py", "analysis throughput (healthy and starved) and peak memory"),
     ("detector", "bench_detector.py", "detection precision/recall and latency"),
     (
         "stacks",
         "bench_stacks.py",
-        "--stacks: py-spy and gpumon CPU, the job's step time read or not",
+        "watch --stacks: its extra CPU, py-spy's included; the job's speed read or not",
     ),
     ("live", "bench_live.py", "the live path (watch, serve, analyze) on the live lab"),
 )
-QUICK_SERVE_SECONDS = "30"
 
 
-def options_of(script: Path) -> str:
-    """The script's --help text ('' if it cannot even print that)."""
-    proc = subprocess.run(
-        [sys.executable, str(script), "--help"], capture_output=True, text=True, timeout=60
-    )
-    return proc.stdout if proc.returncode == 0 else ""
+def command(script: Path, mode: str | None) -> list[str]:
+    """How a benchmark is run: ``mode`` is "quick", "smoke" or None (the full run)."""
+    return [sys.executable, str(script), *([f"--{mode}"] if mode else [])]
 
 
-def command(script: Path, quick: bool) -> list[str]:
-    cmd = [sys.executable, str(script)]
-    if quick:
-        helptext = options_of(script)
-        if "--quick" in helptext:
-            cmd.append("--quick")
-        elif "--seconds" in helptext:
-            cmd += ["--seconds", QUICK_SERVE_SECONDS]
-    return cmd
+def outcome(rc: int) -> str:
+    """What an exit status says: ok, a target missed, or a crash."""
+    if rc == 0:
+        return "ok"
+    if rc == EXIT_MISSED:
+        return "a target missed"
+    return f"CRASHED (exit {rc})"
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="each benchmark's smoke mode")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--quick", action="store_true", help="each benchmark's shorter run")
+    mode.add_argument("--smoke", action="store_true", help="each figure once, numbers moot")
     parser.add_argument(
         "--only", nargs="+", choices=[b[0] for b in BENCHMARKS], help="run only these"
     )
@@ -72,16 +76,16 @@ def main() -> int:
         if not script.exists():
             summary.append((name, "missing", 0.0, what))
             continue
-        cmd = command(script, args.quick)
+        cmd = command(script, "quick" if args.quick else "smoke" if args.smoke else None)
         print(f"\n=== {name}: {what}\n$ {' '.join(cmd[1:])}", flush=True)
         started = time.monotonic()
         rc = subprocess.run(cmd, check=False).returncode
-        status = "ok" if rc == 0 else f"exit {rc}" + (" (a target missed)" if rc == 1 else "")
+        status = outcome(rc)
         summary.append((name, status, time.monotonic() - started, what))
-    print("\n=== summary")
+    print(f"\n=== summary ({machine_load()})")
     for name, status, seconds, what in summary:
-        print(f"{name:9} {status:24} {seconds:6.0f} s  {what}")
-    return 0 if all(s[1] == "ok" for s in summary) else 1
+        print(f"{name:11} {status:20} {seconds:6.0f} s  {what}")
+    return 0 if all(s[1] == "ok" for s in summary) else 1  # (missed or crashed: see above)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,6 @@ from bisect import bisect_left
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from itertools import pairwise
 
 from gpumon.detect.config import DetectorConfig
 from gpumon.detect.rings import History, Ring, quantile
@@ -36,7 +35,7 @@ class Window:
     active: float  # share of covered time with any activity (util >= 5 %), 0-1
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # immutable by convention (a frozen one costs 2x to build)
 class Rhythm:
     """Gaps that recur at a regular interval: the signature of a periodic stall."""
 
@@ -418,17 +417,37 @@ class GpuTrack:
         A gap in progress counts once it is long enough: the rhythm is seen when its third
         gap begins, not when it ends.
         """
-        gaps = list(self.long_gaps)
         long_min = self.cfg.rhythm_gap_periods * (self.period_s or 1.0)
         open_long = not self.run_busy and self.open_gap_s() >= long_min
         key = (self.cum_gaps, self.run_start if open_long else None)
         if key == self._rh_key:
             return self._rh_val
         self._rh_key = key
+        gaps = list(self.long_gaps)
         if open_long:
             gaps.append((self.run_start, self.last_t))
         self._rh_val = find_rhythm(gaps, self.cfg)
         return self._rh_val
+
+    def rhythm_shorter_than(self, limit_s: float) -> bool:
+        """Whether no rhythm of the recent long gaps can last ``limit_s`` or more, known
+        without looking for one: a rhythm always takes in the newest interval between
+        long gaps, and its intervals lie within ``rhythm_max_ratio`` of each other, so its
+        period is at most that ratio times the newest interval.  (A starved GPU's gaps
+        complete every step: ``find_rhythm`` is then not run each eval to learn that.)"""
+        gaps = self.long_gaps
+        cfg = self.cfg
+        if not self.run_busy and self.open_gap_s() >= cfg.rhythm_gap_periods * (
+            self.period_s or 1.0
+        ):
+            if not gaps:
+                return True  # one gap is no rhythm
+            newest = self.run_start - gaps[-1][0]  # the open gap counts (see ``rhythm``)
+        elif len(gaps) < 2:
+            return True
+        else:
+            newest = gaps[-1][0] - gaps[-2][0]
+        return max(cfg.rhythm_max_ratio, cfg.rhythm_max_ratio_2) * newest < limit_s
 
     def open_gap_s(self) -> float:
         """Length of the gap in progress (0 while busy)."""
@@ -582,35 +601,45 @@ def find_rhythm(gaps: list[tuple[float, float]], cfg: DetectorConfig) -> Rhythm 
     of at least ``rhythm_min_gaps`` gaps whose start-to-start intervals agree.
 
     One pass backwards from the newest gap with running sums (it runs whenever a gap
-    completes, which on a starved stream is several times a second).
+    completes, which on a starved stream is several times a second: plain comparisons,
+    no calls, in the loop).
     """
     n_min = cfg.rhythm_min_gaps
     n = len(gaps)
     if n < n_min:
         return None
+    max_cv, max_ratio, max_ratio_2 = cfg.rhythm_max_cv, cfg.rhythm_max_ratio, cfg.rhythm_max_ratio_2
     best_k = 0
     best_cv = 0.0
     total = total_sq = 0.0
     lo, hi = float("inf"), 0.0
+    ivs: list[float] = []  # the run's intervals, newest first
+    later = gaps[-1][0]
     for k in range(2, n + 1):  # the run is gaps[-k:]; its newest interval joins each step
-        iv = gaps[n - k + 1][0] - gaps[n - k][0]
+        start = gaps[n - k][0]
+        iv = later - start
+        later = start
         if iv <= 0:
             break
+        ivs.append(iv)
         total += iv
         total_sq += iv * iv
-        lo, hi = min(lo, iv), max(hi, iv)
+        if iv < lo:
+            lo = iv
+        if iv > hi:
+            hi = iv
         m = k - 1  # intervals in the run
         if k < n_min:
             continue
         mean = total / m
-        cv = max(0.0, total_sq / m - mean * mean) ** 0.5 / mean
-        ratio = cfg.rhythm_max_ratio if m > 2 else cfg.rhythm_max_ratio_2
-        if cv > cfg.rhythm_max_cv or hi > ratio * lo:
+        var = total_sq / m - mean * mean
+        cv = (var if var > 0.0 else 0.0) ** 0.5 / mean
+        if cv > max_cv or hi > (max_ratio if m > 2 else max_ratio_2) * lo:
             break
         best_k, best_cv = k, cv
     if not best_k:
         return None
     run = gaps[n - best_k :]
-    ivs = sorted(b[0] - a[0] for a, b in pairwise(run))
-    lens = sorted(b - a for a, b in run)
+    ivs = sorted(ivs[: best_k - 1])
+    lens = sorted([b - a for a, b in run])
     return Rhythm(ivs[len(ivs) // 2], lens[len(lens) // 2], best_k, run[0][0], run[-1][1], best_cv)

@@ -45,17 +45,19 @@ def _tree_readings(
     read = None
     total = None
     runnable = None
-    for p in tree.processes:
-        if p.status is not None:
-            runnable = (runnable or 0.0) + (p.status == "running")
-        if p.read_bytes_per_s is not None:
-            read = (read or 0.0) + p.read_bytes_per_s
-        if p.cpu_pct is not None:
-            total = (total or 0.0) + p.cpu_pct
-        if p.pid == tree.root_pid:
-            main = p.cpu_pct
-        elif p.cpu_pct is not None:
-            wsum += p.cpu_pct
+    root = tree.root_pid
+    for p in tree.processes:  # (every tick, every process of the job: each field read once)
+        status, bytes_read, cpu = p.status, p.read_bytes_per_s, p.cpu_pct
+        if status is not None:
+            runnable = (runnable or 0.0) + (status == "running")
+        if bytes_read is not None:
+            read = (read or 0.0) + bytes_read
+        if cpu is not None:
+            total = (total or 0.0) + cpu
+        if p.pid == root:
+            main = cpu
+        elif cpu is not None:
+            wsum += cpu
             wn += 1
     workers_mean = wsum / wn if wn else None
     return main, workers_mean, float(wn), read, total, runnable

@@ -50,14 +50,19 @@ class RunContext:
     # Since when every working GPU has been spinning with none computing (in and out:
     # kept across evals by the detector); None while some GPU computes.
     spinning_since: float | None = None
+    _working: list[int] | None = field(default=None, repr=False)
 
     def working(self) -> list[int]:
-        """GPUs past start-up, with data, and not known to be free of processes."""
-        return [
-            i
-            for i, tr in self.tracks.items()
-            if tr.seen_work and self.wins[i].duty is not None and tr.held() is not False
-        ]
+        """GPUs past start-up, with data, and not known to be free of processes (found
+        once per eval: the rules rewrite candidates, never tracks or windows)."""
+        if self._working is None:
+            wins = self.wins
+            self._working = [
+                i
+                for i, tr in self.tracks.items()
+                if tr.seen_work and wins[i].duty is not None and tr.held() is not False
+            ]
+        return self._working
 
 
 RunRule = Callable[[RunContext], None]
@@ -145,8 +150,8 @@ def partial_busy_wait(c: RunContext) -> None:
         return
     cfg = c.cfg
     pinned = c.working()
-    if len(pinned) < 2 or any(_pinned_window(c, i) is None for i in pinned):
-        return  # a GPU not pinned: starvation or idleness is the story, not this
+    if len(pinned) < 2:
+        return
     sm = {i: c.tracks[i].sm_active_ratio for i in pinned}
     power = {i: c.wins[i].power_watts for i in pinned}
     gpm = all(v is not None for v in sm.values())
@@ -160,6 +165,9 @@ def partial_busy_wait(c: RunContext) -> None:
     busiest = [i for i in pinned if level[i] > share * top]
     if top <= 0 or len(waiting) < len(busiest) or not busiest:
         return
+    # (Asked last: a window each, and GPUs that all compute alike never get this far.)
+    if any(_pinned_window(c, i) is None for i in pinned):
+        return  # a GPU not pinned: starvation or idleness is the story, not this
     s = max(busiest, key=lambda i: level[i])
     c.straggler = s
     c.busywait = set(waiting)

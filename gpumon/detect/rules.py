@@ -333,10 +333,13 @@ def periodic_gaps(c: GpuContext) -> Candidate | None:
     starvation even at a duty cycle up to ~0.88: a DataLoader restarting its workers every
     epoch, or a checkpoint or evaluation every N steps."""
     tr, cfg, t = c.tr, c.cfg, c.t
+    low = c.duty is not None and c.duty < cfg.starved_duty
+    if low and tr.rhythm_shorter_than(cfg.window_s):
+        return None  # any rhythm is short and well below the line: as below, unsought
     rh = tr.rhythm()
     if rh is None or rh.period_s * 2.5 > cfg.rhythm_window_max_s:
         return None  # none, or too slow for a window to hold a few of its cycles
-    if rh.period_s < cfg.window_s and c.duty is not None and c.duty < cfg.starved_duty:
+    if rh.period_s < cfg.window_s and low:
         return None  # a short rhythm well below the line: plain starvation (``starved``)
     gap = tr.open_gap_s()
     if gap > 2.0 * rh.gap_s + 2 * c.period_s:
@@ -420,12 +423,14 @@ def starved(c: GpuContext) -> Candidate | None:
     """What is left -- a working GPU below the healthy duty cycle -- waits on its input."""
     d, cfg = c.duty, c.cfg
     assert d is not None
-    detail = f"one sample per {c.period_s:.1f} s, judged on the duty cycle alone"
+    detail = None
+    if c.coarse:  # (worded only where it is said: this rule answers on every eval)
+        detail = f"one sample per {c.period_s:.1f} s, judged on the duty cycle alone"
     return Candidate(
         State.STARVED,
         c.cause_of(c.t, c.w.span_s, c.tr.cause),
         Reason.COARSE_DATA if c.coarse else None,
-        detail if c.coarse else None,
+        detail,
         c.t,
         c.w.span_s * 0.4,
         clear=d < cfg.starved_duty - cfg.clear_margin,

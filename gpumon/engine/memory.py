@@ -28,6 +28,11 @@ from gpumon.detect.activities import ActivityTrack, StackWindow
 from gpumon.model import Episode, GpuIdentity, GpuSample, Point, Snapshot, State
 
 MAX_EPISODES = 400  # per GPU and for the run; older ones are dropped (and counted)
+# A live memory keeps only the latest few: only a report of a whole trace lists them
+# (``analyze``), a live face shows the open ones, and a daemon's log has every one.  400
+# each, every episode carrying its evidence and advice, grew a daemon of 8 GPUs by ~2 MiB
+# an hour until the caps were reached, days later.
+LIVE_EPISODES = 16
 TIMELINE_BUCKETS = 64
 POINTS_KEPT = 720  # recent driver samples per GPU for a live timeline (~2 min at 6/s)
 # A stalled loop (a suspended laptop, a stopped daemon) adds no reported seconds.
@@ -270,8 +275,9 @@ class RunMemory:
         self.stacks = stacks
         self._totals = totals
         self._identities = {g.index: g for g in identities}
-        self.gpus: dict[int, GpuMemory] = {g.index: GpuMemory(g) for g in identities if live}
-        self.run_episodes: deque[Episode] = deque(maxlen=MAX_EPISODES)
+        self.max_episodes = LIVE_EPISODES if live else MAX_EPISODES
+        self.gpus: dict[int, GpuMemory] = {g.index: self._new(g) for g in identities if live}
+        self.run_episodes: deque[Episode] = deque(maxlen=self.max_episodes)
         self.dropped_run_episodes = 0
         # The episode each GPU (and the run: key None) is in now.
         self.open: dict[int | None, Episode] = {}
@@ -307,7 +313,7 @@ class RunMemory:
         elif len(gpus) < len(snap.gpus):
             for g in snap.gpus:
                 if g.gpu not in gpus:
-                    gpus[g.gpu] = GpuMemory(self._identity(g))
+                    gpus[g.gpu] = self._new(self._identity(g))
         if update.bursts or update.gaps:
             for i, x in update.bursts:
                 self._gpu(i).bursts.add(x)
@@ -364,11 +370,14 @@ class RunMemory:
 
     # --- internals -----------------------------------------------------------------------
 
+    def _new(self, identity: GpuIdentity) -> GpuMemory:
+        return GpuMemory(identity, episodes=deque(maxlen=self.max_episodes))
+
     def _gpu(self, idx: int) -> GpuMemory:
         mem = self.gpus.get(idx)
         if mem is None:
             ident = self._identities.get(idx) or GpuIdentity(index=idx, uuid=f"GPU-{idx}")
-            mem = self.gpus[idx] = GpuMemory(ident)
+            mem = self.gpus[idx] = self._new(ident)
         return mem
 
     def _identity(self, g: GpuSample) -> GpuIdentity:
@@ -386,7 +395,7 @@ class RunMemory:
         for g in snap.gpus:
             mem = self.gpus.get(g.gpu)
             if mem is None:  # found by the sampler's re-enumeration while running
-                mem = self.gpus[g.gpu] = GpuMemory(self._identity(g))
+                mem = self.gpus[g.gpu] = self._new(self._identity(g))
                 events.append(GpuEvent(GpuEventKind.APPEARED, mem.identity, t))
             elif mem.identity.uuid != g.uuid:  # lost at start-up, now known by its UUID
                 mem.identity = self._identity(g)
@@ -430,14 +439,14 @@ class RunMemory:
 
     def _keep(self, ep: Episode) -> None:
         if ep.gpu is None:
-            if len(self.run_episodes) == MAX_EPISODES:
+            if len(self.run_episodes) == self.run_episodes.maxlen:
                 self.dropped_run_episodes += 1
             self.run_episodes.append(ep)
             return
         mem = self.gpus.get(ep.gpu)
         if mem is None:
             return
-        if len(mem.episodes) == MAX_EPISODES:
+        if len(mem.episodes) == mem.episodes.maxlen:
             mem.dropped_episodes += 1
         mem.episodes.append(ep)
         mem.timeline.add_state(ep.start_s, ep.end_s or ep.start_s, ep.state)
@@ -449,7 +458,7 @@ class RunMemory:
         for idx, tot in self._totals().items():
             mem = self.gpus.get(idx)
             if mem is None:  # seen by a tick the detector could not finish
-                mem = self.gpus[idx] = GpuMemory(
+                mem = self.gpus[idx] = self._new(
                     self._identities.get(idx) or GpuIdentity(index=idx, uuid=tot.uuid)
                 )
             cov0, busy0 = self._flushed.get(idx, (0.0, 0.0))

@@ -11,12 +11,19 @@ is left out.  Workers of one loader run the same code: a couple per main process
 for all, taken in turn window after window, so a stuck one is still seen.
 
 How much: windows of ``every_s`` seconds whose process count and sampling rate are sized
-from py-spy's measured cost (``sample/stacks.py``) to stay within ``budget`` of one core.
+from py-spy's measured cost (``sample/stacks.py``) to stay within ``budget`` of one core,
+py-spy's CPU and gpumon's own for the stacks together.  py-spy costs what the machine
+makes it cost (a loaded or slower host, a deeper stack), so each window's real cost is
+measured as it ends -- py-spy's CPU from ``RUSAGE_CHILDREN`` once its processes are
+reaped, gpumon's from its own clock while it gathers them -- and the next windows are
+sized by what the last ones really cost against the model (``StackWatch.cost_scale``).
 """
 
 from __future__ import annotations
 
 import logging
+import resource
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -93,10 +100,16 @@ def plan(
     options: StackOptions,
     turn: int = 0,
     skip: Iterable[int] = (),
+    cost_scale: float = 1.0,
 ) -> Plan | None:
     """The processes of one window and their rate, within the budget: every driver
     first, then ``workers_per_main`` workers each (the ``turn``-th in rotation); as many
-    as leave each a rate of at least 2 samples a second."""
+    as py-spy's model says leave each a rate of at least 2 samples a second.
+    ``cost_scale``: what windows have really cost against that model (2: twice as much):
+    the rate those processes are read at is what the budget allows at that real cost, at
+    least 2 samples a second (the few processes that say what the job does are always
+    read: a window too short or a machine too slow for the budget is read slowly, not
+    left unread)."""
     left_out = set(skip)
     seconds = max(1, round(options.every_s))
     per_process = ATTACH_CPU_S / seconds + 2 * SAMPLE_CPU_S
@@ -113,9 +126,21 @@ def plan(
         chosen += rotated[: max(0, min(want, most - len(chosen)))]
     if not chosen:
         return None
-    rate = (options.budget / len(chosen) - ATTACH_CPU_S / seconds) / SAMPLE_CPU_S
-    rate_hz = max(1, min(MAX_RATE_HZ, int(rate)))
+    attach_s, sample_s = ATTACH_CPU_S * cost_scale, SAMPLE_CPU_S * cost_scale
+    rate = (options.budget / len(chosen) - attach_s / seconds) / sample_s
+    rate_hz = max(2, min(MAX_RATE_HZ, int(rate)))
     return Plan(tuple((p, found[p]) for p in chosen), rate_hz, seconds)
+
+
+def modelled_cpu_s(p: Plan) -> float:
+    """CPU seconds a window should cost by py-spy's modelled cost."""
+    return len(p.targets) * (ATTACH_CPU_S + SAMPLE_CPU_S * p.rate_hz * p.seconds)
+
+
+def _children_cpu_s() -> float:
+    """CPU seconds of this process's reaped children (py-spy's, once a window ends)."""
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
 
 
 def waiting(snap: Snapshot, episodes: Mapping[int | None, Episode], busy_util_pct: float) -> bool:
@@ -160,6 +185,13 @@ class StackWatch:
         self.sampler = sampler
         self.refusal: str | None = None  # the one sentence said when stacks were refused
         self._turn = 0
+        # What the windows so far really cost against the model (1: as modelled), and the
+        # window being recorded: its modelled CPU and what it has cost so far.  Before
+        # the first is measured, twice the model: py-spy measured 1.3x its model on a quiet
+        # machine, 1.8x on a loaded one, and the first window must not overrun the budget.
+        self.cost_scale = 2.0
+        self._windows_seen = 0
+        self._window: tuple[float, float] | None = None
 
     @property
     def off(self) -> bool:
@@ -172,28 +204,48 @@ class StackWatch:
         episodes: Mapping[int | None, Episode],
     ) -> tuple[StackSample, ...]:
         """The samples of windows that ended; a new window when none runs and a GPU waits."""
+        children0, own0 = _children_cpu_s(), time.process_time()
         try:
             got = self.sampler.collect()
         except StacksRefusedError as exc:
             self.refusal = str(exc)
             log.warning("%s", exc)
             got = []
+        self._account(_children_cpu_s() - children0 + time.process_time() - own0)
         if self.sampler.off or self.sampler.busy:
             return tuple(got)
         if not waiting(snap, episodes, self.busy_util_pct):
             return tuple(got)
         gpu_pids = [p.pid for g in snap.gpus for p in g.processes or ()]
         found = roles(trees, gpu_pids)
-        chosen = plan(found, self.options, self._turn, [p for p in found if self.sampler.skip(p)])
+        skip = [p for p in found if self.sampler.skip(p)]
+        chosen = plan(found, self.options, self._turn, skip, self.cost_scale)
         if chosen is not None:
             self._turn += 1
             try:
                 targets = [Target(pid, role) for pid, role in chosen.targets]
-                self.sampler.start(targets, rate_hz=chosen.rate_hz, seconds=chosen.seconds)
+                if self.sampler.start(targets, rate_hz=chosen.rate_hz, seconds=chosen.seconds):
+                    self._window = (modelled_cpu_s(chosen), 0.0)
             except StacksUnavailableError as exc:
                 self.refusal = str(exc)
                 log.warning("%s", exc)
         return tuple(got)
+
+    def _account(self, spent_s: float) -> None:
+        """Add what gathering cost to the window being recorded; once it has ended (its
+        py-spy processes reaped), learn how its real cost compares with the model's."""
+        if self._window is None:
+            return
+        modelled, so_far = self._window
+        so_far += spent_s
+        if self.sampler.busy:
+            self._window = (modelled, so_far)
+            return
+        self._window = None
+        if modelled > 0 and so_far > 0:
+            seen = min(20.0, max(0.25, so_far / modelled))
+            self.cost_scale = seen if self._windows_seen == 0 else 0.5 * (self.cost_scale + seen)
+            self._windows_seen += 1
 
     def close(self) -> None:
         self.sampler.close()

@@ -31,7 +31,6 @@ from typing import IO, Any, Protocol, cast
 from urllib.parse import parse_qs
 from wsgiref.simple_server import ServerHandler, WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client.exposition import choose_encoder
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import CollectorRegistry
 
@@ -41,6 +40,7 @@ from gpumon.faces.serve.auth import FAILURE_REFILL_S, BasicAuth, RateLimit, Verd
 from gpumon.faces.serve.config import ServeConfig
 from gpumon.faces.serve.door import CONNECTION_ERROR_KINDS as CONNECTION_ERROR_KINDS
 from gpumon.faces.serve.door import ConnectionStats, FrontDoorMixIn, error_kind
+from gpumon.faces.serve.exposition import choose
 from gpumon.files import PEM_LIMIT, checked_path
 
 _TLS_VERSIONS = {
@@ -132,7 +132,7 @@ class WebApp:
     def _metrics(self, environ: dict[str, Any]) -> _Response:
         """The exposition in the format asked for (Accept), only the series named by
         ``name[]`` when given, gzip-compressed where the client accepts it."""
-        encoder, content_type = choose_encoder(environ.get("HTTP_ACCEPT", ""))
+        encoder, content_type = choose(environ.get("HTTP_ACCEPT", ""))
         names = parse_qs(environ.get("QUERY_STRING", "")).get("name[]")
         body = encoder(_Only(self.registry, set(names)) if names else self.registry)
         headers = [("Content-Type", content_type), ("Vary", "Accept-Encoding")]
