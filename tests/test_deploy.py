@@ -293,6 +293,10 @@ def test_dashboard_is_valid_and_queries_only_exported_metrics() -> None:
         "gpumon_gpu_idle_gap_seconds_bucket",
         "gpumon_lost_gpu_seconds_total",
         "hpc_job:gpumon_gpu_waiting:ratio_rate5m",
+        # The fleet row: GPU time lost per job, user and cause.
+        "job_user_cause:gpumon_job_lost_gpu_seconds:increase5m",
+        "job_user_cause:gpumon_job_gpu_seconds:increase5m",
+        "user_cause:gpumon_job_lost_gpu_seconds:increase5m",
     ):
         assert needed in used, needed
     # ...and the hardware series.

@@ -47,16 +47,24 @@ VARIABLE_VALUES = (
     "gpumon_scrape_group_duration_seconds",
     "process_",
 )
+# Families whose very series vary: a job's time per state and cause (how long it was
+# judged before it was found healthy, say, depends on the machine's load): their series
+# become one line, "NAME <series>".
+VARIABLE_SERIES = ("gpumon_job_gpu_seconds_total", "gpumon_job_lost_gpu_seconds_total")
 # Labels whose values are the build's, not behaviour: the version, its commit, the Python.
 VARIABLE_LABELS = ("version", "revision", "python_version")
 
 
 def normalise(text: str) -> str:
     """The exposition with the run's variable values (and only those) replaced."""
-    out = []
+    out: list[str] = []
     for line in text.splitlines():
         if not line.startswith("#"):
             name = re.split(r"[{ ]", line, maxsplit=1)[0]
+            if name in VARIABLE_SERIES:
+                if out[-1] != f"{name} <series>":
+                    out.append(f"{name} <series>")
+                continue
             if name.startswith(VARIABLE_VALUES):
                 line = line[: line.rindex(" ")] + " <v>"
             if name == "gpumon_build_info":

@@ -15,22 +15,38 @@ process's ancestors (a container, a unit, a session, a process tree: the process
 watch --pid`` would be given, so the DataLoader workers and the job's own CPU are seen as
 watch sees them), and at its lowest GPU pid for a Slurm job or a pod (rank 0, usually).
 
+Each job's GPU time is counted tick by tick (``JobTime``): the GPU-seconds its GPUs spent
+in each state and why (the starved cause, or the state's reason), and of those the
+GPU-seconds lost (idle or busy-waiting while held, as its detector counts them), so a
+fleet can say which jobs, users and causes waste GPU time.
+
 Everything is bounded: the table holds at most ``max_jobs`` and forgets a job
 ``linger_s`` after its last GPU process left; a GPU lists at most ``MAX_JOBS_PER_GPU``
 jobs; the resolver forgets pids that left the GPUs; jobs left untracked are remembered
-(to count each once) up to ``MAX_UNTRACKED_REMEMBERED``.
+(to count each once) up to ``MAX_UNTRACKED_REMEMBERED``; a job's time is kept per state
+and cause or reason, a fixed vocabulary.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
-from gpumon.detect import Detector, DetectorConfig, DetectorUpdate
+from gpumon.detect import Detector, DetectorConfig, DetectorUpdate, GpuTotals
+from gpumon.engine.memory import MAX_TICK_GAP_S
 from gpumon.errors import GpumonError
-from gpumon.model import Episode, GpuIdentity, JobLabels, ProcTreeSample, Snapshot
+from gpumon.model import (
+    Cause,
+    Episode,
+    GpuIdentity,
+    JobLabels,
+    ProcTreeSample,
+    Reason,
+    Snapshot,
+    State,
+)
 
 if TYPE_CHECKING:
     from gpumon.sample.host import ProcessTreeSampler
@@ -59,6 +75,73 @@ class JobOptions:
     procfs: str | None = None  # where process trees are read (the resolver's by default)
 
 
+# Where a job's GPU time went: its GPUs' state and, within it, why -- a starved GPU's
+# cause, else the state's reason (straggler, busy-wait, hang, memory held, start-up, ...),
+# None where the state says it all.
+SpentKey = tuple[State, Cause | Reason | None]
+
+
+def spent_key(ep: Episode) -> SpentKey:
+    """The state and why of an episode, as a job's time is counted under it."""
+    if ep.state is State.STARVED:
+        return ep.state, ep.cause or Cause.UNKNOWN
+    return ep.state, ep.reason
+
+
+@dataclass(slots=True)
+class JobTime:
+    """A job's GPU time on this node since it was first seen, tick by tick: counters
+    that never decrease (Prometheus counters; the log's backdated episodes would not).
+
+    ``seconds``: GPU-seconds its GPUs spent under each state and why; ``lost``: of
+    those, GPU-seconds idle or busy-waiting while the job held the GPU, the detector's
+    own count (``GpuTotals.lost_s``) taken tick by tick from the detector that judges the
+    job: its own, or the node's for a job on every GPU.
+    """
+
+    seconds: dict[SpentKey, float] = field(default_factory=dict)
+    lost: dict[SpentKey, float] = field(default_factory=dict)
+    last_t: float | None = None
+    # The detector whose totals ``base`` holds (a new one starts a new baseline), and each
+    # GPU's lost seconds by its count at the last tick.
+    source: object | None = None
+    base: dict[int, float] = field(default_factory=dict)
+
+    def add(
+        self,
+        t: float,
+        gpus: frozenset[int],
+        episodes: Mapping[int | None, Episode],
+        totals: Mapping[int, GpuTotals],
+        source: object,
+    ) -> None:
+        """One tick of the job's GPUs, each under the episode it is in now."""
+        now = {g: totals[g].lost_s for g in gpus if g in totals}
+        if source is not self.source:  # a new detector: its totals start a new baseline
+            self.source, self.base, self.last_t = source, now, t
+            return
+        dt = 0.0 if self.last_t is None else t - self.last_t
+        timed = 0.0 < dt < MAX_TICK_GAP_S  # a stalled loop adds no seconds
+        self.last_t = t
+        for g in gpus:
+            ep = episodes.get(g)
+            if ep is None:
+                continue
+            key = spent_key(ep)
+            if timed:
+                self.seconds[key] = self.seconds.get(key, 0.0) + dt
+            was, cur = self.base.get(g), now.get(g)
+            grew = 0.0 if was is None or cur is None or cur < was else cur - was
+            if timed or grew > 0:
+                self.seconds.setdefault(key, 0.0)
+                self.lost[key] = self.lost.get(key, 0.0) + grew
+        self.base = now
+
+    def pause(self) -> None:
+        """The job was not seen this tick (lingering): its next tick starts afresh."""
+        self.last_t = None
+
+
 @dataclass(slots=True)
 class Job:
     """A job seen on this node: its labels, GPUs and (when it has a subset) a detector.
@@ -73,6 +156,7 @@ class Job:
     detector: Detector | None = None
     episode: Episode | None = None  # the job's open run-level episode (own detector)
     tree_sample: ProcTreeSample | None = None
+    time: JobTime = field(default_factory=JobTime)
 
 
 @dataclass(slots=True)
@@ -97,6 +181,8 @@ class JobsRead:
 
 
 JobUpdate = tuple[JobLabels, DetectorUpdate]
+# The node's detector, as the source of a whole-node job's time.
+_NODE = object()
 
 
 class JobTracker:
@@ -340,6 +426,30 @@ class JobTracker:
                 out.append((job.labels, run_level(job.detector.finish())))
         self._expired = []
         return out
+
+    def account(
+        self,
+        t: float,
+        node_open: Mapping[int | None, Episode],
+        node_totals: Callable[[], Mapping[int, GpuTotals]] | None,
+    ) -> None:
+        """Each job seen this tick counts its GPUs' time under their episodes: its own
+        detector's, or the node's (``node_open``, ``node_totals``) for a job on every GPU.
+        Call after ``judge``."""
+        totals: Mapping[int, GpuTotals] | None = None
+        for job in self.jobs.values():
+            if job.last_seen_s != t:
+                job.time.pause()
+                continue
+            det = job.detector
+            if det is not None:
+                job.time.add(t, job.gpus, det.open_episodes(), det.gpu_totals(), det)
+                continue
+            if node_totals is None:
+                continue
+            if totals is None:
+                totals = node_totals()
+            job.time.add(t, job.gpus, node_open, totals, _NODE)
 
     def episode_of(self, job: Job, node: Episode | None) -> Episode | None:
         """The job's open episode: its own detector's, or the node's for a whole-node job."""

@@ -303,6 +303,9 @@ class Session:
             events += brought
             if self.jobs is not None and reading.jobs is not None and snap is polled.due[-1]:
                 job_updates += self.jobs.judge(snap)
+                det = self.detector
+                totals = None if det is None else det.gpu_totals
+                self.jobs.account(snap.t_s, self.memory.open, totals)
         update = None
         if judged_updates and self.detector is not None:
             update = merge_updates(judged_updates)

@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import base64
 import binascii
+import datetime
 import json
 import os
 import re
 import shutil
 import subprocess
 import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,6 +43,8 @@ _JOB_ID = re.compile(r"^[0-9]+(?:[_+][0-9]+)?$")
 MAX_COMMENT_CHARS = 60_000
 # How long scontrol and sacct may take before the kept copy is given up on.
 SLURM_TIMEOUT_S = 20.0
+# The most kept reports one ranking reads (a site's week is thousands of jobs).
+MAX_KEPT_READ = 100_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,6 +123,30 @@ class FileStore:
         kept = from_record(obj, str(path))
         return kept if kept is not None and kept.job == job else None
 
+    def recent(self, since: float) -> Iterator[Kept]:
+        """The reports kept since ``since`` (Unix seconds): those of jobs that ended
+        then or after (a report is kept when its job ends), at most MAX_KEPT_READ."""
+        try:
+            entries = list(os.scandir(self.folder))
+        except OSError:
+            return
+        read = 0
+        for entry in sorted(entries, key=lambda e: e.name):
+            job = entry.name.removesuffix(".json")
+            if not entry.name.endswith(".json") or not valid_job_id(job):
+                continue
+            try:
+                if entry.stat(follow_symlinks=False).st_mtime < since:
+                    continue
+            except OSError:
+                continue
+            kept = self.read(job)
+            if kept is not None:
+                yield kept
+            read += 1
+            if read >= MAX_KEPT_READ:
+                return
+
     def write(self, kept: Kept) -> str:
         """Write the job's file; OSError when the folder cannot be made or written."""
         target = self.path(kept.job)
@@ -166,6 +194,23 @@ class SlurmComment:
         kept = decode_comment(now, where) if now else None
         return kept if kept is not None and kept.job == job else None
 
+    def recent(self, since: float, until: float) -> Iterator[Kept]:
+        """The reports kept in the AdminComments of the jobs that ran in [since, until]
+        (``sacct -a``: every user's, as root or a Slurm operator)."""
+        out = self._run(
+            self.sacct, "-a", "-X", "-n", "-P", "-S", _slurm_time(since), "-E",
+            _slurm_time(until), "-o", "JobIDRaw,AdminComment",
+        )  # fmt: skip
+        for line in (out or "").splitlines()[:MAX_KEPT_READ]:
+            comment = line.rpartition("|")[2]
+            if comment.startswith(COMMENT_PREFIX):
+                kept = decode_comment(comment, "Slurm's AdminComment")
+                if kept is not None:
+                    yield Kept(
+                        kept.job, kept.made_s, kept.prometheus, kept.text, kept.report,
+                        f"Slurm's AdminComment of job {kept.job}",
+                    )  # fmt: skip
+
     def write(self, kept: Kept) -> str | None:
         """Keep it in the AdminComment if Slurm takes it there; where, or None."""
         comment = encode_comment(kept)
@@ -176,6 +221,20 @@ class SlurmComment:
             return None  # another tool's (jobstats' JS1:, an admin's note): never ours to replace
         done = self._run(self.scontrol, "update", f"JobId={kept.job}", f"AdminComment={comment}")
         return None if done is None else f"Slurm's AdminComment of job {kept.job}"
+
+
+def _slurm_time(t: float) -> str:
+    """A time as sacct takes it (local time, to the second)."""
+    return datetime.datetime.fromtimestamp(t).strftime("%Y-%m-%dT%H:%M:%S")
+
+
+def kept_since(since: float, until: float, store: FileStore, slurm: SlurmComment) -> list[Kept]:
+    """The reports kept of jobs that ran in [since, until], each job once (the folder's
+    copy first, as ``read_kept`` reads it)."""
+    out: dict[str, Kept] = {}
+    for kept in (*store.recent(since), *slurm.recent(since, until)):
+        out.setdefault(kept.job, kept)
+    return list(out.values())
 
 
 def default_store() -> str:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import datetime
 import math
+import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Literal
@@ -55,28 +56,77 @@ def regex_alternation(values: Iterable[str]) -> str:
     )
 
 
+# Kinds of job whose name is only its node's (docs/serve.md, "How jobs are found"): such a
+# job is named with its node, ``KIND:NAME@INSTANCE``.
+NODE_KINDS = ("container", "unit", "session", "process")
+_NODE_JOB = re.compile(r"^(container|unit|session|process):(.+)@([^@]+)$")
+
+
 @dataclass(frozen=True, slots=True)
 class JobSelector:
-    """The job to report on: a Slurm job id, or a Kubernetes pod."""
+    """A job, by its identity labels: a Slurm job id, a Kubernetes pod, or on a node
+    with neither a container, unit, session or process tree and its node (``instance``),
+    since its name is only its node's."""
 
     hpc_job: str | None = None
     namespace: str | None = None
     pod: str | None = None
+    job_kind: str | None = None
+    job_name: str | None = None
+    instance: str | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> JobSelector:
+        """``--job``: a Slurm job id, or ``KIND:NAME@INSTANCE`` for a job found on a node
+        without a scheduler (``process:4242@node7:9977``, as `report --top` names it)."""
+        m = _NODE_JOB.match(text)
+        if m is None:
+            return cls(hpc_job=text)
+        return cls(job_kind=m.group(1), job_name=m.group(2), instance=m.group(3))
+
+    @classmethod
+    def of(cls, labels: dict[str, str]) -> JobSelector | None:
+        """The job a series' labels name, or None where they name none."""
+        if labels.get("hpc_job"):
+            return cls(hpc_job=labels["hpc_job"])
+        if labels.get("pod"):
+            return cls(namespace=labels.get("namespace", ""), pod=labels["pod"])
+        kind, name = labels.get("job_kind", ""), labels.get("job_name", "")
+        if kind in NODE_KINDS and name:
+            return cls(job_kind=kind, job_name=name, instance=labels.get("instance", ""))
+        return None
 
     def matchers(self) -> str:
         if self.hpc_job is not None:
             return f"hpc_job={promql_string(self.hpc_job)}"
+        if self.pod is not None:
+            return f"namespace={promql_string(self.namespace or '')},pod={promql_string(self.pod)}"
         return (
-            f"namespace={promql_string(self.namespace or '')},pod={promql_string(self.pod or '')}"
+            f"job_kind={promql_string(self.job_kind or '')},"
+            f"job_name={promql_string(self.job_name or '')},"
+            f"instance={promql_string(self.instance or '')}"
         )
 
     def describe(self) -> str:
         if self.hpc_job is not None:
             return f"job {self.hpc_job}"
-        return f"pod {self.namespace}/{self.pod}"
+        if self.pod is not None:
+            return f"pod {self.namespace}/{self.pod}"
+        return f"{self.job_kind} {self.job_name} on {self.instance}"
 
     def ident(self) -> str:
-        return self.hpc_job if self.hpc_job is not None else f"{self.namespace}/{self.pod}"
+        if self.hpc_job is not None:
+            return self.hpc_job
+        if self.pod is not None:
+            return f"{self.namespace}/{self.pod}"
+        return f"{self.job_kind}:{self.job_name}@{self.instance}"
+
+    def labels(self) -> dict[str, str]:
+        """The labels it was found by (those set)."""
+        return {k: v for k in _SELECTOR_LABELS if (v := getattr(self, k)) is not None}
+
+
+_SELECTOR_LABELS = ("hpc_job", "namespace", "pod", "job_kind", "job_name", "instance")
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +137,24 @@ class Gap:
     start: float
     end: float
     why: str
+
+
+@dataclass(frozen=True, slots=True)
+class LostTime:
+    """GPU-seconds lost in one state, for one cause or reason ("" where none)."""
+
+    state: str
+    cause: str
+    seconds: float
+
+
+def lost_by_cause(rows: Iterable[tuple[str, str, float]]) -> list[LostTime]:
+    """(state, cause, seconds) summed per state and cause, largest first."""
+    acc: dict[tuple[str, str], float] = {}
+    for state, cause, secs in rows:
+        if math.isfinite(secs) and secs > 0:
+            acc[(state, cause)] = acc.get((state, cause), 0.0) + secs
+    return [LostTime(s, c, v) for (s, c), v in sorted(acc.items(), key=lambda kv: -kv[1])]
 
 
 @dataclass
@@ -103,6 +171,10 @@ class Fetched:
     gaps: list[Gap] = field(default_factory=list)
     restarted: list[str] = field(default_factory=list)  # instances whose gpumon restarted
     util_source: str = "recording rule"
+    # The job's user and its GPU time lost by state and cause, from the daemons' per-job
+    # counters (absent: None and [], where they do not export them).
+    user: str | None = None
+    lost_by_cause: list[LostTime] = field(default_factory=list)
 
 
 def step_for(span_s: float) -> float:
@@ -322,6 +394,21 @@ class JobQueries:
                 f"histogram_quantile({phi}, sum by (job, instance, gpu, uuid, le) ({grown}))"
             )
 
+        # The job's own counters (gpumon_job_lost_gpu_seconds_total): its user, and its lost
+        # time by cause.
+        lost_rows = q(
+            "sum by (user, state, cause) (increase(gpumon_job_lost_gpu_seconds_total"
+            f"{{{self.sel.matchers()}}}[{window}]))"
+        )
+        by_user: dict[str, float] = {}
+        for s in lost_rows:
+            u = s.labels.get("user", "")
+            by_user[u] = by_user.get(u, 0.0) + (s.value if math.isfinite(s.value) else 0.0)
+        user = max(by_user, key=lambda u: (by_user[u], u)) if by_user else None
+        lost_causes = lost_by_cause(
+            (s.labels.get("state", ""), s.labels.get("cause", ""), s.value) for s in lost_rows
+        )
+
         gap50 = quantile("gpumon_gpu_idle_gap_seconds", 0.5)
         gap90 = quantile("gpumon_gpu_idle_gap_seconds", 0.9)
         burst50 = quantile("gpumon_gpu_busy_burst_seconds", 0.5)
@@ -364,7 +451,18 @@ class JobQueries:
                 )
             )
         return Fetched(
-            self.sel, since, until, start, end, step, readings, gaps, restarted, util_source
+            self.sel,
+            since,
+            until,
+            start,
+            end,
+            step,
+            readings,
+            gaps,
+            restarted,
+            util_source,
+            user or None,
+            lost_causes,
         )
 
 

@@ -20,7 +20,7 @@ from gpumon.engine.words import (
     state_label,
     verdict_words,
 )
-from gpumon.faces.report.queries import Fetched
+from gpumon.faces.report.queries import Fetched, LostTime
 from gpumon.model import State
 
 
@@ -37,6 +37,25 @@ def _spent(seconds: Mapping[State, float]) -> str:
             part = f" ({x / total * 100:.0f} %)" if total > 0 else ""
             parts.append(f"{st.value} {clock(x, 0)}{part}")
     return ", ".join(parts) or "no time classified"
+
+
+def why_text(state: str, cause: str) -> str:
+    """A state and the cause or reason its time went to: ``starved/cpu``, ``idle``."""
+    return f"{state}/{cause}" if cause else state
+
+
+def lost_text(lost: list[LostTime]) -> str:
+    """``starved/cpu 120 GPU-s (80 %), idle/start_up 30 GPU-s (20 %)``."""
+    total = sum(x.seconds for x in lost)
+    return ", ".join(
+        f"{why_text(x.state, x.cause)} {x.seconds:.0f} GPU-s"
+        + (f" ({x.seconds / total * 100:.0f} %)" if total > 0 else "")
+        for x in lost
+    )
+
+
+def lost_json(x: LostTime) -> dict:
+    return {"state": x.state, "cause": x.cause or None, "lost_gpu_seconds": round(x.seconds, 1)}
 
 
 def straggler_text(s: Straggler) -> str:
@@ -91,6 +110,8 @@ def render_text(f: Fetched, j: JobJudged, url: str) -> str:
         out += _node_lines(node, j.straggler)
         out.append("")
     out.append(f"time per state (GPU-seconds, all nodes): {_spent(s.seconds)}")
+    if f.lost_by_cause:
+        out.append(f"GPU time lost by cause: {lost_text(f.lost_by_cause)}")
     if s.advice:
         out.append("")
         out.append("Advice:")
@@ -215,18 +236,11 @@ def to_json(f: Fetched, j: JobJudged, url: str, cost: Mapping[str, int]) -> dict
         d["straggler"] = j.straggler is not None and j.straggler.instance == n.instance
         d["gpus"] = [_gpu_json(g, n.summary) for g in n.gpus]
         nodes.append(d)
-    sel = {
-        k: v
-        for k, v in (
-            ("hpc_job", f.selector.hpc_job),
-            ("namespace", f.selector.namespace),
-            ("pod", f.selector.pod),
-        )
-        if v is not None
-    }
+    sel = f.selector.labels()
     return {
         "job": f.selector.ident(),
         "selector": sel,
+        "user": f.user,
         "prometheus": url,
         "since": f.since,
         "until": f.until,
@@ -243,5 +257,6 @@ def to_json(f: Fetched, j: JobJudged, url: str, cost: Mapping[str, int]) -> dict
             {"instance": g.instance, "start": g.start, "end": g.end, "why": g.why} for g in f.gaps
         ],
         "restarted": list(f.restarted),
+        "lost_by_cause": [lost_json(x) for x in f.lost_by_cause],
         "sources": {"utilization_by_state": f.util_source, **cost},
     }
