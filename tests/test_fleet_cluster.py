@@ -248,7 +248,11 @@ def plain_ident(f: Fleet) -> str:
 
 # --------------------------------------------------------------------------- the ranking
 def test_top_ranks_jobs_by_gpu_time_lost_with_verdict_cause_and_user(fleet: Fleet) -> None:
-    r = fleet.json("--top", "10", "--since", "10m")
+    # One range for the records and the raw series alike: the jobs go on losing time
+    # between the two reports (seconds apart on a busy machine).
+    until = time.time()
+    window = ("--since", f"@{until - 600:.3f}", "--until", f"@{until:.3f}")
+    r = fleet.json("--top", "10", *window)
     rows = _rows(r)
     plain = plain_ident(fleet)
     assert [x["job"] for x in rows] == ["7002", plain, "7001", "7003"], rows
@@ -287,7 +291,7 @@ def test_top_ranks_jobs_by_gpu_time_lost_with_verdict_cause_and_user(fleet: Flee
     assert j7003["verdict"] == "healthy" and j7003["lost_share"] < 0.1
 
     # The same ranking from the daemons' counters alone (no records read).
-    raw = fleet.json("--top", "10", "--since", "10m", "--no-recording-rules")
+    raw = fleet.json("--top", "10", *window, "--no-recording-rules")
     assert raw["sources"]["lost_time"] == "raw series"
     assert [x["job"] for x in _rows(raw)] == [x["job"] for x in rows]
     for a, b in zip(rows, _rows(raw), strict=True):
