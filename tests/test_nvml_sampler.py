@@ -353,7 +353,7 @@ def test_record_keeps_the_hardware_fields_and_xid_errors(fake_nvml, tmp_path: Pa
     from gpumon.traces.jsonl import FORMAT_VERSION, read_trace
 
     header, snaps = read_trace(out)
-    assert header.version == FORMAT_VERSION == 3
+    assert header.version == FORMAT_VERSION == 4
     first = snaps[0].gpus
     assert first[0].ecc_uncorrected_errors == 1 and first[0].memory_temperature_c == 64.0
     assert first[0].nvlink_rx_bytes is not None and first[1].nvlink_rx_bytes is None

@@ -41,8 +41,10 @@ log = logging.getLogger(__name__)
 FORMAT_NAME = "gpumon-trace"
 # 2: GPM fields (sm_active_ratio, sm_occupancy_ratio, tensor_active_ratio, mig_activity).
 # 3: hardware health (mem_clock_mhz ... nvlink_rx_bytes) and xid_errors.
+# 4: row remapping, reserved memory, encoder/decoder, GPM DRAM and FP pipes
+#    (remapped_rows_corrected ... fp16_active_ratio): a version 3 reader would stop on them.
 # A reader reads every version up to its own.
-FORMAT_VERSION = 3
+FORMAT_VERSION = 4
 _INF = float("inf")
 # The Python stacks (--stacks) travel in event lines of their own ("event": "stacks"),
 # which readers that do not know them skip: no trace version bump.  This is their version.
