@@ -68,3 +68,14 @@ def write_tick(writer: TraceWriter, snapshot: Snapshot, path: str) -> None:
             f"writing {path} failed ({exc.strerror or exc}); the ticks before this one are "
             "intact in the file."
         ) from None
+
+
+def finite_json(obj: object) -> object:
+    """NaN/inf would make the output invalid JSON; they are "no value" (null)."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: finite_json(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [finite_json(v) for v in obj]
+    return obj

@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from collections.abc import Iterator
 
 from gpumon.errors import GpumonError, TraceFormatError
 from gpumon.faces.analyze.notalog import check_exists, why_not_a_log
+from gpumon.faces.common import finite_json
 from gpumon.model import Snapshot
 from gpumon.terminal import printable
 from gpumon.traces.sniff import FORMATS, open_trace
@@ -114,17 +114,6 @@ class _UntilError:
             self.error = TraceFormatError(f"cannot read further ({exc})", path=self._path)
 
 
-def _finite(obj: object) -> object:
-    """NaN/inf would make the output invalid JSON; they are "no value" (null)."""
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, dict):
-        return {k: _finite(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return [_finite(v) for v in obj]
-    return obj
-
-
 def run(args: argparse.Namespace) -> int:
     from gpumon.engine import analyze
     from gpumon.faces.analyze.report import render_text, to_json
@@ -157,7 +146,7 @@ def run(args: argparse.Namespace) -> int:
         raise guarded.error
     if args.json:
         # Written as it is encoded: a day's report is megabytes, never one string in memory.
-        json.dump(_finite(to_json(result)), sys.stdout, indent=2, allow_nan=False)
+        json.dump(finite_json(to_json(result)), sys.stdout, indent=2, allow_nan=False)
         sys.stdout.write("\n")
     else:
         print(printable(render_text(result), keep_newlines=True))

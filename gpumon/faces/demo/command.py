@@ -168,16 +168,10 @@ def default_speed(span_s: float) -> float:
 
 
 class DemoServer:
-    """The serve daemon's state, metrics endpoint and log, fed by its own replay."""
+    """Serve's daemon (``gpumon.faces.serve.Daemon``), fed by its own replay."""
 
     def __init__(self, trace: LoadedTrace, speed: float, live_start_s: float, log_dir: str) -> None:
-        from prometheus_client import disable_created_metrics
-
-        from gpumon.faces.serve.collector import make_registry
-        from gpumon.faces.serve.config import ServeConfig
-        from gpumon.faces.serve.daemon import ServeState
-        from gpumon.faces.serve.http import MetricsServer
-        from gpumon.faces.serve.log import EventLog
+        from gpumon.faces.serve import Daemon, ServeConfig
 
         # The daemon's own replay of the trace, judged as the daemon judges: tick by tick.
         self.session = Session.replay(
@@ -196,42 +190,34 @@ class DemoServer:
             log_path=self.log_path,
             job_sources=(),
         )
-        disable_created_metrics()
         wall0 = time.time() + (live_start_s - time.monotonic())  # wall time at live start
         # The daemon's clocks follow the replay, so log times and periodic summaries are
         # those of the recorded run, started now.
-        self.state = ServeState(
+        self.daemon = Daemon(
             self.session,
             cfg,
-            EventLog(cfg.log_path),
             mono=self.session.now,
             wall=lambda: wall0 + (self.session.now() - live_start_s),
         )
-        self.server = MetricsServer(cfg, make_registry(self.state))
-        self.url = f"http://127.0.0.1:{self.server.port}/metrics"
+        self.state = self.daemon.state
+        self.url = f"http://127.0.0.1:{self.daemon.port}/metrics"
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._loop, name="gpumon-demo-serve", daemon=True)
 
     def start(self) -> None:
-        self.server.start()
-        start = self.state.summary("start")
-        start["listen"] = self.url
-        start["demo"] = True
-        self.state.log.write(start)
+        self.daemon.start(listen=self.url, demo=True)
         self.thread.start()
 
     def _loop(self) -> None:
         for _ in paced(SERVE_INTERVAL_S, self.stop):
-            self.state.step()
+            self.daemon.step()
             if self.session.finished:  # over: its episodes end with its last tick
                 return
 
     def close(self, reason: str) -> None:
         self.stop.set()
         self.thread.join(timeout=5)
-        self.state.finish(reason)
-        self.server.close()
-        self.state.log.close()
+        self.daemon.close(reason)
 
 
 # --- the watch side ----------------------------------------------------------------------------

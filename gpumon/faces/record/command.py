@@ -16,7 +16,7 @@ import threading
 from gpumon.engine import Session, StackOptions
 from gpumon.errors import UsageError
 from gpumon.faces.common import interval, positive_float, write_tick
-from gpumon.faces.record.output import trace_writer
+from gpumon.faces.trace_output import trace_writer
 from gpumon.loop import ExitWatch, StopFlag, paced
 
 

@@ -261,7 +261,7 @@ def _client(args: argparse.Namespace) -> PrometheusClient:
 
 def run(args: argparse.Namespace) -> int:
     from gpumon.engine import judge_job
-    from gpumon.faces.analyze.command import _finite
+    from gpumon.faces.common import finite_json
     from gpumon.faces.report.queries import JobQueries, JobSelector
     from gpumon.faces.report.render import missing_sentences, render_text, to_json
 
@@ -291,7 +291,7 @@ def run(args: argparse.Namespace) -> int:
     fetched = JobQueries(client, sel, use_rules=not args.no_recording_rules).fetch(since, until)
     judged = judge_job(fetched.readings)
     cost = {"queries": client.requests, "bytes_received": client.bytes_received}
-    report = _finite(to_json(fetched, judged, client.url, cost))
+    report = finite_json(to_json(fetched, judged, client.url, cost))
     text = render_text(fetched, judged, client.url)
     if args.json:
         print(json.dumps(report, indent=2, allow_nan=False))
@@ -316,7 +316,7 @@ def run(args: argparse.Namespace) -> int:
 def run_top(args: argparse.Namespace, store: FileStore, slurm: SlurmComment) -> int:
     """`--top N`: the fleet's jobs (or users, namespaces, causes) by GPU time lost."""
     from gpumon.engine import judge_job
-    from gpumon.faces.analyze.command import _finite
+    from gpumon.faces.common import finite_json
     from gpumon.faces.report.client import JobNotFoundError
     from gpumon.faces.report.fleet import FleetQueries, readings
     from gpumon.faces.report.ranking import (
@@ -369,7 +369,7 @@ def run_top(args: argparse.Namespace, store: FileStore, slurm: SlurmComment) -> 
         {"queries": client.requests, "bytes_received": client.bytes_received},
     )
     if args.json:
-        print(json.dumps(_finite(to_json(ranking)), indent=2, allow_nan=False))
+        print(json.dumps(finite_json(to_json(ranking)), indent=2, allow_nan=False))
     else:
         print(printable(render_text(ranking), keep_newlines=True), end="")
     sys.stdout.flush()

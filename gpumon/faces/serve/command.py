@@ -16,7 +16,6 @@ import logging
 import signal
 import sys
 import threading
-import time
 from typing import TYPE_CHECKING, Any
 
 from gpumon import __version__
@@ -181,30 +180,19 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from prometheus_client import disable_created_metrics
-
-    from gpumon.faces.serve.collector import make_registry
     from gpumon.faces.serve.daemon import (
-        ServeState,
         detector_config,
         job_options,
         reads_hardware,
         stack_options,
     )
-    from gpumon.faces.serve.http import (
-        ConnectionStats,
-        MetricsServer,
-        exposure_warning,
-        key_file_warning,
-    )
-    from gpumon.faces.serve.landing import StatePages
-    from gpumon.faces.serve.log import EventLog
+    from gpumon.faces.serve.http import exposure_warning, key_file_warning
     from gpumon.faces.serve.notify import Notifier, Watchdog, stale_after_s, watchdog_period_s
+    from gpumon.faces.serve.runner import Daemon
 
     say = logging.getLogger("gpumon.serve")
     cfg = load_config(args)
     _make_log_folder(cfg.log_path, say)
-    disable_created_metrics()
     stacks = stack_options(cfg)
     if stacks is not None:
         try:
@@ -219,18 +207,13 @@ def _serve(args: argparse.Namespace) -> int:
         stacks=stacks,
         hardware=reads_hardware(cfg),
     )
-    log = EventLog(None)
-    state = ServeState(session, cfg, log)
-    stats = ConnectionStats()
-    server = MetricsServer(  # port in use -> one sentence, exit 1
-        cfg, make_registry(state, stats), pages=StatePages(state), stats=stats
-    )
-    log = state.log = EventLog(cfg.log_path)
+    daemon = Daemon(session, cfg)  # port in use -> one sentence, exit 1
+    state = daemon.state
     stop = StopFlag().install()
-    hup_previous = _install_hup(log)
-    server.start()
+    hup_previous = _install_hup(daemon.log)
+    daemon.start(listen=f"{cfg.address}:{daemon.port}", interval_s=cfg.interval_s)
     scheme = "https" if cfg.tls else "http"
-    where = f"{scheme}://{_host(cfg.address)}:{server.port}{cfg.telemetry_path}"
+    where = f"{scheme}://{_host(cfg.address)}:{daemon.port}{cfg.telemetry_path}"
     say.info(
         f"serving {len(state.gpus)} GPU(s) on {where} every {cfg.interval_s:g} s"
         + (", basic auth" if cfg.basic_auth else "")
@@ -239,10 +222,6 @@ def _serve(args: argparse.Namespace) -> int:
     for warning in (exposure_warning(cfg), key_file_warning(cfg)):
         if warning is not None:
             say.warning(warning.removeprefix("gpumon: "))
-    start = state.summary("start")
-    start["listen"] = f"{cfg.address}:{server.port}"
-    start["interval_s"] = cfg.interval_s
-    log.write(start)
     notifier = Notifier()
     period = watchdog_period_s()
     watchdog = (
@@ -253,10 +232,7 @@ def _serve(args: argparse.Namespace) -> int:
     ready = False
     try:
         for _ in paced(cfg.interval_s, stop.event):
-            if log.reopen_wanted:
-                log.reopen()
-                log.write({"time": time.time(), "event": "log_reopened"})
-            state.step()
+            daemon.step()
             if watchdog is not None:
                 watchdog.beat()
             if not ready:  # serving and sampled once: systemd may call the unit started
@@ -272,9 +248,7 @@ def _serve(args: argparse.Namespace) -> int:
         if hup_previous is not None:
             signal.signal(signal.SIGHUP, hup_previous)
         reason = "signal " + signal.Signals(stop.signal).name if stop.signal else "stopped"
-        state.finish(reason)
-        server.close()
-        log.close()
+        daemon.close(reason)
     say.info(f"stopped ({reason}) after {state.ticks_total} ticks.")
     return 0
 

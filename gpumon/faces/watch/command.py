@@ -521,7 +521,7 @@ def _watch(r: _Run, stop_flag: StopFlag) -> None:
     assert r.session is not None
     writer = None
     if r.args.record:
-        from gpumon.faces.record.output import trace_writer
+        from gpumon.faces.trace_output import trace_writer
 
         # Never over an existing trace; gzip for a .gz name (as `gpumon record` does).
         writer = trace_writer(r.args.record, r.session.header())

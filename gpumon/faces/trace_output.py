@@ -1,4 +1,5 @@
-"""Where a recording goes: never over an existing file unless asked, gzip when named so.
+"""Where a recording goes (``record -o``, ``watch --record``): never over an existing
+file unless asked, gzip when named so.
 
 A trace is often the only copy of a long run, so ``record -o run.jsonl`` refuses a file
 that exists (``--force`` replaces it); appending is no answer, since a second header in
