@@ -124,6 +124,50 @@ def plain_states(stdout: str) -> list[tuple[int, str, str]]:
     return [(int(m[1]), m[2], m[3]) for m in STATE_LINE.finditer(stdout)]
 
 
+class LiveWatch:
+    """``gpumon watch`` running, its plain lines read as they come, so a test acts on
+    what the watch has shown (an event), never on seconds: a busy machine starts gpumon
+    and its children late.  The deadlines only end a wait for a line that never comes."""
+
+    def __init__(self, env: dict[str, str], *args: str, stdin: int | None = None) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "gpumon", "watch", *args],
+            env=env,
+            stdin=stdin,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=ROOT,
+        )
+        self.lines: list[str] = []
+
+    def wait_line(self, pattern: str, deadline_s: float = 300.0) -> re.Match[str]:
+        """The first line from now on matching ``pattern`` (read lines are kept)."""
+        assert self.proc.stdout is not None
+        end = time.monotonic() + deadline_s
+        for line in self.proc.stdout:
+            self.lines.append(line)
+            m = re.search(pattern, line)
+            if m:
+                return m
+            assert time.monotonic() < end, f"no line matched {pattern!r}: {self.lines[-5:]}"
+        raise AssertionError(f"the watch ended before a line matched {pattern!r}: {self.lines}")
+
+    def finish(self, timeout: float = 300.0) -> subprocess.CompletedProcess[str]:
+        rest, err = self.proc.communicate(timeout=timeout)
+        out = "".join(self.lines) + rest
+        return subprocess.CompletedProcess(self.proc.args, self.proc.returncode, out, err)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.communicate()
+
+
+# A plain line once the run's GPU has a reading (before: "waiting for the run ...").
+USED_GPU = r" gpu0=\d+% state="
+
+
 # --- verdicts on a real tree -----------------------------------------------------------
 
 
@@ -263,34 +307,38 @@ def test_sigterm_is_forwarded_and_the_command_status_returned(fake_nvml) -> None
         "import signal, sys, time\n"
         "signal.signal(signal.SIGTERM, lambda *_: (print('child got TERM', flush=True), "
         "sys.exit(42)))\n"
-        "print('ready', flush=True)\n"
-        "time.sleep(30)\n"
+        "print('child ready', flush=True)\n"
+        "time.sleep(600)\n"
     )
-    gpumon = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "gpumon",
-            "watch",
-            "--interval",
-            "0.2",
-            "--",
-            sys.executable,
-            "-c",
-            script,
-        ],
-        env=fake_nvml.env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=ROOT,
+    w = LiveWatch(fake_nvml.env, "--interval", "0.2", "--", sys.executable, "-c", script)
+    try:
+        w.wait_line("child ready")  # its handler is in place: it printed after
+        w.proc.send_signal(signal.SIGTERM)
+        r = w.finish()
+    finally:
+        w.kill()
+    assert "child got TERM" in r.stdout
+    assert r.returncode == 42, r.stderr
+
+
+def test_sigterm_while_gpumon_starts_reaches_the_command(fake_nvml) -> None:
+    """A SIGTERM that arrives once the command exists but before gpumon's session is up
+    (the command sends it to gpumon as the first thing it does) is the command's too:
+    gpumon neither dies of it nor leaves the command running without it."""
+    script = (
+        "import os, signal, sys, time\n"
+        "signal.signal(signal.SIGTERM, lambda *_: (print('child got TERM', flush=True), "
+        "sys.exit(42)))\n"
+        "os.kill(os.getppid(), signal.SIGTERM)\n"
+        "time.sleep(600)\n"
     )
-    _wait_for_child(gpumon.pid)
-    time.sleep(0.5)  # let the child install its handler
-    gpumon.send_signal(signal.SIGTERM)
-    stdout, stderr = gpumon.communicate(timeout=15)
-    assert "child got TERM" in stdout
-    assert gpumon.returncode == 42, stderr
+    w = LiveWatch(fake_nvml.env, "--interval", "0.2", "--", sys.executable, "-c", script)
+    try:
+        r = w.finish()
+    finally:
+        w.kill()
+    assert "child got TERM" in r.stdout
+    assert r.returncode == 42, r.stderr
 
 
 def test_command_that_cannot_start_is_one_sentence(fake_nvml) -> None:
@@ -318,64 +366,78 @@ def test_nothing_to_watch_is_an_error(fake_nvml) -> None:
 
 
 def test_process_exiting_mid_run_ends_the_watch_cleanly(fake_nvml, trees, tmp_path) -> None:
-    # The burning workers and their parent exit together after 4 s, amid 0.1 s ticks.
-    tree = start_tree(2, 0, 4)
+    # The burning workers and their parent exit together once the watch has seen the GPU
+    # used, amid 0.1 s ticks.
+    tree = start_tree(2, 0, 600)
     trees.append(tree)
     fake_nvml.set(Scenario(gpus=[gpu_with(tree.workers[1], Pattern.burst(1.0, 0.3))]))
     out = tmp_path / "summary.json"
-    r = watch(
-        fake_nvml.env,
-        "--pid",
-        str(tree.pid),
-        "--interval",
-        "0.1",
-        "--summary-json",
-        str(out),
-        timeout=20,
+    w = LiveWatch(
+        fake_nvml.env, "--pid", str(tree.pid), "--interval", "0.1", "--summary-json", str(out)
     )
+    try:
+        w.wait_line(USED_GPU)
+        tree.proc.terminate()  # the parent kills its workers and exits
+        tree.proc.wait(60)
+        r = w.finish()  # the watch ends by itself: nothing else stops it
+    finally:
+        w.kill()
     assert r.returncode == 0, r.stderr
     assert "Traceback" not in r.stderr
     summary = json.loads(out.read_text())
     assert summary["ended"] == "exited" and summary["used_gpu"] is True
-    assert summary["wall_s"] < 6
 
 
-WORKER_LATER = """
-import os, sys, time
-time.sleep(1.0)
+# A parent that forks a burning worker when told (a line on stdin), kills it when told
+# again, and exits on the third line.
+WORKER_ON_CUE = """
+import os, signal, sys, time
+sys.stdin.readline()
 pid = os.fork()
 if pid == 0:
-    end = time.monotonic() + 1.2
-    while time.monotonic() < end:
+    while True:
         pass
-    os._exit(0)
 print(pid, flush=True)
+sys.stdin.readline()
+os.kill(pid, signal.SIGKILL)
 os.waitpid(pid, 0)
-time.sleep(1.0)
+print("gone", flush=True)
+sys.stdin.readline()
 """
 
 
 def test_worker_appearing_and_vanishing_is_followed(fake_nvml, tmp_path: Path) -> None:
     parent = subprocess.Popen(
-        [sys.executable, "-c", WORKER_LATER], stdout=subprocess.PIPE, text=True
+        [sys.executable, "-c", WORKER_ON_CUE],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert parent.stdin is not None and parent.stdout is not None
+    trace = tmp_path / "trace.jsonl"
+    fake_nvml.set(Scenario(gpus=[gpu_with(parent.pid, Pattern.steady(100))]))
+    w = LiveWatch(
+        fake_nvml.env, "--pid", str(parent.pid), "--interval", "0.1", "--record", str(trace)
     )
     try:
-        fake_nvml.set(Scenario(gpus=[gpu_with(parent.pid, Pattern.steady(100))]))
-        trace = tmp_path / "trace.jsonl"
-        r = watch(
-            fake_nvml.env,
-            "--pid",
-            str(parent.pid),
-            "--interval",
-            "0.1",
-            "--record",
-            str(trace),
-            timeout=20,
-        )
-        worker = int(parent.stdout.readline())  # type: ignore[union-attr]
+        w.wait_line(r"procs=1\b")
+        parent.stdin.write("fork\n")
+        parent.stdin.flush()
+        worker = int(parent.stdout.readline())
+        w.wait_line(r"procs=2\b")
+        parent.stdin.write("end the worker\n")
+        parent.stdin.flush()
+        assert parent.stdout.readline().strip() == "gone"
+        w.wait_line(r"procs=1\b")
+        parent.stdin.write("exit\n")
+        parent.stdin.flush()
+        parent.wait(60)
+        r = w.finish()
     finally:
-        parent.kill()
-        parent.wait()
+        w.kill()
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait()
     assert r.returncode == 0, r.stderr
     counts = [int(m) for m in re.findall(r"procs=(\d+)", r.stdout)]
     # One process, then two while the worker lives, then one again.
@@ -451,35 +513,27 @@ def test_no_driver_is_said_before_the_command_starts(fake_nvml, tmp_path: Path) 
 
 
 def test_gpu_lost_mid_run_is_shown_and_the_watch_goes_on(fake_nvml, trees, tmp_path) -> None:
-    tree = start_tree(0, 1, 4)
+    tree = start_tree(0, 1, 600)
     trees.append(tree)
     scn = Scenario(gpus=[gpu_with(tree.workers[0], Pattern.steady(100))])
     fake_nvml.set(scn)
     out = tmp_path / "summary.json"
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "gpumon",
-            "watch",
-            "--pid",
-            str(tree.pid),
-            "--interval",
-            "0.2",
-            "--summary-json",
-            str(out),
-        ],
-        env=fake_nvml.env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=ROOT,
+    w = LiveWatch(
+        fake_nvml.env, "--pid", str(tree.pid), "--interval", "0.2", "--summary-json", str(out)
     )
-    time.sleep(2.0)
-    fake_nvml.set(scn.with_gpu(0, lost=True))
-    stdout, stderr = proc.communicate(timeout=20)
-    assert proc.returncode == 0, stderr
-    assert "gpu0=lost" in stdout and "Traceback" not in stderr
+    try:
+        w.wait_line(r" gpu0=100% state=")  # a second of readings
+        w.wait_line(r" gpu0=100% state=")
+        fake_nvml.set(scn.with_gpu(0, lost=True))
+        w.wait_line(r"gpu0=lost")
+        w.wait_line(r"gpu0=lost")  # and the watch goes on
+        tree.proc.terminate()
+        tree.proc.wait(60)
+        r = w.finish()
+    finally:
+        w.kill()
+    assert r.returncode == 0, r.stderr
+    assert "Traceback" not in r.stderr
     assert json.loads(out.read_text())["gpus"][0]["duty_cycle"] > 0.9
 
 

@@ -110,6 +110,14 @@ class Child:
             # A pipe makes Python block-buffer its stdout; keep the view's tail current.
             env = dict(os.environ)
             env.setdefault("PYTHONUNBUFFERED", "1")
+        # Signals are the command's from the moment it exists: one that arrives while it
+        # starts is held and forwarded once it has a pid (gpumon's own start-up, NVML and
+        # the session, can take seconds; a SIGTERM then must not kill gpumon and orphan
+        # the command).  Handlers set here are reset in the command by exec.
+        self._previous: dict[int, Any] = {}
+        self.signals: list[int] = []
+        early: list[int] = []
+        self._catch(lambda signum, _frame: early.append(signum))
         try:
             self.proc = subprocess.Popen(
                 list(argv),
@@ -118,23 +126,35 @@ class Child:
                 env=env,
             )
         except FileNotFoundError:
+            self.restore_signals()
             raise CommandError(f"cannot run {argv[0]!r}: command not found.", 127) from None
         except PermissionError:
+            self.restore_signals()
             raise CommandError(f"cannot run {argv[0]!r}: permission denied.", 126) from None
         except OSError as exc:
+            self.restore_signals()
             raise CommandError(f"cannot run {argv[0]!r}: {exc.strerror or exc}.", 126) from None
         self.pid = self.proc.pid
         self.pump = OutputPump(self.proc.stdout) if capture else None
-        self._previous: dict[int, Any] = {}
-        self.signals: list[int] = []
+        self._catch(self._on_signal)
+        for signum in early:
+            self._on_signal(signum, None)
 
     # --- signals -------------------------------------------------------------------------
 
-    def forward_signals(self) -> None:
+    def _catch(self, handler: Any) -> None:
+        """``handler`` for every forwarded signal (the main thread only: elsewhere Python
+        sets none); the handlers before the first kept for ``restore_signals``."""
         if threading.current_thread() is not threading.main_thread():
             return
         for sig in FORWARDED:
-            self._previous[sig] = signal.signal(sig, self._on_signal)
+            previous = signal.signal(sig, handler)
+            self._previous.setdefault(sig, previous)
+
+    def forward_signals(self) -> None:
+        """Forward the signals to the command (already so since it started; kept for
+        callers that say so where the run begins)."""
+        self._catch(self._on_signal)
 
     def restore_signals(self) -> None:
         for sig, handler in self._previous.items():

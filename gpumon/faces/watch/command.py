@@ -226,6 +226,7 @@ class _Run:
             if self.child is not None:
                 self.child.send(15)
                 self.child.wait()
+                self.child.restore_signals()
             raise
         self.session = session
         self.state = WatchState(
