@@ -106,6 +106,19 @@ def test_the_schema_is_valid_and_ships_with_the_package() -> None:
     assert "*.schema.json" in pyproject["package-data"]["gpumon.schema"]
 
 
+@pytest.mark.slow
+def test_a_built_wheel_carries_the_schema(tmp_path: Path) -> None:
+    """A consumer's gpumon is an installed wheel, not this checkout: the file is in it."""
+    import zipfile
+
+    from helpers.image import build_distribution, copy_sources
+
+    wheel = build_distribution("wheel", copy_sources(tmp_path / "src"), tmp_path)
+    with zipfile.ZipFile(wheel) as whl:
+        shipped = json.loads(whl.read("gpumon/schema/summary.schema.json"))
+    assert shipped == summary_schema()
+
+
 def test_the_schema_names_every_state_cause_and_reason_of_the_model() -> None:
     """A new state, cause or reason is a change to the published schema too."""
     defs = summary_schema()["$defs"]
