@@ -31,7 +31,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 from gpumon.faces.serve.collectors import GROUPS, GroupCollector, Inputs
 from gpumon.faces.serve.config import COLLECTORS
 from gpumon.faces.serve.daemon import ServeState
-from gpumon.faces.serve.door import ConnectionStats
+from gpumon.faces.serve.http import ConnectionStats
 
 if tuple(g.group for g in GROUPS) != COLLECTORS:  # the switches name every group
     raise ImportError("collectors.GROUPS and config.COLLECTORS differ: update both")

@@ -191,8 +191,8 @@ def _serve(args: argparse.Namespace) -> int:
         reads_hardware,
         stack_options,
     )
-    from gpumon.faces.serve.door import ConnectionStats
     from gpumon.faces.serve.http import (
+        ConnectionStats,
         MetricsServer,
         exposure_warning,
         key_file_warning,

@@ -16,7 +16,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from gpumon.faces.serve.daemon import ServeState
-from gpumon.faces.serve.door import ConnectionStats
+from gpumon.faces.serve.http import ConnectionStats
 
 GPU = ["gpu", "uuid"]
 # A job's labels (JobLabels.as_dict()); a job's own series leave out the GPU's container.
