@@ -275,7 +275,7 @@ def test_metrics_show_the_scenario_then_starvation_and_the_log_gets_episodes(
     # SIGTERM: a final line with the states as they were, exit 0.
     assert d.stop() == 0, d.stderr_text
     last = d.log_records()[-1]
-    assert last["event"] == "stop" and last["reason"] == "signal SIGTERM"
+    assert last["event"] == "stop" and last["stop_reason"] == "signal SIGTERM"
     assert last["node_state"] == "starved"
     assert "Traceback" not in d.stderr_text
 

@@ -513,14 +513,20 @@ def test_summary_json_has_every_documented_key(tmp_path: Path) -> None:
         "idle": 5.0,
         "unknown": 0.0,
     }
+    # A GPU the detector's summary has no word on: what the watch saw of it, its run
+    # verdict unknown (the schema's core: gpumon/schema/summary.schema.json).
     assert data["gpus"] == [
         {
             "gpu": 0,
             "uuid": UUID,
-            "name": "Fake H100",
+            "verdict": "unknown",
+            "cause": None,
             "duty_cycle": 0.31,
-            "off_bus_s": 0.0,
+            "samples": 0,
+            "seconds": dict.fromkeys(("healthy", "starved", "sync_stall", "idle", "unknown"), 0.0),
             "lost_gpu_seconds": 0.0,
+            "off_bus_s": 0.0,
+            "name": "Fake H100",
         }
     ]
     assert data["lost_gpu_seconds"] == 34.5 and data["advice"] == list(ADVICE)

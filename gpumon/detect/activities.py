@@ -394,7 +394,6 @@ class StackWindow:
         return out
 
 
-ROLE_TOP = 5  # places kept per role in a run's summary
 # The GPUs' waiting is kept per stretch of a second, 256 of them: a stack window (at most
 # 2 minutes, serve's every_s) is weighted by the stretches it spans.
 TICK_BUCKET_S = 1.0

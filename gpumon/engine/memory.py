@@ -278,7 +278,6 @@ class RunMemory:
         self.max_episodes = LIVE_EPISODES if live else MAX_EPISODES
         self.gpus: dict[int, GpuMemory] = {g.index: self._new(g) for g in identities if live}
         self.run_episodes: deque[Episode] = deque(maxlen=self.max_episodes)
-        self.dropped_run_episodes = 0
         # The episode each GPU (and the run: key None) is in now.
         self.open: dict[int | None, Episode] = {}
         # Seconds each GPU (None: the run) was reported in each state, tick by tick.
@@ -439,8 +438,6 @@ class RunMemory:
 
     def _keep(self, ep: Episode) -> None:
         if ep.gpu is None:
-            if len(self.run_episodes) == self.run_episodes.maxlen:
-                self.dropped_run_episodes += 1
             self.run_episodes.append(ep)
             return
         mem = self.gpus.get(ep.gpu)

@@ -1005,7 +1005,7 @@ class NvmlSampler:
         health = (
             st.health if t_s - st.health_read_at < self.hardware_every_s else self._health(st, t_s)
         )
-        if st.lost:  # a call above found the GPU gone: report it lost, not half-read
+        if _found_lost(st):  # a call above found the GPU gone: report it lost, not half-read
             return GpuSample(t_s, ident.index, ident.uuid, lost=True, xid_errors=xids)
         # Positional, in GpuSample's field order (checked at import, _FIELD_ORDER): keyword
         # arguments cost four times as much, and this runs for every GPU every tick.
@@ -1349,3 +1349,9 @@ _FIELD_ORDER = (
 )  # fmt: skip
 if tuple(f.name for f in fields(GpuSample)) != _FIELD_ORDER:
     raise ImportError("gpumon.model.GpuSample's fields changed: update nvml._FIELD_ORDER")
+
+
+def _found_lost(st: _GpuState) -> bool:
+    """Whether the GPU is lost, read anew: a read that fails marks it, and a type checker
+    keeps an earlier check of ``st.lost`` across the calls that may have changed it."""
+    return st.lost

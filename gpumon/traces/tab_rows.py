@@ -464,10 +464,10 @@ class RowReader:
             return gpu
         if self.key_at is not None:
             k = cells[self.key_at].strip()
-            gpu = self.ordinals.get(k)  # type: ignore[assignment]
-            if gpu is None:
-                gpu = self.ordinals[k] = len(self.ordinals)
-            return gpu
+            known = self.ordinals.get(k)
+            if known is None:
+                known = self.ordinals[k] = len(self.ordinals)
+            return known
         if self.assigner is not None:
             return self._assigned(cells, t, no, self.assigner)
         return 0

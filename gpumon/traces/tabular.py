@@ -588,8 +588,8 @@ def _gpu_index(cell: str) -> int | None:
 
 
 def _raising(exc: Exception) -> Iterator[tuple[int, str]]:
+    yield from ()  # a generator: raises when iteration reaches it
     raise exc
-    yield  # a generator: raises when iteration reaches it
 
 
 def _tick_times(times: list[float], tab: Table, rows: list[list[str]]) -> list[float]:

@@ -12,12 +12,12 @@ from typing import TypeVar
 
 from gpumon.engine import Analysis
 from gpumon.engine.memory import Durations
+from gpumon.engine.summary_json import episode_core, run_core
 from gpumon.engine.words import (
     EVIDENCE,
     clock,
     duration,
     evidence_value,
-    seconds_by_state,
     share,
     speedup_sentence,
     stacks_json,
@@ -198,17 +198,8 @@ def _episode_lines(ep: Episode, t0: float, end_s: float | None, width: int) -> l
 
 
 def episode_json(ep: Episode, end_default: float | None) -> dict[str, object]:
-    """One episode as the JSON of analyze, the watch summary and the daemon's log."""
-    return {
-        "start": ep.start_s,
-        "end": ep.end_s if ep.end_s is not None else end_default,
-        "state": ep.state.value,
-        "cause": ep.cause.value if ep.cause else None,
-        "note": ep.note,
-        "reason": ep.reason.value if ep.reason is not None else None,
-        "evidence": dict(ep.evidence),
-        "advice": list(ep.advice),
-    }
+    """One episode as analyze's JSON writes it (the engine's core, on the trace's clock)."""
+    return episode_core(ep, ep.start_s, ep.end_s if ep.end_s is not None else end_default)
 
 
 def _durations_json(d: Durations) -> dict[str, object]:
@@ -216,33 +207,23 @@ def _durations_json(d: Durations) -> dict[str, object]:
 
 
 def to_json(result: Analysis) -> dict[str, object]:
-    """The JSON object of `gpumon analyze --json`, JSON-serialisable as is."""
+    """The JSON object of `gpumon analyze --json`, JSON-serialisable as is: the run
+    summary's core (``gpumon.engine.summary_json``) and analyze's extras."""
     v = result.verdict
     summ = result.summary
-    runs = {g.gpu: g for g in summ.gpus}
+    core = run_core(summ, {idx: s.identity.uuid for idx, s in result.gpus.items()})
     now = {g.gpu: g for g in v.gpus}
     gpus = []
-    for idx, s in result.gpus.items():
+    for gcore, (idx, s) in zip(core.pop("gpus"), result.gpus.items(), strict=True):
         gv = now.get(idx)
-        duty = s.duty_cycle
-        run = runs.get(idx)
-        gstate = run.verdict if run is not None else State.UNKNOWN
-        gcause = run.cause if run is not None else None
         gpus.append(
             {
-                "gpu": idx,
-                "uuid": s.identity.uuid,
-                "state": gstate.value,
-                "cause": gcause.value if gcause else None,
+                **gcore,
+                "state": gcore["verdict"],  # the key before the schema: kept for its readers
                 "state_now": gv.state.value if gv else State.UNKNOWN.value,
                 "cause_now": gv.cause.value if gv and gv.cause else None,
                 "note": gv.note if gv else None,
                 "reason_now": gv.reason.value if gv and gv.reason else None,
-                "duty_cycle": None if duty is None else round(duty, 4),
-                "samples": s.samples,
-                "seconds": seconds_by_state(run.seconds if run is not None else None),
-                "lost_gpu_seconds": round(run.lost_gpu_seconds, 1) if run is not None else 0.0,
-                "off_bus_s": round(run.off_bus_s, 3) if run is not None else 0.0,
                 "bursts": _durations_json(s.bursts),
                 "gaps": _durations_json(s.gaps),
                 "timeline": {
@@ -260,10 +241,7 @@ def to_json(result: Analysis) -> dict[str, object]:
             }
         )
     return {
-        "verdict": result.state.value,
-        "cause": result.cause.value if result.cause is not None else None,
-        "reason": summ.reason.value if summ.reason is not None else None,
-        "notes": list(summ.notes),
+        **core,
         "straggler": summ.straggler,
         "verdict_now": v.state.value,
         "cause_now": v.cause.value if v.cause is not None else None,
@@ -274,14 +252,6 @@ def to_json(result: Analysis) -> dict[str, object]:
         "duration_s": round(result.duration_s, 3),
         "started_wall_s": result.header.started_wall_s,
         "gpus": gpus,
-        "advice": list(result.advice),
-        "seconds": seconds_by_state(summ.seconds),
-        "startup_s": round(summ.startup_s, 3),
-        "duty_cycle": None if summ.duty_cycle is None else round(summ.duty_cycle, 4),
-        "lost_gpu_seconds": round(result.lost_gpu_seconds, 1),
-        "effective_gpus": summ.effective_gpus,
-        "speedup_if_fed": summ.speedup_if_fed,
-        "work_duty_cycle": summ.work_duty_cycle,
         "evidence": dict(v.evidence),
         "episodes": [episode_json(ep, result.end_s) for ep in result.run_episodes],
         "stacks": None if (stacks := result.memory.stacks_run()) is None else stacks_json(stacks),

@@ -11,6 +11,7 @@ import datetime
 from collections.abc import Mapping
 
 from gpumon.engine import GpuJudged, JobJudged, NodeJudged, RunSummary, Straggler
+from gpumon.engine.summary_json import LOST_PLACES, run_core
 from gpumon.engine.words import (
     clock,
     evidence_line,
@@ -195,32 +196,20 @@ def _straggler_json(s: Straggler | None) -> dict | None:
     }
 
 
-def _summary_json(s: RunSummary) -> dict:
-    return {
-        "verdict": s.verdict.value,
-        "cause": s.cause.value if s.cause is not None else None,
-        "reason": s.reason.value if s.reason is not None else None,
-        "seconds": seconds_by_state(s.seconds),
-        "duty_cycle": None if s.duty_cycle is None else round(s.duty_cycle, 4),
-        "effective_gpus": s.effective_gpus,
-        "lost_gpu_seconds": round(s.lost_gpu_seconds, 1),
-        "speedup_if_fed": s.speedup_if_fed,
-        "work_duty_cycle": s.work_duty_cycle,
-        "advice": list(s.advice),
-        "notes": list(s.notes),
-    }
+def _summary_json(s: RunSummary, gpus: list[GpuJudged]) -> dict:
+    """A run summary (the job's, or a node's) as the engine's core, its GPUs those judged."""
+    core = run_core(s, {g.readings.gpu: g.readings.uuid for g in gpus})
+    core["gpus"] = [_gpu_json(g, c) for g, c in zip(gpus, core["gpus"], strict=True)]
+    return core
 
 
-def _gpu_json(g: GpuJudged, s: RunSummary) -> dict:
-    run = next((x for x in s.gpus if x.gpu == g.readings.gpu), None)
+def _gpu_json(g: GpuJudged, core: dict) -> dict:
+    """A GPU's core with the report's extras: its time per state is its facts' tally, its
+    lost GPU-seconds its judged ones, its samples its readings' (what the report saw)."""
     return {
-        "gpu": g.readings.gpu,
-        "uuid": g.readings.uuid,
-        "verdict": run.verdict.value if run else State.UNKNOWN.value,
-        "cause": run.cause.value if run and run.cause else None,
-        "duty_cycle": None if run is None or run.duty_cycle is None else round(run.duty_cycle, 4),
+        **core,
         "seconds": seconds_by_state(dict(g.facts.tally.seconds)),
-        "lost_gpu_seconds": g.lost_gpu_seconds,
+        "lost_gpu_seconds": round(g.lost_gpu_seconds, LOST_PLACES),
         "samples": g.readings.samples,
         "evidence": _gpu_evidence(g),
         "advice": list(g.advice),
@@ -232,9 +221,8 @@ def to_json(f: Fetched, j: JobJudged, url: str, cost: Mapping[str, int]) -> dict
     s = j.summary
     nodes = []
     for n in j.nodes:
-        d = {"instance": n.instance, **_summary_json(n.summary)}
+        d = {"instance": n.instance, **_summary_json(n.summary, list(n.gpus))}
         d["straggler"] = j.straggler is not None and j.straggler.instance == n.instance
-        d["gpus"] = [_gpu_json(g, n.summary) for g in n.gpus]
         nodes.append(d)
     sel = f.selector.labels()
     return {
@@ -248,7 +236,7 @@ def to_json(f: Fetched, j: JobJudged, url: str, cost: Mapping[str, int]) -> dict
         "end": f.end,
         "duration_s": round(f.end - f.start, 3),
         "step_s": f.step_s,
-        **_summary_json(s),
+        **{k: x for k, x in _summary_json(s, []).items() if k != "gpus"},
         "gpu_count": sum(len(n.gpus) for n in j.nodes),
         "straggler": _straggler_json(j.straggler),
         "problem_nodes": list(j.problem_nodes),

@@ -21,8 +21,10 @@ from typing import Any
 
 from gpumon import __version__
 from gpumon.engine import DetectorConfig, JobOptions, Reading, Session, StackOptions, Tick
-from gpumon.engine.jobs import Job, JobKey, JobTracker, job_name
+from gpumon.engine.jobs import Job, JobKey, job_name
 from gpumon.engine.memory import GpuEvent, GpuEventKind, GpuMemory, RunMemory
+from gpumon.engine.summary_json import episode_core, run_core
+from gpumon.engine.words import seconds_by_state
 from gpumon.faces.serve.config import ServeConfig
 from gpumon.faces.serve.log import EventLog
 from gpumon.model import Episode, HostSample, JobLabels
@@ -92,10 +94,6 @@ class ServeState:
     @property
     def gpus(self) -> dict[int, GpuMemory]:
         return self.memory.gpus
-
-    @property
-    def job_table(self) -> JobTracker | None:
-        return self.session.jobs
 
     @property
     def jobs(self) -> dict[JobKey, Job]:
@@ -226,37 +224,27 @@ class ServeState:
             "uuid": ep.uuid,
             "job": job_name(jobs[0]) if len(jobs) == 1 else None,
             "jobs": [lb.as_dict() for lb in jobs],
-            "state": str(ep.state),
-            "cause": None if ep.cause is None else str(ep.cause),
-            "start": self.wall_of(ep.start_s),
-            "end": self.wall_of(ep.end_s),
+            **episode_core(ep, self.wall_of(ep.start_s), self.wall_of(ep.end_s)),
             "duration_s": None if ep.duration_s is None else round(ep.duration_s, 3),
-            "evidence": dict(ep.evidence),
-            "advice": list(ep.advice),
-            "note": ep.note,
-            "reason": None if ep.reason is None else str(ep.reason),
         }
 
     def summary(self, event: str = "summary") -> dict[str, Any]:
-        """A periodic (and final) line: each GPU's state and time per state, jobs, health."""
+        """A periodic (and final) line: the node's run summary as every face writes it
+        (``gpumon.engine.summary_json``), each GPU's state now, jobs and health."""
         verdict = self.session.verdict()
         run = self.session.summary()
         assert verdict is not None and run is not None
-        runs = {g.gpu: g for g in run.gpus}
+        core = run_core(run, {v.gpu: v.uuid for v in verdict.gpus})
         gpus = []
-        for v in verdict.gpus:
+        for gcore, v in zip(core.pop("gpus"), verdict.gpus, strict=True):
             mem = self.gpus.get(v.gpu)
             line: dict[str, Any] = {
-                "gpu": v.gpu,
-                "uuid": v.uuid,
-                "state": str(v.state),
-                "cause": None if v.cause is None else str(v.cause),
-                "seconds": {
-                    str(k): round(x, 1) for k, x in self.memory.reported_seconds(v.gpu).items()
-                },
-                "lost_gpu_seconds": round(runs[v.gpu].lost_gpu_seconds, 1)
-                if v.gpu in runs
-                else 0.0,
+                **gcore,
+                # The seconds its gpumon_gpu_state_seconds_total counters show.
+                "seconds": seconds_by_state(self.memory.reported_seconds(v.gpu)),
+                "state": str(v.state),  # now; the key before the schema, kept for its readers
+                "state_now": str(v.state),
+                "cause_now": None if v.cause is None else str(v.cause),
                 "jobs": [lb.as_dict() for lb in self.jobs_of(v.gpu)],
                 "lost": bool(mem is not None and mem.lost),
             }
@@ -272,15 +260,10 @@ class ServeState:
             "node_state": str(verdict.state),
             "node_cause": None if verdict.cause is None else str(verdict.cause),
             # The node's run so far, as `gpumon analyze` and the watch summary say it.
-            "verdict": str(run.verdict),
-            "cause": None if run.cause is None else str(run.cause),
-            "reason": None if run.reason is None else str(run.reason),
-            "effective_gpus": run.effective_gpus,
-            "speedup_if_fed": run.speedup_if_fed,
-            "advice": list(run.advice),
+            **core,
+            "straggler": run.straggler,
             "gpus": gpus,
             "jobs": [dict(j.labels.as_dict(), gpus=sorted(j.gpus)) for j in self.jobs.values()],
-            "lost_gpu_seconds": round(run.lost_gpu_seconds, 1),
             "ticks": self.ticks_total,
             "nvml_errors": dict(self.nvml_errors),
             "log_write_errors": self.log.errors_total,
@@ -295,7 +278,7 @@ class ServeState:
             records = self._log_records(closed, (), None)
             for labels, upd in self.session.finish_jobs():
                 records += self._log_records(upd.closed, upd.opened, labels)
-            record["reason"] = reason
+            record["stop_reason"] = reason
         self.session.close()
         for line in [*records, record]:
             self.log.write(line)

@@ -145,7 +145,9 @@ def _write(families: Iterable[Metric], *, openmetrics_format: bool) -> bytes:
                 and (s.name[len(metric.name) :] in _OM_ONLY)
             ):
                 raise _Unusual(s.name)  # (moved to a family of its own: client_python's)
-            value = "" if s.value is None and openmetrics_format else floatToGoString(s.value)
+            # Typed a float, yet client_python's own OpenMetrics writer takes None (no value).
+            raw: float | None = s.value
+            value = "" if raw is None and openmetrics_format else floatToGoString(raw)
             add(f"{_plain(s.name)}{_labels(s.labels)} {value}\n")
     if openmetrics_format:
         add("# EOF\n")

@@ -39,7 +39,8 @@ from gpumon.errors import ConfigError, GpumonError
 from gpumon.faces.serve.auth import FAILURE_REFILL_S, BasicAuth, RateLimit, Verdict
 from gpumon.faces.serve.config import ServeConfig
 from gpumon.faces.serve.door import CONNECTION_ERROR_KINDS as CONNECTION_ERROR_KINDS
-from gpumon.faces.serve.door import ConnectionStats, FrontDoorMixIn, error_kind
+from gpumon.faces.serve.door import ConnectionStats as ConnectionStats  # MetricsServer takes one
+from gpumon.faces.serve.door import FrontDoorMixIn, error_kind
 from gpumon.faces.serve.exposition import choose
 from gpumon.files import PEM_LIMIT, checked_path
 

@@ -32,8 +32,6 @@ class Notifier:
             self.address = "\0" + path[1:]
         elif path.startswith("/"):
             self.address = path
-        self.sent_total = 0
-        self.failed_total = 0
 
     @property
     def enabled(self) -> bool:
@@ -46,10 +44,8 @@ class Notifier:
         try:
             with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as s:
                 s.sendto("\n".join(fields).encode(), self.address)
-        except OSError:
-            self.failed_total += 1  # systemd gone or restarting: the next one may pass
+        except OSError:  # systemd gone or restarting: the next one may pass
             return False
-        self.sent_total += 1
         return True
 
 
@@ -90,7 +86,6 @@ class Watchdog:
         self._beat: float | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="gpumon-watchdog", daemon=True)
-        self.pings_total = 0
 
     def beat(self) -> None:
         """The sampling loop finished a tick."""
@@ -106,8 +101,8 @@ class Watchdog:
 
     def _run(self) -> None:
         while not self._stop.wait(self.period_s / 3.0):
-            if self.progressing() and self.notifier.send("WATCHDOG=1"):
-                self.pings_total += 1
+            if self.progressing():
+                self.notifier.send("WATCHDOG=1")
 
     def stop(self) -> None:
         self._stop.set()

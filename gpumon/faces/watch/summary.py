@@ -13,7 +13,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpumon.engine import RunSummary
+from gpumon.engine import GpuRun, RunSummary
+from gpumon.engine.summary_json import gpu_core, run_core
 from gpumon.engine.words import duration, short_command, speedup_sentence, stacks_json, stacks_line
 from gpumon.faces.wrap import pack, terminal_width, wrap
 from gpumon.files import replace_whole
@@ -123,31 +124,27 @@ class Summary:
         return self.share(self.fail_on) > self.fail_threshold
 
     def to_json(self) -> dict[str, Any]:
+        """The JSON of --summary-json: the run summary's core (``gpumon.engine.summary_json``,
+        the same as analyze's) and what the watch itself knows."""
+        runs = {g.gpu: g for g in self.run.gpus}
+        core = run_core(self.run, {})
+        gpus = []
+        for g in self.gpus:
+            run = runs.get(g.gpu)
+            if run is None:  # a GPU the summary has no word on: what the watch saw of it
+                run = GpuRun(
+                    gpu=g.gpu, uuid=g.uuid, verdict=State.UNKNOWN, cause=None,
+                    duty_cycle=g.duty_cycle, samples=0, seconds={},
+                    off_bus_s=g.off_bus_s, lost_gpu_seconds=g.lost_gpu_seconds,
+                )  # fmt: skip
+            gpus.append({**gpu_core(g.gpu, g.uuid, run), "name": g.name})
         return {
+            **core,
             "pid": self.pid,
             "command": None if self.command is None else list(self.command),
             "wall_s": round(self.wall_s, 3),
-            "verdict": self.verdict.value,
-            "cause": None if self.cause is None else self.cause.value,
-            "seconds": {s.value: round(self.seconds.get(s, 0.0), 3) for s in STATES},
-            "reason": None if self.run.reason is None else self.run.reason.value,
-            "gpus": [
-                {
-                    "gpu": g.gpu,
-                    "uuid": g.uuid,
-                    "name": g.name,
-                    "duty_cycle": None if g.duty_cycle is None else round(g.duty_cycle, 4),
-                    "off_bus_s": round(g.off_bus_s, 3),
-                    "lost_gpu_seconds": round(g.lost_gpu_seconds, 3),
-                }
-                for g in self.gpus
-            ],
-            "effective_gpus": self.run.effective_gpus,
-            "speedup_if_fed": self.run.speedup_if_fed,
+            "gpus": gpus,
             "straggler": self.run.straggler,
-            "startup_s": round(self.startup_s, 3),
-            "lost_gpu_seconds": round(self.lost_gpu_seconds, 3),
-            "advice": list(self.advice),
             "used_gpu": self.used_gpu,
             "ended": self.ended,
             "exit_status": self.exit_status,
