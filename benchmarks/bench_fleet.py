@@ -108,6 +108,7 @@ class Cluster:
     t1: int
     jobs: list[Job]
     detail: frozenset[int]  # nodes with every series report --job reads
+    target: str  # the job report --job is timed on
     by_node: dict[int, list[Job]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -205,7 +206,7 @@ def make_cluster(
             out.append(Job(str(700000 + i), user, kind, members, start, stop, phases))
     # report --job is timed on the first straggling job (many nodes, two kinds of node).
     target = next((j for j in out if j.kind == "straggling"), out[0])
-    return Cluster(nodes, days, step, t0, t1, out, frozenset(target.nodes))
+    return Cluster(nodes, days, step, t0, t1, out, frozenset(target.nodes), target.ident)
 
 
 # --------------------------------------------------------------------------- OpenMetrics
@@ -583,18 +584,35 @@ class Run:
     out: str
 
 
+# `python -m gpumon ARGS` that writes its peak RSS (VmHWM, KiB) to a file as it exits: a
+# child's ru_maxrss counts the parent's pages it was forked with (this benchmark's, tens of
+# MiB at 512 nodes) before its exec; VmHWM is the exec'd process's own.
+PEAK = (
+    "import atexit, runpy, sys\n"
+    "def peak():\n"
+    "    for line in open('/proc/self/status'):\n"
+    "        if line.startswith('VmHWM:'):\n"
+    "            open({!r}, 'w').write(line.split()[1])\n"
+    "atexit.register(peak)\n"
+    "sys.argv[0] = 'gpumon'\n"
+    "runpy.run_module('gpumon', run_name='__main__', alter_sys=True)\n"
+)
+
+
 def run_report(s: Scale, args: list[str], store: Path) -> Run:
-    """The CLI as a person runs it, in its own process: wall time, peak RSS (wait4), and
-    what Prometheus' query log says its queries touched."""
+    """The CLI as a person runs it, in its own process: wall time, its peak RSS, and what
+    Prometheus' query log says its queries touched."""
     log = s.here / "queries.log"
     seen = log.stat().st_size if log.exists() else 0
     out = s.here / "report.out"
-    cmd = [sys.executable, "-m", "gpumon", "report", "--prometheus", s.url, "--timeout", "600"]
+    hwm = s.here / "report.hwm"
+    cmd = [sys.executable, "-c", PEAK.format(str(hwm)), "report", "--prometheus", s.url,
+           "--timeout", "600"]  # fmt: skip
     env = {**os.environ, "GPUMON_REPORT_STORE": str(store)}
     w0 = time.perf_counter()
     with out.open("w") as fh, (s.here / "report.err").open("w") as err:
         proc = subprocess.Popen([*cmd, *args], stdout=fh, stderr=err, env=env)
-        _, status, usage = os.wait4(proc.pid, 0)
+        _, status, _usage = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - w0
     proc.returncode = os.waitstatus_to_exitcode(status)
     if proc.returncode not in (0,):
@@ -617,7 +635,7 @@ def run_report(s: Scale, args: list[str], store: Path) -> Run:
         spent.append(float(e.get("stats", {}).get("timings", {}).get("evalTotalTime", 0.0)))
     return Run(
         wall,
-        usage.ru_maxrss / 1024,
+        int(hwm.read_text()) / 1024,
         len(entries),
         touched,
         ranking,
@@ -628,6 +646,9 @@ def run_report(s: Scale, args: list[str], store: Path) -> Run:
 
 
 # --------------------------------------------------------------------------- the run
+GENERATED = ("samples", "gen_s", "gen_cpu_s", "fill_s", "fill_cpu_s", "text_bytes",
+             "tsdb_bytes", "elapsed_s")  # fmt: skip
+
 MODES = {
     # (big nodes, base nodes, groups, jobs, days, step, runs)
     "full": (512, 64, 16, 512, 7.0, 120, 3),
@@ -645,6 +666,11 @@ def main() -> int:
     parser.add_argument("--days", type=float, help="days of history")
     parser.add_argument("--step", type=int, help="scrape interval, seconds (<= 150)")
     parser.add_argument("--workdir", type=Path, help="where the TSDBs go (kept afterwards)")
+    parser.add_argument(
+        "--reuse",
+        action="store_true",
+        help="time the reports again on the TSDBs an earlier run left in --workdir",
+    )
     args = parser.parse_args()
     mode = "smoke" if args.smoke else "quick" if args.quick else "full"
     big_n, base_n, groups, jobs, days, step, runs = MODES[mode]
@@ -663,7 +689,11 @@ def main() -> int:
         f"# {mode}: {big_n} nodes against {base_n}, x{GPUS_PER_NODE} GPUs, {jobs} jobs, "
         f"{days:g} days, a scrape every {step} s; TSDBs in {work}"
     )
-    end = int(time.time())
+    state = work / "generated.json"
+    if args.reuse and not state.exists():
+        raise SystemExit(f"--reuse: {state} does not exist (run once with --workdir first)")
+    kept = json.loads(state.read_text()) if args.reuse else {}
+    end = int(kept.get("end", time.time()))
     scales = [
         Scale(f"{n} nodes", make_cluster(n, groups, jobs, days, step, end), work / f"n{n}")
         for n in (base_n, big_n)
@@ -671,10 +701,15 @@ def main() -> int:
     big = scales[1]
     try:
         for s in scales:
-            say_load(f"generating {s.name}")
-            started = time.perf_counter()
-            generate(s)
-            s.elapsed_s = time.perf_counter() - started
+            if s.name in kept:
+                for k, v in kept[s.name].items():
+                    setattr(s, k, v)
+            else:
+                say_load(f"generating {s.name}")
+                started = time.perf_counter()
+                generate(s)
+                s.elapsed_s = time.perf_counter() - started
+                kept[s.name] = {k: getattr(s, k) for k in GENERATED}
             print(
                 f"{s.name}: {s.samples:,} samples in {len(blocks(s.cluster))} blocks; "
                 f"generation {s.gen_s:.0f} s ({s.samples / s.gen_s / 1e3:.0f} k samples/s, "
@@ -684,9 +719,10 @@ def main() -> int:
                 f"overlapped: {s.elapsed_s:.0f} s; TSDB {s.tsdb_bytes / 2**20:.0f} MiB",
                 flush=True,
             )
+        state.write_text(json.dumps({**kept, "end": end}))
         for s in scales:
             start_prometheus(s)
-        target = next(j for j in big.cluster.jobs if set(j.nodes) == set(big.cluster.detail))
+        target = next(j for j in big.cluster.jobs if j.ident == big.cluster.target)
         commands = {
             "report --top 20 --since 7d": ["--top", "20", "--since", f"{days:g}d"],
             "report --top 20 --since 7d --by user": [
