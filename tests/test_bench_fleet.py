@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from test_cli import one_sentence
 
 BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
 sys.path.insert(0, str(BENCH))
@@ -126,3 +127,10 @@ def test_only_the_recorded_series_still_rank_every_job(backfilled: dict[str, bf.
         want[user] = want.get(user, 0.0) + lost
     got = {u["user"]: u["lost_gpu_seconds"] for u in json.loads(users.stdout)["users"]}
     assert got == pytest.approx(want, abs=1)
+    # report --job there says why it cannot judge: the store holds the records alone.
+    job = _by_kind(backfilled["records"])["straggling"]
+    res = _report(backfilled["records"], "--job", job.ident)
+    assert res.returncode == 4 and not res.stdout
+    msg = one_sentence(res.stderr)
+    assert "holds only gpumon's recorded series of job " + job.ident in msg, msg
+    assert "job_user_cause:gpumon_job_gpu_seconds:increase5m" in msg
