@@ -43,6 +43,11 @@ BENCHMARKS: tuple[tuple[str, str, str], ...] = (
         "watch --stacks: its extra CPU, py-spy's included; the job's speed read or not",
     ),
     ("live", "bench_live.py", "the live path (watch, serve, analyze) on the live lab"),
+    (
+        "fleet",
+        "bench_fleet.py",
+        "report --top and --job against a backfilled Prometheus: a cluster's week, two scales",
+    ),
 )
 
 

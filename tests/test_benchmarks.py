@@ -11,6 +11,7 @@ printed the figures its table is made of.
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -46,6 +47,12 @@ FIGURES: dict[str, tuple[str, ...]] = {
     "bench_detector.py": ("cause accuracy:", "latency:"),
     "bench_stacks.py": ("extra CPU of --stacks, py-spy included", "job steps/s, read / unread"),
     "bench_live.py": ("runs with every target met",),
+    "bench_fleet.py": (
+        "report --top 20 --since 7d, wall s",
+        "report --top 20 --since 7d --by user, peak RSS MiB",
+        "report --job ID --since 7d, samples touched",
+        "samples touched by the ranking query (records)",
+    ),
 }
 
 
@@ -159,6 +166,10 @@ def test_each_benchmark_smoke_run_produces_its_figures(script: str) -> None:
     a bound for a machine at load 20, not a speed target."""
     from _timing import EXIT_MISSED
 
+    if script == "bench_fleet.py":
+        for tool in ("promtool", "prometheus"):
+            if shutil.which(tool) is None:
+                pytest.skip(f"{tool} not installed (apt-get install prometheus)")
     proc = _run(str(BENCH / script), "--smoke", timeout=900)
     assert proc.returncode in (0, EXIT_MISSED), (proc.returncode, proc.stderr[-3000:])
     for figure in FIGURES[script]:

@@ -40,6 +40,8 @@ MIN_STEP_S = 1.0
 # daemon sees the job's processes at its own tick) before that counts as missing.
 EDGE_SLACK_STEPS = 3
 RECORDED_UTIL = "instance_gpu_state:gpumon_gpu_utilization:ratio"
+# The names gpumon's recording rules give their series (LEVEL:gpumon_METRIC:OPERATIONS).
+RECORDED_OF_GPUMON = ".+:gpumon_.+"
 GPU_KEY = ("job", "instance", "gpu", "uuid")
 
 
@@ -275,12 +277,23 @@ class JobQueries:
         return seen, step
 
     def _not_found(self, since: float, until: float) -> str:
-        """Why no gpumon series name the job: elsewhere seen (dcgm-exporter, a Slurm
+        """Why no gpumon series name the job: only gpumon's recording rules' series do (a
+        store fed the fleet records alone), elsewhere seen (dcgm-exporter, a Slurm
         exporter) on nodes that run no gpumon, or not at all."""
-        match = f'{{{self.sel.matchers()},__name__!~"gpumon_.*"}}'
+        match = f'{{{self.sel.matchers()},__name__!~"{RECORDED_OF_GPUMON}|gpumon_.*"}}'
         others = self.client.series(match, since, until)
         what = self.sel.describe()
         if not others:
+            match = f'{{{self.sel.matchers()},__name__=~"{RECORDED_OF_GPUMON}"}}'
+            recorded = sorted({s.get("__name__", "?") for s in self.client.series(
+                match, since, until)})  # fmt: skip
+            if recorded:
+                return (
+                    f"Prometheus at {self.client.url} holds only gpumon's recorded series of "
+                    f"{what} ({', '.join(recorded[:2])}), not its nodes' series: ask the "
+                    "Prometheus that scrapes its nodes, or a query layer that reaches them "
+                    '(docs/report.md, "Past one Prometheus")'
+                )
             return (
                 f"Prometheus at {self.client.url} has no series of {what} between "
                 f"{_clock(since)} and {_clock(until)}: no such job in that range (widen it "
