@@ -15,6 +15,7 @@ time starved or stalled into exit status 5 for CI jobs and Slurm epilogs.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import sys
@@ -62,10 +63,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--interval",
         type=interval,
-        default=0.5,
+        default=_default("interval"),
         metavar="S",
-        help="seconds between ticks (default 0.5; every driver sample between ticks is "
-        "kept whatever the interval)",
+        help="seconds between ticks (default %(default)g; every driver sample "
+        "between ticks is kept whatever the interval)",
     )
     p.add_argument(
         "--window",
@@ -85,9 +86,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--fail-threshold",
         type=_share,
-        default=0.25,
+        default=_default("fail_threshold"),
         metavar="SHARE",
-        help="share of the run (0-1) above which --fail-on trips (default 0.25)",
+        help="share of the run (0-1) above which --fail-on trips (default %(default)g)",
     )
     p.add_argument("--record", metavar="FILE", help="also keep the trace for `gpumon analyze`")
     p.add_argument(
@@ -100,9 +101,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--stacks-every",
         type=positive_float,
-        default=10.0,
+        default=_default("stacks_every"),
         metavar="S",
-        help="seconds per stack window: stacks arrive this often while a GPU waits (default 10)",
+        help="seconds per stack window: stacks arrive this often while a GPU waits "
+        "(default %(default)g)",
     )
     p.add_argument(
         "--plain",
@@ -122,7 +124,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 @dataclass(frozen=True, slots=True)
 class WatchOptions:
     """What a watch is asked to do: the command line's options, as the demo and tests
-    pass them without an argv."""
+    pass them without an argv.  The defaults are written here only: the command line's
+    are these."""
 
     pid: int | None = None
     command: tuple[str, ...] = ()
@@ -154,6 +157,11 @@ class WatchOptions:
             stacks=args.stacks,
             stacks_every=args.stacks_every,
         )
+
+
+def _default(name: str) -> Any:
+    """The default of a WatchOptions field (what the command line defaults to)."""
+    return next(f.default for f in dataclasses.fields(WatchOptions) if f.name == name)
 
 
 def _states(text: str) -> tuple[State, ...]:
