@@ -457,10 +457,16 @@ class Detector:
             quiet = (1.0 - w.active) * w.coverage * w.span_s  # samples with no activity
             if idle > min(last, quiet) + 1.0 * per + 0.5:
                 return False  # idle spread over many short gaps (or partial samples)
+            began = tr.work_began_s
+            if tr.startup_gaps and began is not None and t - began < w.span_s + idle:
+                # Idle just before, and less than a window of work since: start-up's
+                # idleness is no gap, but a dip this soon cannot be told from a pattern.
+                return False
         span = max(self.cfg.dip_isolation_s, w.span_s)
         old = tr.hist.at_or_before(t - span)
-        done = tr.cum_gaps - (int(old[3]) if old is not None else 0)
-        return done <= 1
+        # Gaps before the GPU's first work are its start-up's, not dips.
+        base = max(int(old[3]) if old is not None else 0, tr.startup_gaps)
+        return tr.cum_gaps - base <= 1
 
     def _cause(self, t: float, span: float, current: Cause | None = None) -> Cause:
         """The host's cause over the GPUs' latest ``cause_wait_s`` of waiting within
