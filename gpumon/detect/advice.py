@@ -264,7 +264,17 @@ def advice_for(
         return ()  # a provisional reading: advice waits for the verdict
     out: list[str] = stack_advice(state, reason, ev)
     if state is State.STARVED:
-        if cause is Cause.CPU:
+        if reason is Reason.SYNC_PAUSES:
+            # Every rank's loader starting over at once, its CPU filling each pause: more
+            # workers only restart more; the pipeline must not start over, or start ahead.
+            out.append(
+                "a regular stall that the CPU fills, on every GPU at once: the input "
+                "pipeline starting over at each epoch (DataLoader workers started anew, "
+                "loading their first batches); keep the workers alive "
+                "(persistent_workers=True) and have more batches ready ahead (a larger "
+                "prefetch_factor, e.g. 4)"
+            )
+        elif cause is Cause.CPU:
             rx = worker_prescription(ev)
             out.append(
                 "data-loading workers are CPU-saturated during the gaps: "
