@@ -542,7 +542,10 @@ class Detector:
     def _advice_for(
         self, state: State, cause: Cause | None, ev: Evidence, reason: Reason | None
     ) -> tuple[str, ...]:
-        return advice_for(state, cause, ev, reason, self._host.seen)
+        spinning = None
+        if self._spinning_since is not None and self._t is not None:
+            spinning = (self._t - self._spinning_since, self.cfg.hang_after_s)
+        return advice_for(state, cause, ev, reason, self._host.seen, spinning)
 
     def _apply(self, key: int, uuid: str, c: Candidate, t: float) -> float | None:
         """Hysteresis: switch the GPU's episode once its candidate has lasted long enough."""
