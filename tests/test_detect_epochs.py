@@ -7,8 +7,12 @@ Ticks are shaped as the live path makes them (tests/test_live_judgments.py): a t
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from collections.abc import Callable
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 from test_live_judgments import T0, busy, shown, ticks
@@ -31,6 +35,7 @@ from gpumon.model import (
     TraceHeader,
     Verdict,
 )
+from gpumon.traces.jsonl import TraceWriter
 
 
 def dips(startup_s: float, dip_s: float, every_s: float = 20.0) -> Callable[[float], float]:
@@ -66,6 +71,26 @@ def test_brief_periodic_dips_of_a_healthy_run_are_never_starvation(
     res = analyze(header, snaps)  # the same trace offline: the verdict agrees
     assert res.summary.verdict is State.HEALTHY, res.summary.notes
     assert res.summary.seconds.get(State.STARVED, 0.0) == 0.0
+
+
+def test_analyze_of_a_recording_with_brief_periodic_dips_says_healthy(tmp_path: Path) -> None:
+    """The recording of such a run (two GPUs, an idle start-up, a 2 s dip every 20 s), read
+    back by ``gpumon analyze`` as a user runs it: healthy, no second starved."""
+    path = tmp_path / "dips.jsonl"
+    f = dips(10.0, 2.0)
+    with TraceWriter.open(path, TraceHeader(version=2, source="gpumon")) as out:
+        for snap in ticks({0: f, 1: f}, 240):
+            out.write(snap)
+    proc = subprocess.run(
+        [sys.executable, "-m", "gpumon", "analyze", "--json", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    got = json.loads(proc.stdout)
+    assert got["verdict"] == "healthy", got["notes"]
+    assert got["seconds"].get("starved", 0.0) == 0.0, got["seconds"]
 
 
 def test_periodic_dips_above_the_line_are_still_starvation() -> None:
