@@ -148,7 +148,8 @@ class DetectorConfig:
     # Periodic gaps (a loader restarting every epoch, a checkpoint every N steps): gaps of
     # at least ``rhythm_gap_periods`` driver samples, ``rhythm_min_gaps`` or more of them at
     # regular intervals (coefficient of variation <= ``rhythm_max_cv``), taking at least
-    # ``rhythm_idle_share`` of the time, are starvation even at a duty cycle up to ~0.88.
+    # ``rhythm_idle_share`` of the time (of whole periods: the median gap over the median
+    # interval), are starvation even at a duty cycle up to ~0.88.
     # (Leaving needs the share below ``rhythm_exit_share``.)  Checkpoints of a healthy
     # run are rarer: 4 s every 60 s is under 7 %.
     rhythm_gap_periods: float = 1.5
