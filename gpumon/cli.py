@@ -86,6 +86,13 @@ def _innermost(
     for action in parser._subparsers._group_actions if parser._subparsers else ():
         if isinstance(action, argparse._SubParsersAction):
             chosen = getattr(args, action.dest or "", None)
+            if not isinstance(chosen, str):
+                # A command's own argument of that name took it over (watch's `-- CMD`):
+                # the command is the one whose function was chosen.
+                func = getattr(args, "func", None)
+                chosen = next(
+                    (n for n, p in action.choices.items() if p.get_default("func") is func), None
+                )
             if chosen in action.choices:
                 return _innermost(action.choices[chosen], args)
     return parser

@@ -248,23 +248,63 @@ def _memory_advice(ev: Evidence) -> list[str]:
     return []
 
 
+def _span(seconds: float) -> str:
+    """Seconds as people read them: ``45 s``, ``5 min``, ``4.2 min``."""
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    m = seconds / 60
+    return f"{m:.0f} min" if abs(m - round(m)) < 0.05 else f"{m:.1f} min"
+
+
+def no_rank_computes(spinning: tuple[float, float] | None = None) -> str:
+    """Every GPU here spins in a collective and none computes (before it is a hang): no
+    local rank is the straggler -- the one they wait on is elsewhere.  ``spinning``: for
+    how long so far, and after how long it is called a hang, where known."""
+    head = "no rank on this node computes: every GPU here spins in a collective"
+    if spinning is not None:
+        stuck, after = spinning
+        head += f" and none has computed for {_span(stuck)}"
+        if stuck < after:
+            head += (
+                f"; at {_span(after)} without progress it is called a hang "
+                f"(in {_span(after - stuck)})"
+            )
+    return (
+        head + ": the rank they wait on is elsewhere (or stuck in another phase); "
+        "`gpumon report --job` names the node whose GPUs do not spin, `py-spy dump --pid` "
+        "shows where each rank's Python is"
+    )
+
+
 def advice_for(
     state: State,
     cause: Cause | None,
     ev: Evidence,
     reason: Reason | None = None,
     host_seen: bool = False,
+    spinning: tuple[float, float] | None = None,
 ) -> tuple[str, ...]:
     """Advice strings for one finding; empty for a healthy GPU.
 
     ``host_seen``: the stream carries host data (gpumon watch/record), so the advice never
-    asks the user to record it.
+    asks the user to record it.  ``spinning``: every GPU spins and none computes -- for how
+    long, and after how long that is a hang.
     """
     if reason is Reason.JUDGING:
         return ()  # a provisional reading: advice waits for the verdict
     out: list[str] = stack_advice(state, reason, ev)
     if state is State.STARVED:
-        if cause is Cause.CPU:
+        if reason is Reason.SYNC_PAUSES:
+            # Every rank's loader starting over at once, its CPU filling each pause: more
+            # workers only restart more; the pipeline must not start over, or start ahead.
+            out.append(
+                "a regular stall that the CPU fills, on every GPU at once: the input "
+                "pipeline starting over at each epoch (DataLoader workers started anew, "
+                "loading their first batches); keep the workers alive "
+                "(persistent_workers=True) and have more batches ready ahead (a larger "
+                "prefetch_factor, e.g. 4)"
+            )
+        elif cause is Cause.CPU:
             rx = worker_prescription(ev)
             out.append(
                 "data-loading workers are CPU-saturated during the gaps: "
@@ -324,6 +364,8 @@ def advice_for(
                 "checkpoint.async_save) and keep host-side sync (.item(), logging) out "
                 "of the step loop"
             ]
+        elif reason is Reason.BUSY_WAIT and ev.get("straggler_gpu") is None:
+            out.append(no_rank_computes(spinning))  # all spin: the straggler is not here
         else:
             strag = ev.get("straggler_gpu")
             who = f"GPU {strag}" if strag is not None else "one rank"

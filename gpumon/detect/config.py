@@ -95,6 +95,15 @@ class DetectorConfig:
     sync_window_s: float = 120.0
     sync_min_span_s: float = 60.0
     sync_min_pauses: int = 2
+    # A pause the CPU fills is the input pipeline's, not a checkpoint: the job's CPU (the
+    # host's, without its process tree) during the pauses at least ``pause_cpu_surge_ratio``
+    # times, and ``pause_cpu_surge_cores`` cores above, what it is in the work between --
+    # DataLoader workers starting anew at each epoch and loading their first batches.  A
+    # checkpoint writes (``pause_write_bytes_per_s`` during the pauses) or waits on the
+    # disk (``io_iowait_pct``) with no such surge: its pauses stay a sync stall.
+    pause_cpu_surge_ratio: float = 1.5
+    pause_cpu_surge_cores: float = 1.0
+    pause_write_bytes_per_s: float = 50e6
     # Host causes, judged on host/process-tree data averaged over the GPUs' gaps.
     cpu_worker_saturated_pct: float = 80.0  # mean worker CPU (% of one core) = saturated
     cpu_host_saturated_pct: float = 90.0  # host CPU (mean of all cores) = saturated
@@ -139,7 +148,8 @@ class DetectorConfig:
     # Periodic gaps (a loader restarting every epoch, a checkpoint every N steps): gaps of
     # at least ``rhythm_gap_periods`` driver samples, ``rhythm_min_gaps`` or more of them at
     # regular intervals (coefficient of variation <= ``rhythm_max_cv``), taking at least
-    # ``rhythm_idle_share`` of the time, are starvation even at a duty cycle up to ~0.88.
+    # ``rhythm_idle_share`` of the time (of whole periods: the median gap over the median
+    # interval), are starvation even at a duty cycle up to ~0.88.
     # (Leaving needs the share below ``rhythm_exit_share``.)  Checkpoints of a healthy
     # run are rarer: 4 s every 60 s is under 7 %.
     rhythm_gap_periods: float = 1.5

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from itertools import pairwise
 
 from gpumon.detect import activities
 from gpumon.detect.activities import ActivityTrack
@@ -20,7 +21,7 @@ from gpumon.detect.advice import advice_for
 from gpumon.detect.config import DetectorConfig
 from gpumon.detect.evidence import gpu_evidence, host_evidence, multi_evidence
 from gpumon.detect.gpu import GpuTrack, Window
-from gpumon.detect.host import HostTrack, busiest_outside, host_cause
+from gpumon.detect.host import HostTrack, HostWindow, busiest_outside, host_cause
 from gpumon.detect.multi import RunContext, apply_run_rules, hang
 from gpumon.detect.pauses import PauseTracker
 from gpumon.detect.rules import (
@@ -94,6 +95,24 @@ def _busy_from_the_first(tr: GpuTrack, cfg: DetectorConfig) -> bool:
     if last is None or not unbroken_since_first_activity(tr):
         return False
     return last - tr.run_start >= cfg.busy_run_s
+
+
+def _cpu_surge(
+    paused: HostWindow, working: HostWindow, cpu_count: int | None, cfg: DetectorConfig
+) -> str | None:
+    """The CPU surging in the pauses against the work between, in words (None if not): the
+    job's own CPU where its tree is read, else the host's."""
+    job_p, job_w = paused.get("tree_cpu_pct"), working.get("tree_cpu_pct")
+    if job_p is not None and job_w is not None:
+        p, w, who = job_p / 100.0, job_w / 100.0, "the job's"  # in cores
+    else:
+        host_p, host_w = paused.get("host_cpu_pct"), working.get("host_cpu_pct")
+        if host_p is None or host_w is None or not cpu_count:
+            return None
+        p, w, who = host_p * cpu_count / 100.0, host_w * cpu_count / 100.0, "the host's"
+    if p < cfg.pause_cpu_surge_ratio * w or p - w < cfg.pause_cpu_surge_cores:
+        return None
+    return f"{who} CPU fills each pause ({p:.1f} cores, {w:.1f} in the work between)"
 
 
 class Detector:
@@ -427,6 +446,7 @@ class Detector:
             self._pauses,
             self._waited_on,
             spinning_since=self._spinning_since,
+            pauses_filled=self._pauses_filled if self._host.seen else None,
         )
         if len(self._tracks) >= 2 and self.one_job:
             apply_run_rules(rc)
@@ -457,10 +477,49 @@ class Detector:
             quiet = (1.0 - w.active) * w.coverage * w.span_s  # samples with no activity
             if idle > min(last, quiet) + 1.0 * per + 0.5:
                 return False  # idle spread over many short gaps (or partial samples)
+            began = tr.work_began_s
+            if tr.startup_gaps and began is not None and t - began < w.span_s + idle:
+                # Idle just before, and less than a window of work since: start-up's
+                # idleness is no gap, but a dip this soon cannot be told from a pattern.
+                return False
         span = max(self.cfg.dip_isolation_s, w.span_s)
         old = tr.hist.at_or_before(t - span)
-        done = tr.cum_gaps - (int(old[3]) if old is not None else 0)
-        return done <= 1
+        # Gaps before the GPU's first work are its start-up's, not dips.
+        base = max(int(old[3]) if old is not None else 0, tr.startup_gaps)
+        return tr.cum_gaps - base <= 1
+
+    def _pauses_filled(self, t: float) -> tuple[Cause, str] | None:
+        """Whether the CPU fills the current all-GPU pauses (the input pipeline starting
+        over, not a checkpoint): the job's CPU -- the host's, without its tree -- in the
+        pauses well above what it is in the work between them, and no disk writes or
+        iowait in the pauses that would say a checkpoint.  Returns the host's cause over
+        the pauses and the surge in words, if so."""
+        cfg = self.cfg
+        spans = self._pauses.recent(t)
+        if not spans:
+            return None
+        edge = cfg.eval_interval_s  # a pause is known to the eval: trim its edges
+        inside = [(a + edge, b - edge) for a, b in spans if b - a > 2 * edge]
+        work = [(b + edge, a2 - edge) for (_, b), (a2, _) in pairwise(spans) if a2 - b > 2 * edge]
+        lo = max(t - cfg.sync_window_s, spans[0][0] - cfg.dip_isolation_s)
+        if spans[0][0] - edge > lo + edge:
+            work.append((lo, spans[0][0] - edge))  # the work before the first pause
+        if self._pauses.open_since is None and t - spans[-1][1] > 2 * edge:
+            work.append((spans[-1][1] + edge, t))  # and since the last
+        paused, written = self._host.over(inside)
+        working, _ = self._host.over(work)
+        surge = _cpu_surge(paused, working, self._host.cpu_count, cfg)
+        if surge is None:
+            return None
+        if written is not None and written >= cfg.pause_write_bytes_per_s:
+            return None  # writing: a checkpoint
+        iowait = paused.get("iowait_pct")
+        if iowait is not None and iowait >= cfg.io_iowait_pct:
+            return None  # waiting on the disk (a checkpoint's writes, unread)
+        current = next(
+            (tr.cause for tr in self._tracks.values() if tr.reason is Reason.SYNC_PAUSES), None
+        )
+        return host_cause(paused, cfg, current, self._host.cpu_count), surge
 
     def _cause(self, t: float, span: float, current: Cause | None = None) -> Cause:
         """The host's cause over the GPUs' latest ``cause_wait_s`` of waiting within
@@ -483,7 +542,10 @@ class Detector:
     def _advice_for(
         self, state: State, cause: Cause | None, ev: Evidence, reason: Reason | None
     ) -> tuple[str, ...]:
-        return advice_for(state, cause, ev, reason, self._host.seen)
+        spinning = None
+        if self._spinning_since is not None and self._t is not None:
+            spinning = (self._t - self._spinning_since, self.cfg.hang_after_s)
+        return advice_for(state, cause, ev, reason, self._host.seen, spinning)
 
     def _apply(self, key: int, uuid: str, c: Candidate, t: float) -> float | None:
         """Hysteresis: switch the GPU's episode once its candidate has lasted long enough."""

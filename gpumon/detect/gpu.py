@@ -118,6 +118,9 @@ class GpuTrack:
         self.seen_work = False
         self.work_start_s: float | None = None  # start of the current stretch of work
         self.work_began_s: float | None = None  # the first work after start-up
+        # Gaps completed by then: the idle before a GPU's first work is start-up, never a
+        # gap (a healthy run's first dip is isolated however soon after start-up it comes).
+        self.startup_gaps = 0
         # Memory in use at recent ticks (the last ``warmup_mem_window_s``, and the one
         # before): whether a job is still filling its memory, however often it is sampled.
         self._mem_marks: deque[tuple[float, int]] = deque()

@@ -11,6 +11,7 @@ sign falls well below the line that named it.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Literal, get_args
 
 from gpumon.detect.config import DetectorConfig
@@ -36,13 +37,23 @@ NK = len(KEYS)
 
 def _tree_readings(
     tree: ProcTreeSample,
-) -> tuple[float | None, float | None, float | None, float | None, float | None, float | None]:
+) -> tuple[
+    float | None,
+    float | None,
+    float | None,
+    float | None,
+    float | None,
+    float | None,
+    float | None,
+]:
     """(main CPU, mean CPU per worker, worker count, tree read bytes/s, the whole tree's
-    CPU, its processes running or runnable) of one tree sample; CPU in % of one core."""
+    CPU, its processes running or runnable, tree write bytes/s) of one tree sample; CPU in
+    % of one core."""
     main = None
     wsum = 0.0
     wn = 0
     read = None
+    written = None
     total = None
     runnable = None
     root = tree.root_pid
@@ -52,6 +63,8 @@ def _tree_readings(
             runnable = (runnable or 0.0) + (status == "running")
         if bytes_read is not None:
             read = (read or 0.0) + bytes_read
+        if p.write_bytes_per_s is not None:
+            written = (written or 0.0) + p.write_bytes_per_s
         if cpu is not None:
             total = (total or 0.0) + cpu
         if p.pid == root:
@@ -60,15 +73,20 @@ def _tree_readings(
             wsum += cpu
             wn += 1
     workers_mean = wsum / wn if wn else None
-    return main, workers_mean, float(wn), read, total, runnable
+    return main, workers_mean, float(wn), read, total, runnable, written
 
 
 class HostTrack:
-    """Running gap-weighted sums of host/tree readings, with a bounded history for windows."""
+    """Running gap-weighted sums of host/tree readings, with a bounded history for windows.
+
+    Bytes written are summed beside them (not evidence of a cause: what tells a checkpoint
+    from the input pipeline in the GPUs' pauses)."""
 
     def __init__(self, ring_evals: int) -> None:
         self.cum_w = [0.0] * NK
         self.cum_wx = [0.0] * NK
+        self.cum_write_w = 0.0
+        self.cum_write_wx = 0.0
         self.cum_wait_s = 0.0  # seconds the GPUs spent waiting, over every host reading
         self.readings = 0  # ticks with host or tree readings
         self._last_t: float | None = None
@@ -89,8 +107,9 @@ class HostTrack:
         self._last_t = t
         self.readings += 1
         vals: list[float | None] = [None] * NK
+        written = None
         if tree is not None and tree.processes:
-            main, wmean, wn, read, total, runnable = _tree_readings(tree)
+            main, wmean, wn, read, total, runnable, written = _tree_readings(tree)
             vals[0], vals[1], vals[2], vals[5], vals[7] = main, wmean, wn, read, total
             vals[8] = runnable
         if host is not None:
@@ -103,6 +122,11 @@ class HostTrack:
                 self.cpu_count = len(host.cpu_pct_per_core)
             if vals[5] is None and host.disk_read_bytes_per_s is not None:
                 vals[5] = host.disk_read_bytes_per_s
+            if written is None:
+                written = host.disk_write_bytes_per_s
+        if written is not None:
+            self.cum_write_w += weight
+            self.cum_write_wx += weight * written
         self.seen = True
         cw, cx = self.cum_w, self.cum_wx
         for k in range(NK):
@@ -113,7 +137,32 @@ class HostTrack:
 
     def record(self, t: float) -> None:
         if self.seen:
-            self.hist.push((t, *self.cum_w, *self.cum_wx, self.readings, self.cum_wait_s))
+            self.hist.push(
+                (
+                    t,
+                    *self.cum_w,
+                    *self.cum_wx,
+                    self.cum_write_w,
+                    self.cum_write_wx,
+                    self.readings,
+                    self.cum_wait_s,
+                )
+            )
+
+    def over(self, spans: Iterable[tuple[float, float]]) -> tuple[HostWindow, float | None]:
+        """Gap-weighted means over the union of ``spans`` (from the eval history; a span
+        it no longer reaches is left out), and the bytes written per second over them
+        (None where never read): what the host did in those stretches alone."""
+        n = 2 * NK + 2  # after the time: weights, weighted sums, then the same for writes
+        acc = [0.0] * n
+        for a, b in spans:
+            ra, rb = self.hist.at_or_before(a), self.hist.at_or_before(b)
+            if ra is None or rb is None or rb[0] <= ra[0]:
+                continue
+            acc = [s + y - x for s, x, y in zip(acc, ra[1 : 1 + n], rb[1 : 1 + n], strict=True)]
+        out: HostWindow = {KEYS[k]: acc[NK + k] / acc[k] for k in range(NK) if acc[k] > 1e-9}
+        written = acc[n - 1] / acc[n - 2] if acc[n - 2] > 1e-9 else None
+        return out, written
 
     def recent_waits_span(
         self, t: float, wait_s: float, min_readings: int, min_s: float, max_s: float

@@ -13,7 +13,8 @@ Each rule reads every working GPU's window and may replace their candidates:
   waiting on it during its latest gap) is a straggler on a rhythm -- rank 0 writing a
   checkpoint every N steps -- not a starved GPU, even between its gaps.
 - ``all_gpu_pauses``: every GPU pausing together for seconds, repeatedly, is a sync stall
-  (a checkpoint, an evaluation, a host-side sync).
+  (a checkpoint, an evaluation, a host-side sync) -- unless the CPU fills the pauses: then
+  they are the input pipeline's (DataLoader workers starting anew each epoch), starved.
 - ``hang``: every GPU spinning and none computing for ``hang_after_s`` is no progress at
   all: the rank they wait on is not here, or stuck (it also applies to a single GPU whose
   GPM counters show its SMs idle at 100 % utilisation).
@@ -28,7 +29,7 @@ from gpumon.detect.config import DetectorConfig
 from gpumon.detect.gpu import GpuTrack, Window, sm_active_peak
 from gpumon.detect.pauses import PauseTracker
 from gpumon.detect.rules import Candidate
-from gpumon.model import Reason, State
+from gpumon.model import Cause, Reason, State
 
 
 @dataclass(slots=True)
@@ -50,6 +51,9 @@ class RunContext:
     # Since when every working GPU has been spinning with none computing (in and out:
     # kept across evals by the detector); None while some GPU computes.
     spinning_since: float | None = None
+    # Whether the CPU fills the current all-GPU pauses: (the host's cause, in words) if so
+    # (the detector reads its host history for it), else None.
+    pauses_filled: Callable[[float], tuple[Cause, str] | None] | None = None
     _working: list[int] | None = field(default=None, repr=False)
 
     def working(self) -> list[int]:
@@ -253,14 +257,22 @@ def waited_on_rhythm(c: RunContext) -> None:
 
 def all_gpu_pauses(c: RunContext) -> None:
     """Every working GPU pausing together, for seconds at a time and often enough, is a
-    sync stall: a checkpoint, an evaluation, or a host-side sync."""
+    sync stall: a checkpoint, an evaluation, or a host-side sync.  Pauses that the CPU
+    fills (the job's, or the host's, surging in each of them) are the input pipeline's:
+    every rank's loader starting over at an epoch's start -- starved, its cause read from
+    the host over the pauses as for any starvation."""
     working = c.working()
     if not c.pauses.step(c.t, c.prev_eval_s, [c.tracks[i] for i in working], c.run_peak_watts):
         return
     since = max(0.0, c.t - c.pauses.first_s)  # from the first pause on
+    filled = c.pauses_filled(c.t) if c.pauses_filled is not None else None
     for i in working:
         if c.cands[i].reason is Reason.STRAGGLER:
             continue  # its peers pause for it: it stays the straggler
+        if filled is not None:
+            cause, detail = filled
+            c.cands[i] = Candidate(State.STARVED, cause, Reason.SYNC_PAUSES, detail, c.t, since)
+            continue
         c.cands[i] = Candidate(
             State.SYNC_STALL, None, Reason.SYNC_PAUSES, "checkpoint or host sync", c.t, since
         )

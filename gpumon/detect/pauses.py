@@ -46,6 +46,13 @@ class PauseTracker:
         self.active = self._pattern(t, working)
         return self.active
 
+    def recent(self, t: float) -> list[tuple[float, float]]:
+        """The pauses of the current pattern (the one in progress up to ``t``)."""
+        spans = [(a, b) for a, b in self.pauses if b > self.first_s]
+        if self.open_since is not None:
+            spans.append((self.open_since, t))
+        return spans
+
     def _slack(self, working: Sequence[GpuTrack]) -> float:
         """How much shorter than the real pause the measured one can be: a GPU counts as
         quiet only once a whole driver sample was, so up to one period per edge."""

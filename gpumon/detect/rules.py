@@ -117,6 +117,7 @@ def enter_work(c: GpuContext) -> None:
         tr.seen_work = True
         tr.work_start_s = onset + (tr.period_s or 0.0)  # skip the first, partial sample
         tr.work_began_s = tr.work_start_s
+        tr.startup_gaps = tr.cum_gaps
         c.w = tr.window(t, max(cfg.eval_interval_s * 2, t - tr.work_start_s))
         c.duty = c.w.duty if c.w.duty is not None else d
         tr.reset_cycles()  # start-up blips are no pattern
@@ -347,15 +348,19 @@ def periodic_gaps(c: GpuContext) -> Candidate | None:
     since_gap = 0.0 if gap > 0 else t - rh.last_end_s
     if since_gap > 1.5 * rh.period_s:
         return None  # no gap where the next was due: the pattern has stopped
-    # Over the rhythm itself: from its first gap on (its share of idle time is its own).
+    # Over the rhythm itself: from its first gap on (never back into start-up; resumes
+    # are the rhythm's), for the duty cycle and the host's cause.
     span = min(cfg.rhythm_window_max_s, max(t - rh.first_start_s, c.w.span_s))
-    if tr.work_began_s is not None:  # never back into start-up (resumes are the rhythm's)
+    if tr.work_began_s is not None:
         span = min(span, max(c.w.span_s, t - tr.work_began_s))
     wl = tr.window(t, span)
-    if wl.duty is None or wl.coverage < cfg.min_coverage:
+    if wl.duty is None or wl.coverage < cfg.min_coverage or wl.duty < cfg.idle_duty:
         return None
+    # The share of time its gaps take is measured over whole periods (a gap per period):
+    # from its first gap on, the work before that gap is missing and the share reads a
+    # third too high over three gaps; nor is a burst at 97 % utilisation part idle.
     need = cfg.rhythm_exit_share if tr.state is State.STARVED else cfg.rhythm_idle_share
-    if 1.0 - wl.duty < need or wl.duty < cfg.idle_duty:
+    if rh.gap_s / rh.period_s < need:
         return None
     long_period = rh.period_s >= 10.0
     detail = f"a {rh.gap_s:.1f} s gap every {rh.period_s:.0f} s" if long_period else None
@@ -377,14 +382,36 @@ def healthy(c: GpuContext) -> Candidate | None:
     assert d is not None
     if d >= cfg.healthy_duty:
         return Candidate(State.HEALTHY, None, None, None, c.t, c.w.span_s * 0.5)
+    if d < cfg.starved_duty and c.tr.state is State.HEALTHY:
+        d = _over_whole_period(c, d)
     if d < cfg.starved_duty or c.tr.state is State.STARVED:
         return None
     # In the band between: hysteresis keeps a GPU healthy -- unless the duty cycle has
-    # stayed below the line for a long window: that is no borderline flicker.
-    wl = c.tr.window(c.t, cfg.sustained_window_s)
-    if wl.duty is not None and wl.coverage >= 0.9 and wl.duty < cfg.sustained_duty:
-        return None
+    # stayed below the line for a long window of work (start-up's idleness is no part of
+    # it): that is no borderline flicker.
+    began = c.tr.work_began_s
+    if began is None or c.t - began >= cfg.sustained_window_s:
+        wl = c.tr.window(c.t, cfg.sustained_window_s)
+        if wl.duty is not None and wl.coverage >= 0.9 and wl.duty < cfg.sustained_duty:
+            return None
     return Candidate(State.HEALTHY, None, None, None, c.t, c.w.span_s * 0.5)
+
+
+def _over_whole_period(c: GpuContext, d: float) -> float:
+    """The duty cycle of a dip's whole period: a window holding one dip, shorter than the
+    time since the GPU's previous dip, is read from that dip's end on (at most
+    ``window_max_s``): a 2 s dip every 20 s is a tenth of the time, not a quarter of an
+    8 s window."""
+    tr, cfg, t, w = c.tr, c.cfg, c.t, c.w
+    start = t - w.span_s
+    inside = sum(1 for _, end in tr.long_gaps if end > start) + (0 if tr.run_busy else 1)
+    if inside > 1:
+        return d  # several gaps in the window: a pattern, judged as it reads
+    prev = max((end for _, end in tr.long_gaps if end <= start), default=None)
+    if prev is None or t - prev > cfg.window_max_s:
+        return d
+    wp = tr.window(t, t - prev)
+    return d if wp.duty is None or wp.coverage < cfg.min_coverage else max(d, wp.duty)
 
 
 def healthy_dip(c: GpuContext) -> Candidate | None:

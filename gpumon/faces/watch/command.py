@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import math
 import os
 import sys
 import threading
@@ -26,7 +27,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from gpumon.engine import Session, StackOptions
+from gpumon.engine import DetectorConfig, Session, StackOptions
 from gpumon.errors import GpumonError, ProcessGoneError, UsageError
 from gpumon.faces.common import interval, positive_float, write_tick
 from gpumon.faces.watch.child import Child
@@ -74,6 +75,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="S",
         help="seconds of recent samples each verdict is judged on (default: the "
         "detector's, 8 s); shorter decides sooner, longer flaps less",
+    )
+    p.add_argument(
+        "--hang-after",
+        type=_hang_after,
+        metavar="S",
+        help="seconds every GPU may spin in a collective with none computing before the run "
+        "is called a hang (default: the detector's, 300 s, as serve's [detector] "
+        f"hang_after_s; {HANG_AFTER_MIN_S:g} to {HANG_AFTER_MAX_S:g})",
     )
     p.add_argument("--summary-json", metavar="FILE", help="write the end-of-run summary as JSON")
     p.add_argument(
@@ -131,6 +140,7 @@ class WatchOptions:
     command: tuple[str, ...] = ()
     interval: float = 0.5
     window: float | None = None
+    hang_after: float | None = None
     summary_json: str | None = None
     fail_on: tuple[State, ...] | None = None
     fail_threshold: float = 0.25
@@ -149,6 +159,7 @@ class WatchOptions:
             command=command,
             interval=args.interval,
             window=args.window,
+            hang_after=args.hang_after,
             summary_json=args.summary_json,
             fail_on=args.fail_on,
             fail_threshold=args.fail_threshold,
@@ -169,6 +180,24 @@ def _states(text: str) -> tuple[State, ...]:
         return parse_states(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+# The range serve's ``[detector] hang_after_s`` takes: at least a few ticks of spinning,
+# at most a day.
+HANG_AFTER_MIN_S, HANG_AFTER_MAX_S = 10.0, 86400.0
+
+
+def _hang_after(text: str) -> float:
+    """``--hang-after S``: seconds, in the range serve's configuration takes."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not (math.isfinite(value) and HANG_AFTER_MIN_S <= value <= HANG_AFTER_MAX_S):
+        raise argparse.ArgumentTypeError(
+            f"must be between {HANG_AFTER_MIN_S:g} and {HANG_AFTER_MAX_S:g} seconds: {text!r}"
+        )
+    return value
 
 
 def _share(text: str) -> float:
@@ -213,6 +242,8 @@ class _Run:
         # The face only asks the session; it decides nothing itself.
         pid = self.args.pid
         extra: dict[str, Any] = {}
+        if self.args.hang_after is not None:
+            extra["config"] = DetectorConfig(hang_after_s=self.args.hang_after)
         if self.args.stacks:
             extra["stacks"] = StackOptions(every_s=self.args.stacks_every)
             Session.check_stacks(extra["stacks"])  # before the command starts
