@@ -79,3 +79,8 @@ def finite_json(obj: object) -> object:
     if isinstance(obj, list | tuple):
         return [finite_json(v) for v in obj]
     return obj
+
+
+# Seconds of spinning before a hang, as serve's ``[detector] hang_after_s`` and watch's
+# ``--hang-after`` take them: at least a few ticks of spinning, at most a day.
+HANG_AFTER_MIN_S, HANG_AFTER_MAX_S = 10.0, 86400.0

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpumon.errors import ConfigError
-from gpumon.faces.common import check_interval
+from gpumon.faces.common import HANG_AFTER_MAX_S, HANG_AFTER_MIN_S, check_interval
 from gpumon.files import CONFIG_LIMIT, read_text_bounded
 
 if TYPE_CHECKING:  # read only with --web.config.file: PyYAML is not loaded otherwise
@@ -188,7 +188,7 @@ SCHEMA: dict[str, dict[str, tuple[str, Callable[[Any], Any]]]] = {
         "process_trees": ("process_trees", _bool),
     },
     "detector": {
-        "hang_after_s": ("hang_after_s", _seconds(10.0, 86400.0)),
+        "hang_after_s": ("hang_after_s", _seconds(HANG_AFTER_MIN_S, HANG_AFTER_MAX_S)),
     },
     "stacks": {
         "enabled": ("stacks_enabled", _bool),

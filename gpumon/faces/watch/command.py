@@ -29,7 +29,13 @@ from typing import TYPE_CHECKING, Any
 
 from gpumon.engine import DetectorConfig, Session, StackOptions
 from gpumon.errors import GpumonError, ProcessGoneError, UsageError
-from gpumon.faces.common import interval, positive_float, write_tick
+from gpumon.faces.common import (
+    HANG_AFTER_MAX_S,
+    HANG_AFTER_MIN_S,
+    interval,
+    positive_float,
+    write_tick,
+)
 from gpumon.faces.watch.child import Child
 from gpumon.faces.watch.keys import KeyReader, ViewControls
 from gpumon.faces.watch.layout import MIN_WIDTH, LiveView
@@ -180,11 +186,6 @@ def _states(text: str) -> tuple[State, ...]:
         return parse_states(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-# The range serve's ``[detector] hang_after_s`` takes: at least a few ticks of spinning,
-# at most a day.
-HANG_AFTER_MIN_S, HANG_AFTER_MAX_S = 10.0, 86400.0
 
 
 def _hang_after(text: str) -> float:
