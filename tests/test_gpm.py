@@ -328,7 +328,7 @@ def test_record_writes_what_gpm_reads(fake_nvml, tmp_path: Path) -> None:
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     header, snaps = read_trace(out)
-    assert header.version == FORMAT_VERSION == 3
+    assert header.version == FORMAT_VERSION == 4
     later = snaps[1:]
     assert later and all(s.gpus[0].sm_active_ratio == pytest.approx(0.02) for s in later)
     assert all(s.gpus[1].mig_activity[0].sm_active_ratio == pytest.approx(0.4) for s in later)
