@@ -581,7 +581,7 @@ def agreement(run: Run) -> list[Check]:
         )
         return checks
     # Watch's lines against its own summary: start-up.
-    startup = sum(b - a for a, b, _, note in run.watch_spans if note == "start-up")
+    startup = lines_startup(run.watch_spans)
     checks.append(
         Check(
             "watch lines = watch summary (start-up)",
@@ -641,6 +641,24 @@ def agreement(run: Run) -> list[Check]:
         )
     )
     return checks
+
+
+def lines_startup(spans: list[tuple[float, float, str, str | None]]) -> float:
+    """The start-up watch's lines showed, counted as the summary counts it: the start-up
+    phase, and each provisional reading ("judging") that the verdict did not take over (a
+    confirmed reading of the same state is backdated over it; one of another state leaves
+    it to the run's warm-up).  A machine that slows the first judgment lengthens both alike."""
+    total = 0.0
+    for i, (a, b, state, note) in enumerate(spans):
+        if note == "start-up":
+            total += b - a
+        elif note is not None and note.startswith("judging"):
+            after = next(
+                (s for s in spans[i + 1 :] if not (s[3] or "").startswith("judging")), None
+            )
+            if after is None or after[2] != state:
+                total += b - a
+    return total
 
 
 #: Words an advice line for a cause contains (advice.py's wording, loosely).
