@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import resource
@@ -326,15 +327,7 @@ def test_record_keeps_the_hardware_fields_and_xid_errors(fake_nvml, tmp_path: Pa
     machine let it start) is in the trace; the recording ends with the process it follows."""
     fake_nvml.set(Scenario(gpus=[HEALTHY_H100, FakeGPU(nvlink_links=0)]))
     out = tmp_path / "t.jsonl"
-    child = subprocess.Popen(
-        [sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE
-    )
-    rec = subprocess.Popen(
-        [sys.executable, "-m", "gpumon", "record", "-o", str(out), "--pid", str(child.pid),
-         "--interval", "0.5", "--duration", "600"],
-        env=fake_nvml.env, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    try:
+    with _recording_a_process(fake_nvml.env, out, "0.5") as (child, rec):
         _until("no tick was recorded", lambda: _ticks_in(out) >= 2 or rec.poll() is not None)
         gpu = replace(HEALTHY_H100, xid_errors=[XidError(63, time.monotonic() + 0.3)])
         fake_nvml.set(Scenario(gpus=[gpu, FakeGPU(nvlink_links=0)]))
@@ -344,11 +337,6 @@ def test_record_keeps_the_hardware_fields_and_xid_errors(fake_nvml, tmp_path: Pa
         )
         child.communicate(timeout=60)
         _, err = rec.communicate(timeout=120)
-    finally:
-        for p in (child, rec):
-            if p.poll() is None:
-                p.kill()
-                p.wait()
     assert rec.returncode == 0, err
     from gpumon.traces.jsonl import FORMAT_VERSION, read_trace
 
@@ -504,6 +492,29 @@ def _ticks_in(path: Path) -> int:
         return 0
 
 
+@contextlib.contextmanager
+def _recording_a_process(
+    env: dict[str, str], out: Path, interval: str
+) -> Iterator[tuple[subprocess.Popen[bytes], subprocess.Popen[str]]]:
+    """A process that exits when its stdin closes, and ``gpumon record --pid`` of it
+    into ``out`` (600 s at most), both killed on the way out if still running."""
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE
+    )
+    rec = subprocess.Popen(
+        [sys.executable, "-m", "gpumon", "record", "-o", str(out), "--pid", str(child.pid),
+         "--interval", interval, "--duration", "600"],
+        env=env, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        yield child, rec
+    finally:
+        for p in (child, rec):
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
 def _until(what: str, done: Callable[[], bool], deadline_s: float = 300.0) -> None:
     """Wait for an event (the deadline only ends a wait for one that never comes)."""
     end = time.monotonic() + deadline_s
@@ -516,23 +527,10 @@ def test_record_follows_a_pid_and_stops_when_it_exits(fake_nvml, tmp_path: Path)
     """The process exits once the recording has ticks of it (however long gpumon took to
     start), and the recording ends then, not at --duration."""
     out = tmp_path / "t.jsonl"
-    child = subprocess.Popen(
-        [sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE
-    )
-    rec = subprocess.Popen(
-        [sys.executable, "-m", "gpumon", "record", "-o", str(out), "--pid", str(child.pid),
-         "--interval", "0.25", "--duration", "600"],
-        env=fake_nvml.env, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    try:
+    with _recording_a_process(fake_nvml.env, out, "0.25") as (child, rec):
         _until("no tick was recorded", lambda: _ticks_in(out) >= 2 or rec.poll() is not None)
         child.communicate(timeout=60)  # stdin closed: it exits
         _, err = rec.communicate(timeout=120)
-    finally:
-        for p in (child, rec):
-            if p.poll() is None:
-                p.kill()
-                p.wait()
     assert rec.returncode == 0, err
     assert f"process {child.pid} exited" in err
     lines = [json.loads(x) for x in out.read_text().splitlines()]
