@@ -552,7 +552,7 @@ def test_xid_errors_arrive_as_events(fake_nvml):
     time.sleep(0.05)
     now = time.monotonic()  # errors at now - 0.01 and now: both after the registration
     later = scn.with_gpu(0, xid_errors=[before, XidError(79, now), XidError(48, now - 0.01)])
-    fake_nvml.set(later.with_gpu(1, xid_errors=[XidError(94, now + 0.2)]))
+    fake_nvml.set(later)
     got = []
     for _ in range(2):
         data = pynvml.nvmlEventSetWait_v2(es, 0)
@@ -563,7 +563,10 @@ def test_xid_errors_arrive_as_events(fake_nvml):
     fake_nvml.set(fake_nvml.scenario)  # the same errors again: nothing twice
     with pytest.raises(pynvml.NVMLError_Timeout):
         pynvml.nvmlEventSetWait_v2(es, 0)
-    data = pynvml.nvmlEventSetWait_v2(es, 5000)  # waits for GPU 1's error, due in 0.2 s
+    # GPU 1's error is set only now, due 0.2 s ahead: set earlier, a slow machine could pass
+    # its time before the check above, which would then see it
+    fake_nvml.set(later.with_gpu(1, xid_errors=[XidError(94, time.monotonic() + 0.2)]))
+    data = pynvml.nvmlEventSetWait_v2(es, 5000)  # waits for GPU 1's error
     assert (pynvml.nvmlDeviceGetIndex(data.device), data.eventData) == (1, 94)
     pynvml.nvmlEventSetFree(es)
     with pytest.raises(pynvml.NVMLError_InvalidArgument):  # freed: stale
