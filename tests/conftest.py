@@ -42,6 +42,7 @@ def pytest_configure(config: pytest.Config) -> None:
     )
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's, which reads the groups into node ids
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         defs = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
@@ -52,6 +53,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         )
         if shared:
             item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """A test whose group xdist did not take fails: it would build its group's fixture
+    again on every worker, and after every switch of module (a pytest upgrade did this)."""
+    grouped = item.get_closest_marker("xdist_group") is not None
+    if grouped and item.config.getoption("loadgroup", default=False) and "@" not in item.nodeid:
+        pytest.fail(
+            "xdist's loadgroup ignored this test's group: this pytest and pytest-xdist "
+            "do not work together (see the pin in pyproject.toml)",
+            pytrace=False,
+        )
 
 
 def _machine_lock(config: pytest.Config) -> Path | None:
