@@ -38,7 +38,9 @@ SYSTEM_DSTAT = Path("/usr/bin/dstat")
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
-        "markers", "owns_machine: runs with no other test at once (the live lab)"
+        "markers",
+        "owns_machine: runs with no other test at once (the live lab; a test that sets "
+        "machine-wide state others depend on, such as the pid cursor)",
     )
 
 
