@@ -406,7 +406,7 @@ def test_dstat_output_csv_has_numeric_gpu_columns(runs: dict[str, Run]) -> None:
 
 def test_dstat_gpu_lost_mid_run_keeps_printing_rows(runs: dict[str, Run]) -> None:
     rc, out, err = runs["lost"].result()
-    assert rc == 0, err
+    assert rc == 0, f"{err}\n--- the rows dstat printed:\n{out}"
     assert "Exception" not in out and "Traceback" not in err
     lines = out.splitlines()
     assert lines[0].split() == ["-----gpu0-----", "-----gpu1-----"]

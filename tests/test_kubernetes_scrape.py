@@ -319,7 +319,7 @@ def stored_series(prom: Prometheus, match: str) -> list[dict[str, str]]:
     """Every series Prometheus stored that ``match`` selects, over all time."""
     query = urllib.parse.urlencode({"match[]": match, "start": "0", "end": str(time.time() + 60)})
     url = f"http://127.0.0.1:{prom.port}/api/v1/series?{query}"
-    with urllib.request.urlopen(url, timeout=5) as r:
+    with urllib.request.urlopen(url, timeout=30) as r:
         return json.load(r)["data"]
 
 

@@ -162,7 +162,7 @@ def _prom_query(tmp: Path, port: int, expr: str) -> list[dict]:
     req.add_header("Authorization", f"Basic {token}")
     ctx = ssl.create_default_context(cafile=str(tmp / "server.crt"))
     ctx.load_cert_chain(str(tmp / "client.crt"), str(tmp / "client.key"))
-    with urllib.request.urlopen(req, timeout=5, context=ctx) as r:
+    with urllib.request.urlopen(req, timeout=30, context=ctx) as r:
         return json.load(r)["data"]["result"]
 
 
@@ -355,7 +355,10 @@ def test_one_node_starved_one_healthy_names_the_starved_node(cluster: Cluster) -
     assert r["sources"]["utilization_by_state"] == "recording rule"
 
     text = cluster.report("--job", "1001", "--last", "10m")
-    assert text.returncode == 0 and not text.stderr, text.stderr
+    # Warnings only of scrapes Prometheus recorded as failed (a busy machine's; the JSON's
+    # gaps are held to Prometheus' own up series above).
+    unexplained = [ln for ln in text.stderr.splitlines() if "(up == 0)" not in ln]
+    assert text.returncode == 0 and not unexplained, text.stderr
     lines = text.stdout.splitlines()
     assert lines[0].startswith("gpumon report · job 1001 · 2 node(s) · 4 GPU(s) ·")
     assert lines[1].startswith("Verdict: STARVED (cause: ") and f"on {n1}" in lines[1]

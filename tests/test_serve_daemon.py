@@ -629,7 +629,7 @@ def test_real_prometheus_scrapes_the_starved_state(fake_nvml, tmp_path, daemons)
         while time.monotonic() < deadline:
             assert prom.poll() is None, prom.communicate()[1][-2000:]
             try:
-                with urllib.request.urlopen(url, timeout=5) as r:
+                with urllib.request.urlopen(url, timeout=30) as r:
                     body = json.load(r)
                 result = body["data"]["result"]
                 if len(result) == 2:
@@ -645,7 +645,7 @@ def test_real_prometheus_scrapes_the_starved_state(fake_nvml, tmp_path, daemons)
         url = f"http://127.0.0.1:{prom_port}/api/v1/query?" + urllib.parse.urlencode(
             {"query": "time() - gpumon_last_sample_timestamp_seconds"}
         )
-        with urllib.request.urlopen(url, timeout=5) as r:
+        with urllib.request.urlopen(url, timeout=30) as r:
             age = float(json.load(r)["data"]["result"][0]["value"][1])
         assert age < 10
     finally:

@@ -38,7 +38,7 @@ def label_values(prom: Prometheus, query: str) -> list[str]:
     url = f"http://127.0.0.1:{prom.port}/api/v1/series?" + urllib.parse.urlencode(
         {"match[]": selector}
     )
-    with urllib.request.urlopen(url, timeout=5) as r:
+    with urllib.request.urlopen(url, timeout=30) as r:
         return sorted({s[label] for s in json.load(r)["data"] if label in s})
 
 

@@ -582,7 +582,7 @@ class Prometheus:
 
     def query(self, q: str) -> list[dict[str, object]]:
         url = f"http://127.0.0.1:{self.port}/api/v1/query?" + urllib.parse.urlencode({"query": q})
-        with urllib.request.urlopen(url, timeout=5) as r:
+        with urllib.request.urlopen(url, timeout=30) as r:
             return json.load(r)["data"]["result"]
 
     def wait_for(self, q: str, timeout: float = 40) -> list[dict[str, object]]:
@@ -601,7 +601,7 @@ class Prometheus:
     def targets(self) -> str:
         try:
             url = f"http://127.0.0.1:{self.port}/api/v1/targets"
-            with urllib.request.urlopen(url, timeout=5) as r:
+            with urllib.request.urlopen(url, timeout=30) as r:
                 return json.dumps(json.load(r)["data"]["activeTargets"])[:2000]
         except OSError as exc:
             return str(exc)
