@@ -55,6 +55,8 @@ _EXPORTS = {
     "Verdict": "gpumon.model",
     "GpuVerdict": "gpumon.model",
     "Evidence": "gpumon.model",
+    "Advice": "gpumon.model",
+    "Lever": "gpumon.model",
     # errors
     "GpumonError": "gpumon.errors",
     "NoDriverError": "gpumon.errors",
@@ -68,6 +70,7 @@ _EXPORTS = {
 __all__ = [
     "DISTRIBUTION",
     "FORMATS",
+    "Advice",
     "Analysis",
     "Cause",
     "ConfigError",
@@ -82,6 +85,7 @@ __all__ = [
     "GpuVerdict",
     "GpumonError",
     "HostSample",
+    "Lever",
     "NoDriverError",
     "ProcTreeSample",
     "ProcessGoneError",
@@ -132,6 +136,7 @@ if TYPE_CHECKING:  # what type checkers and editors see
         UsageError,
     )
     from gpumon.model import (
+        Advice,
         Cause,
         Episode,
         Evidence,
@@ -140,6 +145,7 @@ if TYPE_CHECKING:  # what type checkers and editors see
         GpuSample,
         GpuVerdict,
         HostSample,
+        Lever,
         ProcessSample,
         ProcTreeSample,
         Reason,

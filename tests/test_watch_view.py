@@ -493,7 +493,8 @@ def test_the_summary_is_the_detectors_run_summary() -> None:
     data = s.to_json()
     assert (data["verdict"], data["cause"]) == (run.verdict.value, run.cause and run.cause.value)
     assert data["seconds"] == {k.value: round(v, 3) for k, v in run.seconds.items()}
-    assert data["advice"] == [a.text for a in run.advice] and data["startup_s"] == round(run.startup_s, 3)
+    assert data["advice"] == [a.text for a in run.advice]
+    assert data["startup_s"] == round(run.startup_s, 3)
 
 
 def test_fail_on_trips_above_the_threshold_share() -> None:
