@@ -284,8 +284,9 @@ def advice_for(
                 )
             )
         elif cause is Cause.CPU:
-            rx = worker_prescription(ev)
-            n = worker_count(ev)
+            rx, n = worker_prescription(ev), worker_count(ev)
+            # A count the free cores cannot hold already says to move the decoding.
+            said_offload = rx is not None and n is not None and not n.enough_cores
             counts = {} if rx is None or n is None else {"workers": n.now, "want": n.want}
             out.append(
                 _say(
@@ -295,7 +296,7 @@ def advice_for(
                     **counts,
                 )
             )
-            if rx is None or "DALI" not in rx:
+            if not said_offload:
                 out.append(
                     _say(
                         Lever.OFFLOAD,
