@@ -80,18 +80,23 @@ def _levers(summary_advice: tuple[Advice, ...]) -> list[Lever]:
     return [a.lever for a in summary_advice]
 
 
-def _demo_like_run() -> tuple[Advice, ...]:
-    """Starved on the CPU, the worker count varying with the load: several wordings of one
-    lever that the summary says once."""
-    tr = generate("starved_cpu", seed=2, gpus=2, duration_s=240.0)
-    return analyze(tr.header, tr.snapshots).summary.advice
+def _run_starved_on_the_gil() -> tuple[tuple[Advice, ...], set[str]]:
+    """Starved on the GIL, the worker count varying with the load: several wordings of one
+    lever (the summary's advice, and the episodes' texts of the workers' lever)."""
+    tr = generate("starved_gil", seed=2, gpus=2, duration_s=240.0)
+    res = analyze(tr.header, tr.snapshots)
+    episodes = [ep for g in res.gpus.values() for ep in g.episodes]
+    said = {a.text for ep in episodes for a in ep.advice if a.lever is Lever.WORKERS}
+    return res.summary.advice, said
 
 
 def test_rewording_changes_no_lever_of_a_run_summary(request: pytest.FixtureRequest) -> None:
-    plain = _demo_like_run()
-    assert len(set(_levers(plain))) == len(plain) >= 2
+    plain, worker_wordings = _run_starved_on_the_gil()
+    assert len(worker_wordings) >= 2  # the episodes name different counts ...
+    assert _levers(plain).count(Lever.WORKERS) == 1  # ... the summary one
+    assert len(set(_levers(plain))) == len(plain) >= 3
     request.getfixturevalue("reworded")
-    other = _demo_like_run()
+    other, _ = _run_starved_on_the_gil()
     assert _levers(other) == _levers(plain)
     assert [a.text for a in other] == ["in other words: " + a.text.swapcase() for a in plain]
 

@@ -15,8 +15,6 @@ from dataclasses import dataclass
 from gpumon.detect.config import DetectorConfig
 from gpumon.model import Advice, Cause, Evidence, EvidenceKey, Lever, Reason, State
 
-__all__ = ["GENERAL_LEVERS", "Advice", "Lever", "advice_for"]
-
 _GIB = 1024**3
 
 # Levers that help whatever the cause: a summary says them after the causes' remedies.
