@@ -6,7 +6,9 @@ The command line is ``gpumon``; the same engine is a library::
 
     with gpumon.open_trace("nvidia-smi.csv") as trace:     # any format gpumon reads
         result = gpumon.analyze(trace.header, trace)
-    print(result.summary.verdict, result.summary.cause, result.summary.advice)
+    print(result.summary.verdict, result.summary.cause)
+    for advice in result.summary.advice:                   # each with the lever it pulls
+        print(advice.lever, advice.text)
 
     session = gpumon.Session.live(pid=1234)                 # a live run (NVML, no CUDA)
     session.tick(); session.verdict()
