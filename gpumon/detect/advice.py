@@ -80,7 +80,8 @@ def worker_count(ev: Evidence) -> WorkerCount | None:
 
 
 def worker_prescription(ev: Evidence) -> str | None:
-    """Saturated workers: how many would keep the GPU fed, and whether the cores exist."""
+    """Saturated workers: how many would keep the GPU fed, and whether the cores exist
+    (the words that finish the workers' advice in ``advice_for``)."""
     n = worker_count(ev)
     if n is None or n.now == 0:
         return None
