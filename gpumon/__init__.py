@@ -6,7 +6,9 @@ The command line is ``gpumon``; the same engine is a library::
 
     with gpumon.open_trace("nvidia-smi.csv") as trace:     # any format gpumon reads
         result = gpumon.analyze(trace.header, trace)
-    print(result.summary.verdict, result.summary.cause, result.summary.advice)
+    print(result.summary.verdict, result.summary.cause)
+    for advice in result.summary.advice:                   # each with the lever it pulls
+        print(advice.lever, advice.text)
 
     session = gpumon.Session.live(pid=1234)                 # a live run (NVML, no CUDA)
     session.tick(); session.verdict()
@@ -55,6 +57,8 @@ _EXPORTS = {
     "Verdict": "gpumon.model",
     "GpuVerdict": "gpumon.model",
     "Evidence": "gpumon.model",
+    "Advice": "gpumon.model",
+    "Lever": "gpumon.model",
     # errors
     "GpumonError": "gpumon.errors",
     "NoDriverError": "gpumon.errors",
@@ -68,6 +72,7 @@ _EXPORTS = {
 __all__ = [
     "DISTRIBUTION",
     "FORMATS",
+    "Advice",
     "Analysis",
     "Cause",
     "ConfigError",
@@ -82,6 +87,7 @@ __all__ = [
     "GpuVerdict",
     "GpumonError",
     "HostSample",
+    "Lever",
     "NoDriverError",
     "ProcTreeSample",
     "ProcessGoneError",
@@ -132,6 +138,7 @@ if TYPE_CHECKING:  # what type checkers and editors see
         UsageError,
     )
     from gpumon.model import (
+        Advice,
         Cause,
         Episode,
         Evidence,
@@ -140,6 +147,7 @@ if TYPE_CHECKING:  # what type checkers and editors see
         GpuSample,
         GpuVerdict,
         HostSample,
+        Lever,
         ProcessSample,
         ProcTreeSample,
         Reason,

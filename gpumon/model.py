@@ -439,6 +439,55 @@ EvidenceKey = Literal[
 ]
 
 
+class Lever(StrEnum):
+    """What a piece of advice asks the user to change: a summary says each lever once,
+    whatever the wording (``detect/advice.py`` words it)."""
+
+    WORKERS = "workers"  # more DataLoader workers (CPU-saturated ones)
+    OFFLOAD = "offload"  # decoding/augmentation onto the GPU, or offline
+    GIL = "gil"  # loading out of the main process
+    STORAGE = "storage"  # faster or closer storage, a sequential format
+    PREFETCH = "prefetch"  # overlap loading with compute
+    RHYTHM = "rhythm"  # a regular stall: persistent workers, async checkpoints
+    RECORD = "record"  # record host data to tell causes apart
+    PINNING = "pinning"  # pinned memory, non-blocking copies
+    BATCH = "batch"  # the batch size, memory
+    STRAGGLER = "straggler"  # the rank the others wait on
+    EVEN_SPLIT = "even_split"  # equal work per rank
+    CHECKPOINT = "checkpoint"  # checkpoints and host-side syncs
+    STUCK = "stuck"  # memory held, no kernels
+    RESOLUTION = "resolution"  # a finer recording
+    CONTENTION = "contention"  # processes outside the job take the CPUs
+    HANG = "hang"  # find the rank everyone waits on
+    EVALUATION = "evaluation"  # evaluate less often, or elsewhere
+    CODE = "code"  # the code the job's processes spend the gaps in (Python stacks)
+    HOST_SYNC = "host_sync"  # the host waits on the GPU each step
+    STRAGGLER_CODE = "straggler_code"  # where the straggler rank is while its peers wait
+    REMOTE_INPUT = "remote_input"  # the job sleeps: its input waits beyond this host
+    STRAGGLER_NODE = "straggler_node"  # the node a job across nodes waits on
+
+
+@dataclass(frozen=True, slots=True)
+class Advice:
+    """One piece of advice: the lever it pulls, its words, and the numbers in them.
+
+    Code groups and filters advice by ``lever`` (and ``numbers``), never by its words, so
+    rewording a sentence changes what people read and nothing else."""
+
+    lever: Lever
+    text: str  # for people, worded once (``detect/advice.py``)
+    # (name, value): the figures the text names, unrounded; two pieces that read the same
+    # are the same advice, so they take no part in equality.
+    numbers: tuple[tuple[str, float], ...] = field(default=(), compare=False)
+
+    def number(self, name: str) -> float | None:
+        """The figure named ``name`` in this advice, if it has one."""
+        return next((v for k, v in self.numbers if k == name), None)
+
+    def __str__(self) -> str:
+        return self.text
+
+
 @dataclass(frozen=True, slots=True)
 class Episode:
     """A stretch of time one GPU (or the run, gpu=None) spent in one state."""
@@ -450,7 +499,7 @@ class Episode:
     start_s: float
     end_s: float | None  # None while the episode is still open
     evidence: Evidence = field(default_factory=lambda: Evidence())
-    advice: tuple[str, ...] = ()
+    advice: tuple[Advice, ...] = ()
     note: str | None = None  # for people: the reason in words, with its numbers
     reason: Reason | None = None  # for code: why this state (faces decide on it)
 
@@ -469,7 +518,7 @@ class GpuVerdict:
     cause: Cause | None
     since_s: float | None
     evidence: Evidence = field(default_factory=lambda: Evidence())
-    advice: tuple[str, ...] = ()
+    advice: tuple[Advice, ...] = ()
     note: str | None = None
     reason: Reason | None = None
 
@@ -483,7 +532,7 @@ class Verdict:
     cause: Cause | None
     gpus: tuple[GpuVerdict, ...] = ()
     evidence: Evidence = field(default_factory=lambda: Evidence())
-    advice: tuple[str, ...] = ()
+    advice: tuple[Advice, ...] = ()
     note: str | None = None
     reason: Reason | None = None
 

@@ -341,7 +341,7 @@ def test_pauses_spent_in_torch_save_are_a_checkpoint() -> None:
     assert (ep.state, ep.reason) == (State.SYNC_STALL, Reason.CHECKPOINT), closed
     assert "torch.serialization._save" in (ep.note or "")
     assert ep.evidence["main_activity"] == "checkpoint"
-    assert ep.advice[0].startswith("checkpoint less often or asynchronously")
+    assert ep.advice[0].text.startswith("checkpoint less often or asynchronously")
     assert det.open_episodes()[None].reason is Reason.CHECKPOINT  # the run's too
 
 
@@ -361,7 +361,7 @@ def test_a_starved_gpu_waiting_on_its_loader_names_the_workers_decode() -> None:
     assert v.evidence["workers_where"] == "dataset.py:87 Images.__getitem__ -> PIL.Image.open"
     assert v.evidence["main_activity"] == "loader_wait"
     assert any(
-        a.startswith("the workers spend the gaps decoding in dataset.py:87") for a in v.advice
+        a.text.startswith("the workers spend the gaps decoding in dataset.py:87") for a in v.advice
     )
 
 

@@ -19,7 +19,6 @@ from test_live_judgments import T0, busy, shown, ticks
 
 from gpumon.detect import Detector, DetectorConfig
 from gpumon.detect.activities import Activity, Reading, judge
-from gpumon.detect.advice import Lever, lever_of
 from gpumon.detect.rules import Candidate
 from gpumon.engine import analyze
 from gpumon.model import (
@@ -27,6 +26,7 @@ from gpumon.model import (
     GpuProcess,
     GpuSample,
     HostSample,
+    Lever,
     ProcessSample,
     ProcTreeSample,
     Reason,
@@ -192,10 +192,10 @@ def test_pauses_the_cpu_fills_are_the_input_pipeline_starting_over(
     assert {g.state for g in v.gpus} == {State.STARVED}
     assert v.cause is cause, v.gpus[0].evidence
     assert v.note is not None and "CPU fills each pause" in v.note, v.note
-    advice = " ".join(v.advice)
+    advice = " ".join(a.text for a in v.advice)
     assert "persistent_workers=True" in advice and "prefetch_factor" in advice, advice
     assert "checkpoint" not in advice, advice
-    assert lever_of(v.advice[0]) is Lever.RHYTHM
+    assert v.advice[0].lever is Lever.RHYTHM
 
 
 @pytest.mark.parametrize("in_pause", ["checkpoint", "flat"])
@@ -204,7 +204,7 @@ def test_pauses_without_a_cpu_surge_or_with_writes_stay_a_checkpoint(in_pause: s
     workers idle), or with the host as in the work between: a sync stall, as before."""
     v = judged(pausing_run(in_pause))
     assert (v.state, v.reason) == (State.SYNC_STALL, Reason.SYNC_PAUSES), (v.state, v.note)
-    assert any("checkpoint less often" in a for a in v.advice), v.advice
+    assert any("checkpoint less often" in a.text for a in v.advice), v.advice
 
 
 def test_a_cpu_surge_with_writes_is_still_a_checkpoint() -> None:

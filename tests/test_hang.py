@@ -81,7 +81,7 @@ def test_every_rank_spinning_for_minutes_is_a_hang_named_with_its_start() -> Non
     for e in hung:
         assert abs(e.start_s - (T0 + 300)) <= 10  # backdated to when the spinning began
     assert res.verdict.reason is Reason.HANG  # now
-    advice = " ".join(res.summary.advice)
+    advice = " ".join(a.text for a in res.summary.advice)
     assert "elsewhere" in advice and "gpumon report --job" in advice
     assert "data loader" not in advice  # no local rank is a straggler
     # Spinning is no work: the episodes and the run agree on the GPUs of work delivered.

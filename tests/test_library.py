@@ -65,6 +65,7 @@ def test_the_readmes_library_example_runs_as_written(tmp_path: Path) -> None:
     )
     assert out.returncode == 0, out.stderr
     assert "starved" in out.stdout
+    assert any(ln.startswith(f"{lv}: ") for ln in out.stdout.splitlines() for lv in gpumon.Lever)
 
 
 def test_errors_carry_their_fields() -> None:

@@ -133,5 +133,5 @@ def test_contention_names_the_busiest_outsider_in_its_evidence_and_advice() -> N
     g = det.verdict().gpus[0]
     assert (g.state, g.cause) == (State.STARVED, Cause.CONTENTION)
     assert g.evidence.get("outside_top") == "cc1plus (pid 4242, 1480 %)"
-    assert "cc1plus (pid 4242" in g.advice[0] and "num_workers" not in g.advice[0]
+    assert "cc1plus (pid 4242" in g.advice[0].text and "num_workers" not in g.advice[0].text
     assert advice_for(State.STARVED, Cause.CONTENTION, g.evidence, None, True)[0] == g.advice[0]

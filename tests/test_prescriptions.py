@@ -12,7 +12,7 @@ from gpumon.engine import analyze
 from gpumon.engine.words import speedup_sentence
 from gpumon.faces.analyze.report import to_json
 from gpumon.lab.synth import generate
-from gpumon.model import GpuSample, Snapshot, TraceHeader
+from gpumon.model import GpuSample, Lever, Snapshot, TraceHeader
 
 GIB = 1 << 30
 
@@ -75,25 +75,29 @@ def test_worker_count_from_the_measured_cpu() -> None:
 
 def test_a_gil_bound_loader_gets_a_worker_count() -> None:
     rx = gil_prescription({"duty_cycle": 0.3, "cpu_count": 16, "host_cpu_pct": 10.0})
-    assert "num_workers=4" in rx and "14 cores are free" in rx
+    assert "num_workers=4" in rx.text and "14 cores are free" in rx.text
+    # A worker count is the one lever of workers, whichever cause names it.
+    assert rx.lever is Lever.WORKERS and rx.number("workers") == 4
 
 
 def test_memory_levers_in_numbers() -> None:
     roomy = {"mem_headroom_ratio": 0.6, "mem_used_bytes": 32 * GIB, "mem_total_bytes": 80 * GIB}
-    assert _memory_advice(roomy) == [
+    assert [a.text for a in _memory_advice(roomy)] == [
         "batch could roughly double (48 GiB free of 80): a larger batch amortises per-step "
         "host work"
     ]
     full = {"mem_headroom_ratio": 0.04, "mem_used_bytes": 77 * GIB, "mem_total_bytes": 80 * GIB}
     (lever,) = _memory_advice(full)
-    assert "bf16/fp16" in lever and "half the batch" in lever and "3.0 GiB free of 80" in lever
+    assert lever.lever is Lever.BATCH and lever.number("free_gib") == 3.0
+    text = lever.text
+    assert "bf16/fp16" in text and "half the batch" in text and "3.0 GiB free of 80" in text
 
 
 def test_starved_cpu_trace_with_host_data_names_a_worker_count() -> None:
     tr = generate("starved_cpu", seed=2, gpus=1, duration_s=240.0)
     res = analyze(tr.header, tr.snapshots)
     assert res.state.value == "starved" and res.cause.value == "cpu"  # type: ignore[union-attr]
-    assert any("num_workers from" in a and " to " in a for a in res.advice), res.advice
+    assert any("num_workers from" in a.text and " to " in a.text for a in res.advice), res.advice
 
 
 def test_scaling_efficiency_beside_the_usual_range() -> None:

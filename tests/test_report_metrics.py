@@ -129,7 +129,7 @@ def test_one_starved_node_one_healthy_is_starved_and_names_the_node() -> None:
         "fixing the input pipeline could make this run up to 1.5x faster (its GPUs computed "
         "65 % of their working time)"
     )
-    assert s.advice[0].startswith("data-loading workers are CPU-saturated during the gaps")
+    assert s.advice[0].text.startswith("data-loading workers are CPU-saturated during the gaps")
     # The node's GPUs keep their own index within it.
     assert [g.gpu for g in j.nodes[0].summary.gpus] == [0, 1]
 
@@ -149,10 +149,10 @@ def test_a_straggler_node_whose_peers_busy_wait_makes_the_job_a_sync_stall() -> 
     n1 = next(n for n in j.nodes if n.instance == "n1")
     assert n1.summary.verdict is State.STARVED
     assert s.seconds[State.STARVED] == 0.0 and s.seconds[State.SYNC_STALL] == pytest.approx(600)
-    assert s.advice[0].startswith("node n1 is the straggler: its GPUs are starved (cause: io)")
-    assert "n3, n4 busy-wait on it" in s.advice[0]
-    assert any("storage does not keep up" in a for a in s.advice[1:])
-    assert not any(a.startswith("one rank is the straggler") for a in s.advice)
+    assert s.advice[0].text.startswith("node n1 is the straggler: its GPUs are starved (cause: io)")
+    assert "n3, n4 busy-wait on it" in s.advice[0].text
+    assert any("storage does not keep up" in a.text for a in s.advice[1:])
+    assert not any(a.text.startswith("one rank is the straggler") for a in s.advice)
     # Only n1 computed (0.3 of 200 of 600 working GPU-seconds): removing the waits is worth
     # up to 10x, with the same sentence analyze prints.
     assert s.speedup_if_fed == pytest.approx(10.0)

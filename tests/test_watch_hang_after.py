@@ -15,10 +15,9 @@ from test_cli import gpumon
 from test_hang import header, run
 
 from gpumon.detect import DetectorConfig
-from gpumon.detect.advice import Lever, lever_of
 from gpumon.engine import Session, analyze
 from gpumon.faces.watch import WatchOptions, watch
-from gpumon.model import Reason, State
+from gpumon.model import Advice, Lever, Reason, State
 
 
 def test_while_every_rank_spins_watch_says_none_computes_and_when_it_is_a_hang() -> None:
@@ -28,7 +27,7 @@ def test_while_every_rank_spins_watch_says_none_computes_and_when_it_is_a_hang()
     v = analyze(header(4), run(4, [(120, "work"), (120, "spin")])).verdict
     assert v.state is State.SYNC_STALL, (v.state, v.note)
     assert {g.reason for g in v.gpus} == {Reason.BUSY_WAIT}, v.note
-    advice = " ".join(v.advice)
+    advice = " ".join(a.text for a in v.advice)
     assert "data loader" not in advice and "is the straggler" not in advice, advice
     stuck, after, left = spun(v.advice)
     assert abs(stuck - 120) <= 10  # since the spinning began
@@ -50,10 +49,11 @@ _SPUN = re.compile(
 )
 
 
-def spun(advice: tuple[str, ...]) -> tuple[float, float, float]:
+def spun(advice: tuple[Advice, ...]) -> tuple[float, float, float]:
     """(seconds spinning, the hang threshold, seconds left) as the advice says them."""
-    text = next(a for a in advice if a.startswith("no rank on this node computes"))
-    assert lever_of(text) is Lever.HANG
+    hang = next(a for a in advice if a.lever is Lever.HANG)
+    text = hang.text
+    assert text.startswith("no rank on this node computes"), text
     m = _SPUN.search(text)
     assert m is not None, text
     vals = [float(m[k]) * (60 if m[k + 1] == "min" else 1) for k in (1, 3, 5)]
@@ -69,7 +69,7 @@ def test_a_rank_computing_while_the_others_spin_is_still_the_straggler() -> None
 
     snaps = stream([square(0.6, 0.4), lambda t: 100.0, lambda t: 100.0], 90, power_fn=power)
     v = analyze(header(3), snaps).verdict
-    advice = " ".join(v.advice)
+    advice = " ".join(a.text for a in v.advice)
     assert "no rank on this node computes" not in advice, advice
     assert "GPU 0 is the straggler" in advice, (v.note, advice)
 

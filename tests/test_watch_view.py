@@ -26,12 +26,14 @@ from gpumon.faces.watch.layout import LiveView
 from gpumon.faces.watch.summary import EXIT_FAIL_ON, GpuLine, Summary, parse_states
 from gpumon.faces.watch.view import HOLE, WatchState, plain_line, tick_duty, timeline
 from gpumon.model import (
+    Advice,
     Cause,
     GpuIdentity,
     GpuProcess,
     GpuSample,
     GpuVerdict,
     HostSample,
+    Lever,
     ProcessSample,
     ProcTreeSample,
     Snapshot,
@@ -54,7 +56,10 @@ def feed(
     st.feed(snap, verdict, invisible_gpu_pids)  # type: ignore[arg-type]
 
 
-ADVICE = ("raise num_workers (now 2 on 8 cores)", "pin_memory=True")
+ADVICE = (
+    Advice(Lever.WORKERS, "raise num_workers (now 2 on 8 cores)"),
+    Advice(Lever.PINNING, "pin_memory=True"),
+)
 
 
 def burst_points(t0: float, n: int, period: float = 1 / 6) -> tuple[UtilPoint, ...]:
@@ -305,7 +310,8 @@ def test_help_key_shows_the_keys_and_the_legend_then_closes() -> None:
 def test_advice_key_shows_every_advice_in_full() -> None:
     st = many_gpus(8)
     long = "move decoding and augmentation onto the GPU " * 4
-    st.verdict = replace(st.verdict, advice=(*ADVICE, long.strip()))  # type: ignore[type-var]
+    more = Advice(Lever.OFFLOAD, long.strip())
+    st.verdict = replace(st.verdict, advice=(*ADVICE, more))  # type: ignore[type-var]
     c = controls_for(st)
     main = screen(st, 80, 24, c)
     assert "pin_memory=True" not in main or "move decoding" not in main  # not all fit
@@ -487,7 +493,8 @@ def test_the_summary_is_the_detectors_run_summary() -> None:
     data = s.to_json()
     assert (data["verdict"], data["cause"]) == (run.verdict.value, run.cause and run.cause.value)
     assert data["seconds"] == {k.value: round(v, 3) for k, v in run.seconds.items()}
-    assert data["advice"] == list(run.advice) and data["startup_s"] == round(run.startup_s, 3)
+    assert data["advice"] == [a.text for a in run.advice]
+    assert data["startup_s"] == round(run.startup_s, 3)
 
 
 def test_fail_on_trips_above_the_threshold_share() -> None:
@@ -529,7 +536,7 @@ def test_summary_json_has_every_documented_key(tmp_path: Path) -> None:
             "name": "Fake H100",
         }
     ]
-    assert data["lost_gpu_seconds"] == 34.5 and data["advice"] == list(ADVICE)
+    assert data["lost_gpu_seconds"] == 34.5 and data["advice"] == [a.text for a in ADVICE]
     assert data["startup_s"] == 5.0
     assert data["fail_on"]["failed"] is True
     assert not list(tmp_path.glob("*.tmp*"))  # written atomically
@@ -550,10 +557,15 @@ def test_summary_text_reads_well() -> None:
 
 
 LONG_ADVICE = (
-    "data-loading workers are CPU-saturated during the gaps: raise num_workers from 8 to 16 "
-    "(all the free cores: 8 of 16); ~20 would be needed, so also move decoding onto the GPU "
-    "(e.g. NVIDIA DALI) or pre-process the dataset offline",
-    "pin_memory=True and non_blocking=True copies let transfers overlap compute",
+    Advice(
+        Lever.WORKERS,
+        "data-loading workers are CPU-saturated during the gaps: raise num_workers from 8 to "
+        "16 (all the free cores: 8 of 16); ~20 would be needed, so also move decoding onto "
+        "the GPU (e.g. NVIDIA DALI) or pre-process the dataset offline",
+    ),
+    Advice(
+        Lever.PINNING, "pin_memory=True and non_blocking=True copies let transfers overlap compute"
+    ),
 )
 
 
@@ -576,7 +588,7 @@ def test_summary_lines_fit_the_terminal_and_break_between_words(width: int) -> N
     assert max(len(ln) for ln in lines) <= width, text
     words = " ".join(ln.strip() for ln in lines)
     for advice in LONG_ADVICE:  # broken only between words: the lines join back into it
-        assert advice in words, text
+        assert advice.text in words, text
     assert "worth            fixing the input pipeline" in text
     assert lines[0].startswith("gpumon watch summary: pid 100 (python train.py")
 
@@ -625,7 +637,8 @@ def with_three_advices(st: WatchState) -> WatchState:
     v = st.verdict
     assert v is not None
     gpus = tuple(replace(g, advice=()) for g in v.gpus)
-    st.verdict = replace(v, advice=("a", "b", "c"), gpus=gpus)
+    abc = tuple(Advice(lv, t) for lv, t in zip(Lever, "abc", strict=False))
+    st.verdict = replace(v, advice=abc, gpus=gpus)
     return st
 
 

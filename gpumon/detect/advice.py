@@ -1,86 +1,29 @@
 """Short, actionable advice per finding, chosen from the evidence that backs it.
 
-Each piece of advice pulls one *lever* (the number of workers, pinned memory, the batch
-size, ...).  Texts carry numbers (``raise num_workers from 8 to about 20``), so a run's
-episodes give several wordings of one lever; a summary says each lever once
-(``lever_of``), in the wording that held most of the time.
+Each piece of advice is a ``model.Advice``: the *lever* it pulls (the number of workers,
+pinned memory, the batch size, ...), its words and the numbers in them.  Texts carry
+numbers (``raise num_workers from 8 to about 20``), so a run's episodes give several
+wordings of one lever; a summary says each lever once, in the wording that held most of
+the time, and groups by the lever each piece carries, never by its words.  Every wording
+is made here, by ``_say``, next to the lever it pulls.
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
-from enum import StrEnum
 
 from gpumon.detect.config import DetectorConfig
-from gpumon.model import Cause, Evidence, EvidenceKey, Reason, State
+from gpumon.model import Advice, Cause, Evidence, EvidenceKey, Lever, Reason, State
 
 _GIB = 1024**3
-
-
-class Lever(StrEnum):
-    """What a piece of advice asks the user to change."""
-
-    WORKERS = "workers"  # more DataLoader workers (CPU-saturated ones)
-    OFFLOAD = "offload"  # decoding/augmentation onto the GPU, or offline
-    GIL = "gil"  # loading out of the main process
-    STORAGE = "storage"  # faster or closer storage, a sequential format
-    PREFETCH = "prefetch"  # overlap loading with compute
-    RHYTHM = "rhythm"  # a regular stall: persistent workers, async checkpoints
-    RECORD = "record"  # record host data to tell causes apart
-    PINNING = "pinning"  # pinned memory, non-blocking copies
-    BATCH = "batch"  # the batch size, memory
-    STRAGGLER = "straggler"  # the rank the others wait on
-    EVEN_SPLIT = "even_split"  # equal work per rank
-    CHECKPOINT = "checkpoint"  # checkpoints and host-side syncs
-    STUCK = "stuck"  # memory held, no kernels
-    RESOLUTION = "resolution"  # a finer recording
-    CONTENTION = "contention"  # processes outside the job take the CPUs
-    HANG = "hang"  # find the rank everyone waits on
-    EVALUATION = "evaluation"  # evaluate less often, or elsewhere
-    CODE = "code"  # the code the job's processes spend the gaps in (Python stacks)
-    HOST_SYNC = "host_sync"  # the host waits on the GPU each step
-    STRAGGLER_CODE = "straggler_code"  # where the straggler rank is while its peers wait
-
 
 # Levers that help whatever the cause: a summary says them after the causes' remedies.
 GENERAL_LEVERS = frozenset({Lever.PINNING, Lever.BATCH})
 
-# The first words of each lever's texts (as this module writes them).
-_LEVER_OF = (
-    # Every text that names a worker count pulls the one lever, whatever the cause: a run
-    # starved on saturated workers and, for a while, on its main process gets one count.
-    (r".*\bnum_workers(=| from )\d", Lever.WORKERS),
-    (r"data-loading workers are CPU-saturated|no free cores \(num_workers", Lever.WORKERS),
-    (r"move decoding/augmentation|move Python-side preprocessing", Lever.OFFLOAD),
-    (r"one process is pinned at", Lever.GIL),
-    (r"storage does not keep up", Lever.STORAGE),
-    (r"overlap reads with compute|try more DataLoader workers", Lever.PREFETCH),
-    (r"a regular stall", Lever.RHYTHM),
-    (r"record host data too", Lever.RECORD),
-    (r"pin_memory=True and non_blocking", Lever.PINNING),
-    (r"batch could|memory is the limit", Lever.BATCH),
-    (r"(GPU \d+|one rank) is the straggler", Lever.STRAGGLER),
-    (r"use a batch size divisible", Lever.EVEN_SPLIT),
-    (r"checkpoint less often", Lever.CHECKPOINT),
-    (r"memory is allocated but no kernels run", Lever.STUCK),
-    (r"record with gpumon", Lever.RESOLUTION),
-    (r"processes outside the job", Lever.CONTENTION),
-    (r"no rank on this node computes", Lever.HANG),
-    (r"evaluate less often", Lever.EVALUATION),
-    (r"the (workers|main process) spends? the gaps", Lever.CODE),
-    (r"the main process waits on the GPU", Lever.HOST_SYNC),
-    (r"the straggler's rank is in", Lever.STRAGGLER_CODE),
-)
-_LEVER_RE = [(re.compile(p), lever) for p, lever in _LEVER_OF]
 
-
-def lever_of(text: str) -> Lever | str:
-    """The lever a piece of advice pulls; a text of no known lever is its own."""
-    for pattern, lever in _LEVER_RE:
-        if pattern.match(text):
-            return lever
-    return text
+def _say(lever: Lever, text: str, **numbers: float) -> Advice:
+    """One piece of advice: its words, the lever they pull and the figures they name."""
+    return Advice(lever, text, tuple(numbers.items()))
 
 
 def _num(ev: Evidence, key: EvidenceKey) -> float | None:
@@ -137,7 +80,8 @@ def worker_count(ev: Evidence) -> WorkerCount | None:
 
 
 def worker_prescription(ev: Evidence) -> str | None:
-    """Saturated workers: how many would keep the GPU fed, and whether the cores exist."""
+    """Saturated workers: how many would keep the GPU fed, and whether the cores exist
+    (the words that finish the workers' advice in ``advice_for``)."""
     n = worker_count(ev)
     if n is None or n.now == 0:
         return None
@@ -158,23 +102,32 @@ def worker_prescription(ev: Evidence) -> str | None:
     )
 
 
-def gil_prescription(ev: Evidence) -> str:
+def gil_prescription(ev: Evidence) -> Advice:
     """One process does the loading while the rest idle: hand it to worker processes
     (as many as ``worker_count`` says), or, where the job has workers already and they
-    idle, move the work the main process does per batch into them."""
+    idle, move the work the main process does per batch into them.
+
+    Advice that names a worker count pulls the one lever of workers, whatever the cause:
+    a run starved on saturated workers and, for a while, on its main process gets one
+    count."""
     head = "one process is pinned at ~100 % of one core while the rest idle: "
     n = worker_count(ev)
     workers = _num(ev, "workers")
     if workers is not None and workers >= 0.5:
-        return (
+        return _say(
+            Lever.GIL,
             head + f"its {round(workers)} DataLoader workers wait while it works; move what "
-            "it does per batch (transforms, collate_fn) into the workers' Dataset.__getitem__"
+            "it does per batch (transforms, collate_fn) into the workers' Dataset.__getitem__",
+            workers=round(workers),
         )
     if n is None:
-        return head + "load data in DataLoader worker processes (num_workers > 0)"
-    return (
+        return _say(Lever.GIL, head + "load data in DataLoader worker processes (num_workers > 0)")
+    return _say(
+        Lever.WORKERS,
         head + f"load data in DataLoader worker processes, num_workers={max(1, n.fits)} "
-        f"({n.free:.0f} cores are free)"
+        f"({n.free:.0f} cores are free)",
+        workers=max(1, n.fits),
+        free_cores=n.free,
     )
 
 
@@ -184,7 +137,7 @@ def gil_prescription(ev: Evidence) -> str:
 _LINES = DetectorConfig()
 
 
-def asleep_prescription(ev: Evidence) -> str | None:
+def asleep_prescription(ev: Evidence) -> Advice | None:
     """The job's processes barely run while its GPU waits: neither its CPU nor local
     storage holds it back, so more workers would not help; say what to look at."""
     job, iowait = _num(ev, "tree_cpu_pct"), _num(ev, "iowait_pct")
@@ -192,15 +145,17 @@ def asleep_prescription(ev: Evidence) -> str | None:
         return None
     if iowait is not None and iowait >= _LINES.io_iowait_pct:
         return None
-    return (
+    return _say(
+        Lever.REMOTE_INPUT,
         f"the job's processes sleep while the GPU waits (together {job:.0f} % of a core): "
         "the input waits on something outside this host's CPUs and disks -- a network "
         "filesystem or object store, a remote service, a lock or a queue fed by another "
-        "process; see where the main process waits (gpumon watch --stacks, py-spy dump)"
+        "process; see where the main process waits (gpumon watch --stacks, py-spy dump)",
+        job_cpu_pct=job,
     )
 
 
-def contention_prescription(ev: Evidence) -> str:
+def contention_prescription(ev: Evidence) -> Advice:
     """Processes outside the job hold the CPUs: say how much, and who, where known."""
     outside, job = _num(ev, "outside_cpu_pct"), _num(ev, "tree_cpu_pct")
     top = ev.get("outside_top")
@@ -211,14 +166,16 @@ def contention_prescription(ev: Evidence) -> str:
         amount += f" of {cores:.0f}" if cores else ""
         amount += f", the job itself {job / 100:.1f})" if job is not None else ")"
     who = f"; the busiest: {top}" if isinstance(top, str) and top else ""
-    return (
+    return _say(
+        Lever.CONTENTION,
         f"processes outside the job take the CPUs its input pipeline needs{amount}{who}: "
         "run the job where its cores are free, or hold the others back (cpusets or "
-        "cgroup CPU limits, nice); more workers would only contend further"
+        "cgroup CPU limits, nice); more workers would only contend further",
+        **({} if outside is None else {"outside_cpu_pct": outside}),
     )
 
 
-def _memory_advice(ev: Evidence) -> list[str]:
+def _memory_advice(ev: Evidence) -> list[Advice]:
     """The memory levers, in numbers: what a larger batch has room for, or what frees it."""
     head = ev.get("mem_headroom_ratio")
     used, total = ev.get("mem_used_bytes"), ev.get("mem_total_bytes")
@@ -227,23 +184,37 @@ def _memory_advice(ev: Evidence) -> list[str]:
     if used <= 0:
         return []
     free_gib, total_gib = (total - used) / _GIB, total / _GIB
+    gib = {"free_gib": free_gib, "total_gib": total_gib}
     if head >= 0.5:
         factor = total / used
         grow = "roughly double" if factor < 3 else f"grow about {factor:.0f}x"
         return [
-            f"batch could {grow} ({free_gib:.0f} GiB free of {total_gib:.0f}): a larger "
-            "batch amortises per-step host work"
+            _say(
+                Lever.BATCH,
+                f"batch could {grow} ({free_gib:.0f} GiB free of {total_gib:.0f}): a larger "
+                "batch amortises per-step host work",
+                **gib,
+            )
         ]
     if head >= 0.3:
         return [
-            f"batch could grow by about {100 * (total / used - 1):.0f} % ({free_gib:.0f} GiB "
-            f"free of {total_gib:.0f}): a larger batch amortises per-step host work"
+            _say(
+                Lever.BATCH,
+                f"batch could grow by about {100 * (total / used - 1):.0f} % ({free_gib:.0f} "
+                f"GiB free of {total_gib:.0f}): a larger batch amortises per-step host work",
+                **gib,
+            )
         ]
     if head < 0.1:
         return [
-            f"memory is the limit ({free_gib:.1f} GiB free of {total_gib:.0f}): bf16/fp16 "
-            "activations take half the memory of fp32, and half the batch (e.g. 64 instead "
-            "of 128) half the activations; activation checkpointing trades compute for more"
+            _say(
+                Lever.BATCH,
+                f"memory is the limit ({free_gib:.1f} GiB free of {total_gib:.0f}): bf16/fp16 "
+                "activations take half the memory of fp32, and half the batch (e.g. 64 "
+                "instead of 128) half the activations; activation checkpointing trades "
+                "compute for more",
+                **gib,
+            )
         ]
     return []
 
@@ -256,12 +227,14 @@ def _span(seconds: float) -> str:
     return f"{m:.0f} min" if abs(m - round(m)) < 0.05 else f"{m:.1f} min"
 
 
-def no_rank_computes(spinning: tuple[float, float] | None = None) -> str:
+def no_rank_computes(spinning: tuple[float, float] | None = None) -> Advice:
     """Every GPU here spins in a collective and none computes (before it is a hang): no
     local rank is the straggler -- the one they wait on is elsewhere.  ``spinning``: for
     how long so far, and after how long it is called a hang, where known."""
     head = "no rank on this node computes: every GPU here spins in a collective"
+    numbers: dict[str, float] = {}
     if spinning is not None:
+        numbers = {"spinning_s": spinning[0], "hang_after_s": spinning[1]}
         stuck, after = spinning
         head += f" and none has computed for {_span(stuck)}"
         if stuck < after:
@@ -269,10 +242,12 @@ def no_rank_computes(spinning: tuple[float, float] | None = None) -> str:
                 f"; at {_span(after)} without progress it is called a hang "
                 f"(in {_span(after - stuck)})"
             )
-    return (
+    return _say(
+        Lever.HANG,
         head + ": the rank they wait on is elsewhere (or stuck in another phase); "
         "`gpumon report --job` names the node whose GPUs do not spin, `py-spy dump --pid` "
-        "shows where each rank's Python is"
+        "shows where each rank's Python is",
+        **numbers,
     )
 
 
@@ -283,8 +258,8 @@ def advice_for(
     reason: Reason | None = None,
     host_seen: bool = False,
     spinning: tuple[float, float] | None = None,
-) -> tuple[str, ...]:
-    """Advice strings for one finding; empty for a healthy GPU.
+) -> tuple[Advice, ...]:
+    """Advice for one finding; empty for a healthy GPU.
 
     ``host_seen``: the stream carries host data (gpumon watch/record), so the advice never
     asks the user to record it.  ``spinning``: every GPU spins and none computes -- for how
@@ -292,102 +267,188 @@ def advice_for(
     """
     if reason is Reason.JUDGING:
         return ()  # a provisional reading: advice waits for the verdict
-    out: list[str] = stack_advice(state, reason, ev)
+    out: list[Advice] = stack_advice(state, reason, ev)
     if state is State.STARVED:
         if reason is Reason.SYNC_PAUSES:
             # Every rank's loader starting over at once, its CPU filling each pause: more
             # workers only restart more; the pipeline must not start over, or start ahead.
             out.append(
-                "a regular stall that the CPU fills, on every GPU at once: the input "
-                "pipeline starting over at each epoch (DataLoader workers started anew, "
-                "loading their first batches); keep the workers alive "
-                "(persistent_workers=True) and have more batches ready ahead (a larger "
-                "prefetch_factor, e.g. 4)"
+                _say(
+                    Lever.RHYTHM,
+                    "a regular stall that the CPU fills, on every GPU at once: the input "
+                    "pipeline starting over at each epoch (DataLoader workers started anew, "
+                    "loading their first batches); keep the workers alive "
+                    "(persistent_workers=True) and have more batches ready ahead (a larger "
+                    "prefetch_factor, e.g. 4)",
+                )
             )
         elif cause is Cause.CPU:
-            rx = worker_prescription(ev)
+            rx, n = worker_prescription(ev), worker_count(ev)
+            # A count the free cores cannot hold already says to move the decoding.
+            said_offload = rx is not None and n is not None and not n.enough_cores
+            counts = {} if rx is None or n is None else {"workers": n.now, "want": n.want}
             out.append(
-                "data-loading workers are CPU-saturated during the gaps: "
-                + (rx or "raise num_workers")
+                _say(
+                    Lever.WORKERS,
+                    "data-loading workers are CPU-saturated during the gaps: "
+                    + (rx or "raise num_workers"),
+                    **counts,
+                )
             )
-            if rx is None or "DALI" not in rx:
+            if not said_offload:
                 out.append(
-                    "move decoding/augmentation onto the GPU (e.g. NVIDIA DALI) or "
-                    "pre-process the dataset offline"
+                    _say(
+                        Lever.OFFLOAD,
+                        "move decoding/augmentation onto the GPU (e.g. NVIDIA DALI) or "
+                        "pre-process the dataset offline",
+                    )
                 )
         elif cause is Cause.GIL:
             out += [
                 gil_prescription(ev),
-                "move Python-side preprocessing off the GIL (worker processes) or onto "
-                "the GPU (e.g. NVIDIA DALI)",
+                _say(
+                    Lever.OFFLOAD,
+                    "move Python-side preprocessing off the GIL (worker processes) or onto "
+                    "the GPU (e.g. NVIDIA DALI)",
+                ),
             ]
         elif cause is Cause.CONTENTION:
             out.append(contention_prescription(ev))
         elif cause is Cause.IO:
             out += [
-                "storage does not keep up: cache the dataset on local NVMe or in RAM, "
-                "or use a sharded sequential format (WebDataset, TFRecord)",
-                "overlap reads with compute: more workers, prefetch_factor >= 2",
+                _say(
+                    Lever.STORAGE,
+                    "storage does not keep up: cache the dataset on local NVMe or in RAM, "
+                    "or use a sharded sequential format (WebDataset, TFRecord)",
+                ),
+                _say(
+                    Lever.PREFETCH, "overlap reads with compute: more workers, prefetch_factor >= 2"
+                ),
             ]
         else:
             if reason is Reason.PERIODIC_GAPS:
                 out.append(
-                    "a regular stall: if it falls at epoch boundaries, keep the DataLoader's "
-                    "workers alive (persistent_workers=True); if it is a checkpoint or an "
-                    "evaluation, make it asynchronous or less frequent"
+                    _say(
+                        Lever.RHYTHM,
+                        "a regular stall: if it falls at epoch boundaries, keep the "
+                        "DataLoader's workers alive (persistent_workers=True); if it is a "
+                        "checkpoint or an evaluation, make it asynchronous or less frequent",
+                    )
                 )
             if not host_seen:
                 out.append(
-                    "record host data too (gpumon watch --pid PID) to tell CPU, GIL and I/O apart"
+                    _say(
+                        Lever.RECORD,
+                        "record host data too (gpumon watch --pid PID) to tell CPU, GIL and "
+                        "I/O apart",
+                    )
                 )
             asleep = asleep_prescription(ev)
             if asleep:
                 out.append(asleep)
             else:
-                out.append("try more DataLoader workers and prefetch_factor >= 2")
-        out.append("pin_memory=True and non_blocking=True copies let transfers overlap compute")
+                out.append(
+                    _say(Lever.PREFETCH, "try more DataLoader workers and prefetch_factor >= 2")
+                )
+        out.append(
+            _say(
+                Lever.PINNING,
+                "pin_memory=True and non_blocking=True copies let transfers overlap compute",
+            )
+        )
         out += _memory_advice(ev)
     elif state is State.SYNC_STALL:
         if reason is Reason.HANG:
-            out += [
-                "no rank on this node computes: the rank they all wait on is elsewhere (or "
-                "stuck in another phase); find it before NCCL's watchdog kills the job: "
-                "`gpumon report --job` names the node whose GPUs do not spin, `py-spy dump "
-                "--pid` shows where each rank's Python is, and NCCL's flight recorder "
-                "(TORCH_NCCL_TRACE_BUFFER_SIZE) which collective each rank last entered"
-            ]
+            out.append(
+                _say(
+                    Lever.HANG,
+                    "no rank on this node computes: the rank they all wait on is elsewhere "
+                    "(or stuck in another phase); find it before NCCL's watchdog kills the "
+                    "job: `gpumon report --job` names the node whose GPUs do not spin, "
+                    "`py-spy dump --pid` shows where each rank's Python is, and NCCL's "
+                    "flight recorder (TORCH_NCCL_TRACE_BUFFER_SIZE) which collective each "
+                    "rank last entered",
+                )
+            )
         elif reason in (Reason.CHECKPOINT, Reason.EVALUATION):
             pass  # said by stack_advice, with the code the pauses are spent in
         elif reason is Reason.SYNC_PAUSES:
-            out += [
-                "checkpoint less often or asynchronously (e.g. torch.distributed."
-                "checkpoint.async_save) and keep host-side sync (.item(), logging) out "
-                "of the step loop"
-            ]
+            out.append(
+                _say(
+                    Lever.CHECKPOINT,
+                    "checkpoint less often or asynchronously (e.g. torch.distributed."
+                    "checkpoint.async_save) and keep host-side sync (.item(), logging) out "
+                    "of the step loop",
+                )
+            )
         elif reason is Reason.BUSY_WAIT and ev.get("straggler_gpu") is None:
             out.append(no_rank_computes(spinning))  # all spin: the straggler is not here
         else:
-            strag = ev.get("straggler_gpu")
-            who = f"GPU {strag}" if strag is not None else "one rank"
-            out += [
-                f"{who} is the straggler: check its data loader, clocks and throttling, "
-                "and that work is split evenly",
-                "use a batch size divisible by the number of GPUs so every rank gets the same work",
-            ]
+            out += straggler_advice(ev.get("straggler_gpu"))
         if reason is not Reason.HANG:  # a hang is no matter of memory
             out += _memory_advice(ev)
     elif state is State.IDLE:
         if reason is Reason.MEMORY_HELD:
             out.append(
-                "memory is allocated but no kernels run: the process may be stuck, "
-                "waiting on input, or finished without releasing the GPU"
+                _say(
+                    Lever.STUCK,
+                    "memory is allocated but no kernels run: the process may be stuck, "
+                    "waiting on input, or finished without releasing the GPU",
+                )
             )
     elif state is State.UNKNOWN and reason is Reason.COARSE_DATA:
         out.append(
-            "record with gpumon (driver sample buffer, ~6 samples/s) to see "
-            "sub-second bursts and gaps"
+            _say(
+                Lever.RESOLUTION,
+                "record with gpumon (driver sample buffer, ~6 samples/s) to see "
+                "sub-second bursts and gaps",
+            )
         )
     return tuple(out)
+
+
+def straggler_advice(gpu: int | None) -> list[Advice]:
+    """One rank holds the others back (``gpu``: which, where this node knows; a rank it
+    cannot name is advice the job's view across nodes may replace)."""
+    who = f"GPU {gpu}" if gpu is not None else "one rank"
+    return [
+        _say(
+            Lever.STRAGGLER,
+            f"{who} is the straggler: check its data loader, clocks and throttling, "
+            "and that work is split evenly",
+            **({} if gpu is None else {"gpu": gpu}),
+        ),
+        _say(
+            Lever.EVEN_SPLIT,
+            "use a batch size divisible by the number of GPUs so every rank gets the same work",
+        ),
+    ]
+
+
+def names_no_rank(a: Advice) -> bool:
+    """Advice that says some rank elsewhere is waited on without naming it (a straggler
+    this node cannot name, or a hang): the job's view across nodes knows more."""
+    return a.lever is Lever.HANG or (a.lever is Lever.STRAGGLER and a.number("gpu") is None)
+
+
+def straggler_node_advice(instance: str, what: str, peers: str, hung: bool) -> Advice:
+    """A job across nodes waits on node ``instance`` (its GPUs ``what``; ``peers``: the
+    nodes that wait, in words), or hangs on it where ``hung``."""
+    if hung:
+        return _say(
+            Lever.STRAGGLER_NODE,
+            f"node {instance} is what the job waits on: every GPU of {peers} spins in a "
+            f"collective with none computing (a hang) while its GPUs are {what}; look at its "
+            "ranks first (`py-spy dump --pid` for where their Python is, NCCL's flight "
+            "recorder for the collective each rank last entered) before NCCL's watchdog "
+            "kills the job",
+        )
+    return _say(
+        Lever.STRAGGLER_NODE,
+        f"node {instance} is the straggler: its GPUs are {what} while the GPUs of {peers} "
+        f"busy-wait on it; fix that node first (its input pipeline, CPU and storage, clocks "
+        "and throttling), then check that work is split evenly across nodes",
+    )
 
 
 _DOING = {
@@ -399,20 +460,26 @@ _DOING = {
 }  # fmt: skip
 
 
-def stack_advice(state: State, reason: Reason | None, ev: Evidence) -> list[str]:
+def stack_advice(state: State, reason: Reason | None, ev: Evidence) -> list[Advice]:
     """Advice that names the code (``--stacks``): what the job's processes were in while
     the GPU waited, and the lever that code pulls."""
-    out: list[str] = []
+    out: list[Advice] = []
     main, where = ev.get("main_activity"), ev.get("main_where", "?")
     if reason is Reason.CHECKPOINT:
         out.append(
-            "checkpoint less often or asynchronously (e.g. torch.distributed.checkpoint."
-            f"async_save): the pauses are spent in {where}"
+            _say(
+                Lever.CHECKPOINT,
+                "checkpoint less often or asynchronously (e.g. torch.distributed.checkpoint."
+                f"async_save): the pauses are spent in {where}",
+            )
         )
     elif reason is Reason.EVALUATION:
         out.append(
-            "evaluate less often, on a subset, or in a process of its own: the pauses are "
-            f"spent in {where}"
+            _say(
+                Lever.EVALUATION,
+                "evaluate less often, on a subset, or in a process of its own: the pauses "
+                f"are spent in {where}",
+            )
         )
     if state is State.STARVED:
         workers = ev.get("workers_activity")
@@ -420,26 +487,40 @@ def stack_advice(state: State, reason: Reason | None, ev: Evidence) -> list[str]
             doing, fix = _DOING[str(workers)]
             share = _num(ev, "workers_activity_share") or 0.0
             out.append(
-                f"the workers spend the gaps {doing} in {ev.get('workers_where', '?')} "
-                f"({share:.0%}): {fix}"
+                _say(
+                    Lever.CODE,
+                    f"the workers spend the gaps {doing} in {ev.get('workers_where', '?')} "
+                    f"({share:.0%}): {fix}",
+                    share=share,
+                )
             )
         elif main in _DOING and main != "step":
             doing, _ = _DOING[str(main)]
             share = _num(ev, "main_activity_share") or 0.0
             out.append(
-                f"the main process spends the gaps {doing} in {where} ({share:.0%}): move it "
-                "into DataLoader workers (num_workers > 0)"
+                _say(
+                    Lever.CODE,
+                    f"the main process spends the gaps {doing} in {where} ({share:.0%}): move "
+                    "it into DataLoader workers (num_workers > 0)",
+                    share=share,
+                )
             )
     if state in (State.STARVED, State.SYNC_STALL) and main == "gpu_wait":
         out.append(
-            f"the main process waits on the GPU in {where} during the gaps: a host-side sync "
-            "each step (.item(), .cpu(), synchronize) keeps the GPU from running ahead; "
-            "log less often, or accumulate on the GPU"
+            _say(
+                Lever.HOST_SYNC,
+                f"the main process waits on the GPU in {where} during the gaps: a host-side "
+                "sync each step (.item(), .cpu(), synchronize) keeps the GPU from running "
+                "ahead; log less often, or accumulate on the GPU",
+            )
         )
     strag = ev.get("straggler_where")
     if state is State.SYNC_STALL and isinstance(strag, str):
         out.append(
-            f"the straggler's rank is in {strag} while its peers wait in the collective: "
-            "that is the work to even out"
+            _say(
+                Lever.STRAGGLER_CODE,
+                f"the straggler's rank is in {strag} while its peers wait in the collective: "
+                "that is the work to even out",
+            )
         )
     return out

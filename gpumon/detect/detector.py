@@ -33,6 +33,7 @@ from gpumon.detect.rules import (
 )
 from gpumon.detect.summary import AdviceWeights, GpuFacts, RunSummary, Tally, summarize
 from gpumon.model import (
+    Advice,
     Cause,
     Episode,
     Evidence,
@@ -278,7 +279,7 @@ class Detector:
         rev = self._run_evidence(t) if t is not None else {}
         if run is None:
             return Verdict(t, State.UNKNOWN, None, tuple(gv), rev, (), "no evaluation yet")
-        adv: list[str] = []
+        adv: list[Advice] = []
         for v in gv:
             for a in v.advice:
                 if a not in adv:
@@ -541,7 +542,7 @@ class Detector:
 
     def _advice_for(
         self, state: State, cause: Cause | None, ev: Evidence, reason: Reason | None
-    ) -> tuple[str, ...]:
+    ) -> tuple[Advice, ...]:
         spinning = None
         if self._spinning_since is not None and self._t is not None:
             spinning = (self._t - self._spinning_since, self.cfg.hang_after_s)

@@ -17,9 +17,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from gpumon.detect.advice import advice_for
+from gpumon.detect.advice import advice_for, names_no_rank, straggler_node_advice
 from gpumon.detect.summary import WORK, AdviceWeights, GpuFacts, RunSummary, Tally, summarize
-from gpumon.model import Cause, Evidence, Reason, State
+from gpumon.model import Advice, Cause, Evidence, Reason, State
 
 # A straggler node: the job's other nodes spend at least this share of their working time
 # stalled on peers ...
@@ -112,7 +112,7 @@ class GpuJudged:
     readings: GpuReadings
     facts: GpuFacts
     lost_gpu_seconds: float  # idle or busy-waiting while the job held it
-    advice: tuple[str, ...]  # for its own verdict
+    advice: tuple[Advice, ...]  # for its own verdict
 
 
 def tally_of(r: GpuReadings) -> Tally:
@@ -390,30 +390,22 @@ def _advice_weights(gpus: Iterable[GpuJudged]) -> AdviceWeights:
     return w
 
 
-def _weigh(w: AdviceWeights, s: State, c: Cause | None, texts: Iterable[str], secs: float) -> None:
+def _weigh(
+    w: AdviceWeights, s: State, c: Cause | None, advice: Iterable[Advice], secs: float
+) -> None:
     row = w.weights.setdefault((s, c), {})
-    for a in texts:
+    for a in advice:
         row[a] = row.get(a, 0.0) + secs
 
 
-def _straggler_advice(s: Straggler, peers: Sequence[str], node_advice: Sequence[str]) -> list[str]:
+def _straggler_advice(
+    s: Straggler, peers: Sequence[str], node_advice: Sequence[Advice]
+) -> list[Advice]:
     what = s.state.value + (f" (cause: {s.cause.value})" if s.cause is not None else "")
-    others = ", ".join(peers)
+    node = straggler_node_advice(s.instance, what, ", ".join(peers), s.hung_peers)
     if s.hung_peers:
-        return [
-            f"node {s.instance} is what the job waits on: every GPU of {others} spins in a "
-            f"collective with none computing (a hang) while its GPUs are {what}; look at its "
-            "ranks first (`py-spy dump --pid` for where their Python is, NCCL's flight "
-            "recorder for the collective each rank last entered) before NCCL's watchdog "
-            "kills the job"
-        ]
-    out = [
-        f"node {s.instance} is the straggler: its GPUs are {what} while the GPUs of {others} "
-        f"busy-wait on it; fix that node first (its input pipeline, CPU and storage, clocks "
-        "and throttling), then check that work is split evenly across nodes"
-    ]
-    out += [a for a in node_advice if a not in out]
-    return out
+        return [node]
+    return [node, *(a for a in node_advice if a != node)]
 
 
 def _summarize(
@@ -447,10 +439,9 @@ def judge_job(readings: Sequence[GpuReadings]) -> JobJudged:
         node = next(n for n in nodes if n.instance == strag.instance)
         peers = [n for n in by_node if n != strag.instance]
         row = advice.weights.setdefault((State.SYNC_STALL, None), {})
-        # The peers' "one rank is the straggler" (or "the rank is elsewhere", for a hang)
+        # The peers' straggler they cannot name (or "the rank is elsewhere", for a hang)
         # says less than what the node rule knows.
-        vague = ("one rank is the straggler", "no rank on this node computes")
-        for a in [a for a in row if a.startswith(vague)]:
+        for a in [a for a in row if names_no_rank(a)]:
             del row[a]
         # The straggler node's advice comes first, in its own order: what to fix.
         top = 2.0 * sum(row.values()) + len(row) + 1.0

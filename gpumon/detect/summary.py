@@ -21,14 +21,14 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from gpumon.detect.advice import GENERAL_LEVERS, lever_of
-from gpumon.model import Cause, Episode, Reason, State
+from gpumon.detect.advice import GENERAL_LEVERS
+from gpumon.model import Advice, Cause, Episode, Lever, Reason, State
 
 # Share of the working time a problem must take to become a run's verdict: a few minutes
 # of starvation in a day-long healthy run are episodes worth listing, not the verdict.
 PROBLEM_SHARE = 0.1
 WORK = (State.HEALTHY, State.STARVED, State.SYNC_STALL)
-_MAX_ADVICE = 64  # distinct advice texts weighed (they carry numbers, so they vary)
+_MAX_ADVICE = 64  # distinct advice weighed (texts carry numbers, so they vary)
 
 
 def run_verdict(
@@ -109,10 +109,10 @@ class Tally:
 
 @dataclass(slots=True)
 class AdviceWeights:
-    """Seconds behind each advice text, per (state, cause): the verdict's advice is the
+    """Seconds behind each piece of advice, per (state, cause): the verdict's advice is the
     advice of the episodes that made it, most time first."""
 
-    weights: dict[tuple[State, Cause | None], dict[str, float]] = field(default_factory=dict)
+    weights: dict[tuple[State, Cause | None], dict[Advice, float]] = field(default_factory=dict)
 
     def add(self, ep: Episode, end_s: float) -> None:
         if not ep.advice:
@@ -128,7 +128,7 @@ class AdviceWeights:
     def copy(self) -> AdviceWeights:
         return AdviceWeights({k: dict(v) for k, v in self.weights.items()})
 
-    def for_verdict(self, state: State, cause: Cause | None) -> tuple[str, ...]:
+    def for_verdict(self, state: State, cause: Cause | None) -> tuple[Advice, ...]:
         """The verdict's advice: one line per lever, in its most-held wording, the causes'
         remedies in order of the time behind them, then the general ones.  For a starved
         run, every cause that held at least ``PROBLEM_SHARE`` of the starved time (a run
@@ -144,15 +144,14 @@ class AdviceWeights:
             }
         elif cause is not None:
             rows = {c: row for c, row in rows.items() if c == cause}
-        weight: dict[object, float] = {}
-        best: dict[object, tuple[float, str]] = {}
+        weight: dict[Lever, float] = {}
+        best: dict[Lever, tuple[float, Advice]] = {}
         for c, row in rows.items():
             bonus = 1.0 if c == cause else 0.0  # ties go to the verdict's own cause
-            for text, w in row.items():
-                lever = lever_of(text)
-                weight[lever] = weight.get(lever, 0.0) + w + bonus
-                if lever not in best or w > best[lever][0]:
-                    best[lever] = (w, text)
+            for a, w in row.items():
+                weight[a.lever] = weight.get(a.lever, 0.0) + w + bonus
+                if a.lever not in best or w > best[a.lever][0]:
+                    best[a.lever] = (w, a)
         # A remedy behind a tenth of the time of the main one is noise (a moment's
         # straggler before a long hang); the causes' remedies first, then the general ones.
         top = max(weight.values(), default=0.0)
@@ -206,7 +205,7 @@ class RunSummary:
     effective_gpus: float | None  # GPUs of work delivered (sum of duty cycles)
     lost_gpu_seconds: float
     straggler: int | None
-    advice: tuple[str, ...]
+    advice: tuple[Advice, ...]
     notes: tuple[str, ...]  # what the verdict rests on, and what it cannot tell
     gpus: tuple[GpuRun, ...]
     # How much faster the run would go if its GPUs never waited on the host or on peers:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from gpumon.detect import DetectorConfig, RunSummary
 from gpumon.engine.memory import GpuMemory, RunMemory
 from gpumon.engine.session import Session
-from gpumon.model import Cause, Episode, Snapshot, State, TraceHeader, Verdict
+from gpumon.model import Advice, Cause, Episode, Snapshot, State, TraceHeader, Verdict
 
 
 @dataclass
@@ -63,7 +63,7 @@ class Analysis:
         return self.summary.cause
 
     @property
-    def advice(self) -> tuple[str, ...]:
+    def advice(self) -> tuple[Advice, ...]:
         return self.summary.advice
 
     @property

@@ -65,7 +65,7 @@ def run_core(run: RunSummary, gpus: Mapping[int, str] | None = None) -> dict[str
         "lost_gpu_seconds": round(run.lost_gpu_seconds, LOST_PLACES),
         "speedup_if_fed": run.speedup_if_fed,
         "work_duty_cycle": run.work_duty_cycle,
-        "advice": list(run.advice),
+        "advice": [a.text for a in run.advice],
         "notes": list(run.notes),
         "gpus": [gpu_core(idx, uuid, runs.get(idx)) for idx, uuid in shown.items()],
     }
@@ -82,5 +82,5 @@ def episode_core(ep: Episode, start: float | None, end: float | None) -> dict[st
         "reason": _value(ep.reason),
         "note": ep.note,
         "evidence": dict(ep.evidence),
-        "advice": list(ep.advice),
+        "advice": [a.text for a in ep.advice],
     }

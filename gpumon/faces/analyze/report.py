@@ -166,7 +166,7 @@ def render_text(result: Analysis, max_episodes: int = 12, width: int | None = No
         out.append("")
         out.append("Advice:")
         for a in result.advice:
-            out += wrap(a, width, "  - ")
+            out += wrap(a.text, width, "  - ")
     return "\n".join(out) + "\n"
 
 
@@ -190,7 +190,7 @@ def _episode_lines(ep: Episode, t0: float, end_s: float | None, width: int) -> l
     if listed:
         out += pack([*(x + "," for x in listed[:-1]), listed[-1]], width, _EVIDENCE, sep=" ")
     if ep.advice and ep.state in (State.STARVED, State.SYNC_STALL):
-        out += wrap(ep.advice[0], width, _EVIDENCE + "→ ")
+        out += wrap(ep.advice[0].text, width, _EVIDENCE + "→ ")
     return out
 
 
@@ -237,7 +237,7 @@ def to_json(result: Analysis) -> dict[str, object]:
                 "episodes": [episode_json(ep, result.end_s) for ep in s.episodes],
                 "episodes_dropped": s.dropped_episodes,
                 "evidence": dict(gv.evidence) if gv else {},
-                "advice": list(gv.advice) if gv else [],
+                "advice": [a.text for a in gv.advice] if gv else [],
             }
         )
     return {

@@ -218,7 +218,7 @@ def judged_from(
         sum(n.gpus for n in nodes),
         strag,
         s.speedup_if_fed,
-        s.advice[0] if s.advice else None,
+        s.advice[0].text if s.advice else None,
         "prometheus",
     )
 

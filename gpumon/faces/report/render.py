@@ -116,7 +116,7 @@ def render_text(f: Fetched, j: JobJudged, url: str) -> str:
     if s.advice:
         out.append("")
         out.append("Advice:")
-        out.extend(f"  - {a}" for a in s.advice)
+        out.extend(f"  - {a.text}" for a in s.advice)
     return "\n".join(out) + "\n"
 
 
@@ -212,7 +212,7 @@ def _gpu_json(g: GpuJudged, core: dict) -> dict:
         "lost_gpu_seconds": round(g.lost_gpu_seconds, LOST_PLACES),
         "samples": g.readings.samples,
         "evidence": _gpu_evidence(g),
-        "advice": list(g.advice),
+        "advice": [a.text for a in g.advice],
     }
 
 

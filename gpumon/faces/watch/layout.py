@@ -550,7 +550,7 @@ def _all_advice(v: Verdict | None) -> list[str]:
         return []
     seen: dict[str, str] = {}
     for a in (*v.advice, *(a for g in v.gpus for a in g.advice)):
-        seen.setdefault(_NUMBERS.sub("#", a), a)
+        seen.setdefault(_NUMBERS.sub("#", a.text), a.text)
     return list(seen.values())
 
 

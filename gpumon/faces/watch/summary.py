@@ -18,7 +18,7 @@ from gpumon.engine.summary_json import gpu_core, run_core
 from gpumon.engine.words import duration, short_command, speedup_sentence, stacks_json, stacks_line
 from gpumon.faces.wrap import pack, terminal_width, wrap
 from gpumon.files import replace_whole
-from gpumon.model import Cause, State
+from gpumon.model import Advice, Cause, State
 
 # Exit status when --fail-on trips (and the watched command itself succeeded).  Distinct
 # from gpumon's error statuses (1-4), from 130 (interrupted) and from argparse's 2.
@@ -92,7 +92,7 @@ class Summary:
         return self.run.seconds
 
     @property
-    def advice(self) -> tuple[str, ...]:
+    def advice(self) -> tuple[Advice, ...]:
         return self.run.advice
 
     @property
@@ -224,7 +224,7 @@ class Summary:
             lines += field("worth", gain)
         for i, a in enumerate(self.advice):
             lines += wrap(
-                a, width, ("  advice           " if i == 0 else _INDENT) + "- ", _INDENT + "  "
+                a.text, width, ("  advice           " if i == 0 else _INDENT) + "- ", _INDENT + "  "
             )
         if self.fail_on:
             states = ",".join(s.value for s in self.fail_on)
