@@ -8,7 +8,7 @@ The command line is ``gpumon``; the same engine is a library::
         result = gpumon.analyze(trace.header, trace)
     print(result.summary.verdict, result.summary.cause, result.summary.advice)
 
-    session = gpumon.Session.live(pid=1234)                 # a live run (NVML, no CUDA)
+    session = gpumon.Session.live(gpumon.LiveOptions(pid=1234))  # live (NVML, no CUDA)
     session.tick(); session.verdict()
 
 Names are imported when first used, so ``import gpumon`` stays cheap (the dstat plugin
@@ -34,6 +34,7 @@ _EXPORTS = {
     "analyze": "gpumon.engine.offline",
     "Analysis": "gpumon.engine.offline",
     "Session": "gpumon.engine.session",
+    "LiveOptions": "gpumon.engine.sources",
     "Tick": "gpumon.engine.session",
     "RunMemory": "gpumon.engine.memory",
     "DetectorConfig": "gpumon.detect.config",
@@ -82,6 +83,7 @@ __all__ = [
     "GpuVerdict",
     "GpumonError",
     "HostSample",
+    "LiveOptions",
     "NoDriverError",
     "ProcTreeSample",
     "ProcessGoneError",
@@ -122,6 +124,7 @@ if TYPE_CHECKING:  # what type checkers and editors see
     from gpumon.engine.memory import RunMemory
     from gpumon.engine.offline import Analysis, analyze
     from gpumon.engine.session import Session, Tick
+    from gpumon.engine.sources import LiveOptions
     from gpumon.errors import (
         ConfigError,
         DeviceLostError,
