@@ -6,12 +6,13 @@ Both read the same 8 fake GPUs (H100s with GPM) held by one Slurm job: a real pr
 tree of 32 processes (a parent and 31 sleeping workers, ``SLURM_JOB_ID`` in their
 environment) whose parent and 7 workers are the GPUs' processes, one per GPU.
 
-* **in-process tick**: what ``gpumon watch --pid`` runs, ``Session.live(pid=parent,
-  interval_s=1).tick()``: NVML + host + the parent's tree + the detector.
+* **in-process tick**: what ``gpumon watch --pid`` runs,
+  ``Session.live(LiveOptions(pid=parent, interval_s=1)).tick()``: NVML + host + the
+  parent's tree + the detector.
 * **daemon tick**: what ``gpumon serve`` runs, built as ``faces/serve/command.py`` builds
-  it (``Session.live(interval_s=1, jobs=job_options(cfg), config=detector_config(cfg))``,
-  ``ServeState(session, cfg, EventLog(...))``) and stepped as its loop steps it
-  (``state.step()``): NVML + host, the job labels of the
+  it (``Session.live(LiveOptions(interval_s=1), jobs=job_options(cfg),
+  config=detector_config(cfg))``, ``ServeState(session, cfg, EventLog(...))``) and
+  stepped as its loop steps it (``state.step()``): NVML + host, the job labels of the
   GPUs' pids (read once, then cached), the job table, the job's process tree (its lowest
   GPU pid and descendants: the same 32 processes), the node's detector fed that tree, the
   gap and burst histograms, the time per state; the log is a file, written to only when
@@ -122,7 +123,7 @@ def main() -> int:
     args = parser.parse_args()
     calls, runs, period_s = astuple(cadence_of(args, full=(120, 5), quick=(30, 3)))
 
-    from gpumon.engine import Session
+    from gpumon.engine import LiveOptions, Session
     from gpumon.faces.serve.config import ServeConfig
     from gpumon.faces.serve.daemon import ServeState, detector_config, job_options
     from gpumon.faces.serve.log import EventLog
@@ -143,10 +144,12 @@ def main() -> int:
         load_in_process(tmp / "scenario.txt")
         time.sleep(0.05)
 
-        watch = Session.live(pid=pids[0], interval_s=1.0)
+        watch = Session.live(LiveOptions(pid=pids[0], interval_s=1.0))
         cfg = ServeConfig(log_path=str(tmp / "gpumon.jsonl"))
         node = Session.live(  # as `gpumon serve` builds it (faces/serve/command.py)
-            interval_s=cfg.interval_s, jobs=job_options(cfg), config=detector_config(cfg)
+            LiveOptions(interval_s=cfg.interval_s),
+            jobs=job_options(cfg),
+            config=detector_config(cfg),
         )
         log = EventLog(cfg.log_path)
         state = ServeState(node, cfg, log)

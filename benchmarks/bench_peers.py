@@ -9,7 +9,7 @@ process tree), so every tool's per-process host lookups read real /proc entries.
 
 What one call of each contender reads (per GPU unless said otherwise):
 
-* **gpumon tick** (``Session.live(pid=...).tick()``, as ``gpumon watch`` runs it; on
+* **gpumon tick** (``Session.live(LiveOptions(pid=...)).tick()``, as ``gpumon watch`` runs it; on
   GPUs without processes, ``Session.live().tick()``: the whole node, no tree):
   the driver's utilisation sample buffer since the last tick (~6 samples a second), the
   utilisation rates, memory, power, power limit, SM clock, clock-event reasons,
@@ -114,9 +114,9 @@ def start_workers(n: int) -> tuple[subprocess.Popen[str], list[int]]:
 
 def gpumon_tick(root_pid: int | None) -> tuple[Callable[[], object], Callable[[], int]]:
     """One gpumon tick (NVML + host + tree + detector), and the tree's size."""
-    from gpumon.engine import Session
+    from gpumon.engine import LiveOptions, Session
 
-    session = Session.live(pid=root_pid, interval_s=1.0)
+    session = Session.live(LiveOptions(pid=root_pid, interval_s=1.0))
     last: list[object] = [None]
 
     def tick() -> None:

@@ -237,7 +237,7 @@ def soak(hours: float, n_gpus: int, scenario: Path) -> list[tuple[float, float, 
     from _timing import OneHertz, clock_modules, nvml_sampler_of
     from prometheus_client import disable_created_metrics
 
-    from gpumon.engine import Session
+    from gpumon.engine import LiveOptions, Session
     from gpumon.faces.serve.collector import make_registry
     from gpumon.faces.serve.config import ServeConfig
     from gpumon.faces.serve.daemon import ServeState, detector_config, job_options
@@ -265,7 +265,9 @@ def soak(hours: float, n_gpus: int, scenario: Path) -> list[tuple[float, float, 
         time.sleep(0.05)  # the fake rereads its scenario within 10 ms
         disable_created_metrics()
         cfg = ServeConfig(log_path=str(scenario.with_suffix(".jsonl")))
-        node = Session.live(interval_s=1.0, jobs=job_options(cfg), config=detector_config(cfg))
+        node = Session.live(
+            LiveOptions(interval_s=1.0), jobs=job_options(cfg), config=detector_config(cfg)
+        )
         clock = [1000.0]  # the daemon's own clocks, a second a tick
         state = ServeState(
             node, cfg, EventLog(cfg.log_path), mono=lambda: clock[0], wall=lambda: clock[0] + 1.7e9

@@ -8,7 +8,7 @@ contender once a second for its run (benchmarks/_timing.py ``at_cadence``: evenl
 slots, order rotating, sleeping in between, so every call finds caches as cold as a 1 Hz
 tick does and reads a real second of driver samples), and takes process CPU time per call:
 
-* **the tick**: ``Session.live(pid=ROOT).tick()``, what ``gpumon watch --pid`` runs:
+* **the tick**: ``Session.live(LiveOptions(pid=ROOT)).tick()``, what ``gpumon watch --pid`` runs:
   NVML, the host, the process tree, the scan of processes outside the job (every 5 s
   while the host is busy, ``sample/outside.py``), the detector and the run's memory.  Its
   parts are timed inside the same tick (wrappers round the samplers and ``fold``): NVML,
@@ -289,10 +289,10 @@ class PhaseResult:
 
 
 def timed_session(root: int, parts: Parts) -> tuple[object, Callable[[], object]]:
-    """``Session.live(pid=root)`` with its parts timed inside each tick."""
-    from gpumon.engine import Session
+    """``Session.live(LiveOptions(pid=root))`` with its parts timed inside each tick."""
+    from gpumon.engine import LiveOptions, Session
 
-    session = Session.live(pid=root, interval_s=1.0)
+    session = Session.live(LiveOptions(pid=root, interval_s=1.0))
     monitor = session.source.monitor  # type: ignore[attr-defined]
     for name, obj, method in (
         ("nvml", monitor.nvml, "sample"),

@@ -10,7 +10,7 @@ The command line is ``gpumon``; the same engine is a library::
     for advice in result.summary.advice:                   # each with the lever it pulls
         print(advice.lever, advice.text)
 
-    session = gpumon.Session.live(pid=1234)                 # a live run (NVML, no CUDA)
+    session = gpumon.Session.live(gpumon.LiveOptions(pid=1234))  # live (NVML, no CUDA)
     session.tick(); session.verdict()
 
 Names are imported when first used, so ``import gpumon`` stays cheap (the dstat plugin
@@ -36,6 +36,7 @@ _EXPORTS = {
     "analyze": "gpumon.engine.offline",
     "Analysis": "gpumon.engine.offline",
     "Session": "gpumon.engine.session",
+    "LiveOptions": "gpumon.engine.sources",
     "Tick": "gpumon.engine.session",
     "RunMemory": "gpumon.engine.memory",
     "DetectorConfig": "gpumon.detect.config",
@@ -88,6 +89,7 @@ __all__ = [
     "GpumonError",
     "HostSample",
     "Lever",
+    "LiveOptions",
     "NoDriverError",
     "ProcTreeSample",
     "ProcessGoneError",
@@ -128,6 +130,7 @@ if TYPE_CHECKING:  # what type checkers and editors see
     from gpumon.engine.memory import RunMemory
     from gpumon.engine.offline import Analysis, analyze
     from gpumon.engine.session import Session, Tick
+    from gpumon.engine.sources import LiveOptions
     from gpumon.errors import (
         ConfigError,
         DeviceLostError,

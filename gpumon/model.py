@@ -326,7 +326,9 @@ class TraceHeader:
 class Evidence(TypedDict, total=False):
     """The numbers behind a finding, in base units: a flat, JSON-friendly mapping (the
     log file, ``analyze --json`` and the summary carry it unchanged).  A key that could
-    not be measured is absent, never 0."""
+    not be measured is absent, never 0.  Each key is a row of the one table of evidence
+    fields (``gpumon.evidence_fields``: its unit, meaning and words); mypy needs the keys
+    spelled out here and in ``EvidenceKey``, and a test holds both to the table."""
 
     # The GPU over its window (a closed episode's duty cycle is over the episode).
     duty_cycle: float  # 0-1, utilisation-weighted busy share
@@ -385,6 +387,7 @@ class Evidence(TypedDict, total=False):
     stack_seconds: float  # seconds of stack samples behind these (gap-weighted)
 
 
+# Evidence's keys as a type (a test holds it to Evidence and gpumon.evidence_fields).
 EvidenceKey = Literal[
     "duty_cycle",
     "window_s",

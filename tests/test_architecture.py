@@ -25,6 +25,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parent.parent / "gpumon"
 CORE_PREFIXES = (
     "gpumon.model",
+    "gpumon.evidence_fields",
     "gpumon.errors",
     "gpumon.sample",
     "gpumon.traces",
@@ -130,7 +131,14 @@ def test_faces_never_import_the_samplers_or_the_detector(module: str) -> None:
 
 # Floors, bottom up: a module imports only its own floor and those below it.
 FLOORS = (
-    ("gpumon.model", "gpumon.errors", "gpumon.loop", "gpumon.files", "gpumon.terminal"),
+    (
+        "gpumon.model",
+        "gpumon.evidence_fields",
+        "gpumon.errors",
+        "gpumon.loop",
+        "gpumon.files",
+        "gpumon.terminal",
+    ),
     ("gpumon.schema",),
     ("gpumon.detect", "gpumon.traces"),
     ("gpumon.sample", "gpumon.lab"),

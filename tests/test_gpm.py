@@ -17,7 +17,7 @@ from fakenvml import FakeGPU, MigInstance, Pattern, Process, Scenario, call_coun
 
 import gpumon.sample.nvml as nvml_module
 from gpumon.detect import Detector
-from gpumon.engine import Session
+from gpumon.engine import LiveOptions, Session
 from gpumon.lab.synth import generate
 from gpumon.model import GpuSample, MigActivity, Reason, Snapshot, State, TraceHeader
 from gpumon.sample.nvml import NvmlSampler
@@ -278,7 +278,7 @@ def test_busy_wait_told_live_on_the_fake(nvml) -> None:
     for gpm in (True, False):
         nvml.set(scenario(gpm))
         nvml_module._init_done = False
-        session = Session.live(interval_s=0.25, host=False, backlog=True)
+        session = Session.live(LiveOptions(interval_s=0.25, host=False, backlog=True))
         reasons: list[Reason | None] = []
         for _ in range(12):  # 3 s: the backlog holds the last 20 s of driver samples
             session.tick()

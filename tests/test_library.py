@@ -70,7 +70,7 @@ def test_the_readmes_library_example_runs_as_written(tmp_path: Path) -> None:
 
 def test_errors_carry_their_fields() -> None:
     with pytest.raises(gpumon.ProcessGoneError) as gone:
-        gpumon.Session.live(pid=2**22 + 12345)
+        gpumon.Session.live(gpumon.LiveOptions(pid=2**22 + 12345))
     assert gone.value.pid == 2**22 + 12345
     not_a_trace = ROOT / "docs" / "library.md"
     with pytest.raises(gpumon.TraceFormatError) as bad, gpumon.open_trace(str(not_a_trace)):

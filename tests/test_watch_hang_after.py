@@ -5,6 +5,7 @@ never that one local rank is the straggler."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -15,7 +16,7 @@ from test_cli import gpumon
 from test_hang import header, run
 
 from gpumon.detect import DetectorConfig
-from gpumon.engine import Session, analyze
+from gpumon.engine import LiveOptions, Session, StackOptions, analyze
 from gpumon.faces.watch import WatchOptions, watch
 from gpumon.model import Advice, Lever, Reason, State
 
@@ -109,7 +110,7 @@ def test_watch_judges_with_the_hang_after_it_is_given(tmp_path: Path) -> None:
         )
         status = watch(
             options,
-            session_factory=lambda **kw: Session.replay(
+            session_factory=lambda _options, **kw: Session.replay(
                 header(2), snaps, speed=400.0, config=kw.get("config")
             ),
         )
@@ -118,3 +119,29 @@ def test_watch_judges_with_the_hang_after_it_is_given(tmp_path: Path) -> None:
 
     assert watched(60.0)["reason"] == Reason.HANG.value
     assert watched(None)["reason"] != Reason.HANG.value
+
+
+def test_watch_asks_for_its_session_with_one_live_options_value(tmp_path: Path) -> None:
+    """What watch's live source reads travels as one ``LiveOptions`` (the pid, the pace,
+    the tree's GPUs only), and --window and --hang-after as the detector's settings."""
+    asked: list[tuple[LiveOptions, DetectorConfig | None]] = []
+
+    def factory(
+        options: LiveOptions,
+        /,
+        *,
+        config: DetectorConfig | None = None,
+        stacks: StackOptions | None = None,
+    ) -> Session:
+        asked.append((options, config))
+        return Session.replay(header(1), run(1, [(20, "work")]), speed=400.0, config=config)
+
+    base = WatchOptions(pid=4242, interval=0.05, plain=True)
+    assert watch(base, session_factory=factory) == 0
+    tuned = dataclasses.replace(base, window=45.0, hang_after=90.0)
+    assert watch(tuned, session_factory=factory) == 0
+    want = LiveOptions(pid=4242, interval_s=0.05, tree_gpus_only=True)
+    assert asked[0] == (want, None)
+    assert asked[1][0] == want
+    cfg = asked[1][1]
+    assert cfg == dataclasses.replace(DetectorConfig(), window_s=45.0, hang_after_s=90.0)

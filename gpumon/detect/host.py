@@ -18,7 +18,8 @@ from gpumon.detect.config import DetectorConfig
 from gpumon.detect.rings import History
 from gpumon.model import Cause, HostSample, ProcessSample, ProcTreeSample
 
-# Quantities tracked, in evidence-key names.
+# Quantities tracked, in evidence-key names: the rows of gpumon.evidence_fields marked
+# host_window (a test holds the two to each other).
 HostKey = Literal[
     "main_cpu_pct",
     "workers_cpu_pct",

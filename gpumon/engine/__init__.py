@@ -19,7 +19,7 @@ from gpumon.engine.jobs import Job, JobOptions, JobTracker
 from gpumon.engine.memory import GpuEvent, GpuEventKind, GpuMemory, RunMemory
 from gpumon.engine.offline import Analysis, analyze
 from gpumon.engine.session import OFFLINE_CONFIG, Reading, Session, Tick
-from gpumon.engine.sources import Polled
+from gpumon.engine.sources import LiveOptions, Polled
 from gpumon.engine.stacks import StackOptions
 
 __all__ = [
@@ -36,6 +36,7 @@ __all__ = [
     "JobJudged",
     "JobOptions",
     "JobTracker",
+    "LiveOptions",
     "NodeJudged",
     "Polled",
     "Reading",

@@ -3,7 +3,7 @@
 A face asks a ``Session`` for ticks and for what the run amounts to; it never builds a
 sampler, a detector or a job table itself (tests/test_architecture.py checks the imports):
 
-    session = Session.live(pid=1234, interval_s=1.0, tree_gpus_only=True)
+    session = Session.live(LiveOptions(pid=1234, interval_s=1.0, tree_gpus_only=True))
     tick = session.tick()                     # read, judge, remember (now)
     for tick in session.ticks(20): ...        # or 20 of them, one per interval
     session.verdict(), session.summary()      # the detector's view now, and of the run
@@ -27,6 +27,7 @@ from gpumon.engine.jobs import JobOptions, JobsRead, JobTracker, JobUpdate
 from gpumon.engine.memory import GpuEvent, RunMemory
 from gpumon.engine.sources import (
     FedSource,
+    LiveOptions,
     LiveSource,
     Polled,
     Source,
@@ -133,41 +134,21 @@ class Session:
     @classmethod
     def live(
         cls,
+        options: LiveOptions | None = None,
         *,
-        pid: int | None = None,
-        command: tuple[str, ...] | None = None,
-        interval_s: float | None = None,
-        tree_gpus_only: bool = False,
-        host: bool = True,
         judge: bool = True,
-        window_s: float | None = None,
-        backlog: bool = False,
         config: DetectorConfig | None = None,
         jobs: JobOptions | None = None,
         stacks: StackOptions | None = None,
-        hardware: bool = True,
     ) -> Self:
-        """NVML + host (+ the tree of ``pid``), read once per tick; ``jobs``: follow the
-        jobs on the GPUs (the daemon).  ``backlog``: the first tick hands over the
-        driver's whole sample buffer (~20 s), so the detector can judge at once (dstat).
-        ``stacks``: read the job's Python stacks while a GPU waits (py-spy).
-        ``hardware``: read the GPUs' hardware health (temperatures, ECC, energy, ...),
-        which nothing but a face shows (the daemon with its hardware group off: not)."""
-        monitor = live_monitor(
-            pid=pid,
-            command=command,
-            interval_s=interval_s,
-            tree_gpus_only=tree_gpus_only,
-            host=host,
-            backlog=backlog,
-            hardware=hardware,
-        )
-        cfg = config or DetectorConfig()
-        if window_s is not None:
-            cfg = replace(cfg, window_s=window_s)
+        """NVML + host (+ the tree of ``options.pid``), read once per tick, as ``options``
+        say (``LiveOptions()``: the whole node, every second).  ``jobs``: follow the jobs
+        on the GPUs (the daemon).  ``stacks``: read the job's Python stacks while a GPU
+        waits (py-spy)."""
+        monitor = live_monitor(options or LiveOptions())
         source = LiveSource(monitor)
         try:
-            return cls(source, config=cfg, judge=judge, jobs=jobs, stacks=stacks)
+            return cls(source, config=config, judge=judge, jobs=jobs, stacks=stacks)
         except BaseException:
             source.close()
             raise

@@ -315,40 +315,50 @@ class FedSource(_Recorded):
         return 0.0
 
 
-def live_monitor(
-    *,
-    pid: int | None,
-    command: tuple[str, ...] | None,
-    interval_s: float | None,
-    tree_gpus_only: bool,
-    host: bool,
-    backlog: bool,
-    hardware: bool = True,
-) -> Monitor:
-    """NVML + host (+ the tree of ``pid``): the samplers of a live source.
+@dataclass(frozen=True, slots=True)
+class LiveOptions:
+    """What a live source reads and how: one value from the face that asks for a live
+    session down to the samplers (it travelled as seven loose keywords through three
+    signatures)."""
+
+    pid: int | None = None  # the process tree to watch (None: the node, no tree)
+    command: tuple[str, ...] | None = None  # the command to show (None: the pid's own)
+    interval_s: float | None = None  # the pace ticks are made for (None: 1 s)
+    tree_gpus_only: bool = False  # the GPUs the tree uses, not every GPU seen
+    host: bool = True  # the host's CPU, iowait and reads (the dstat columns: not)
+    # The first poll hands over the driver's whole sample buffer (~20 s), so the detector
+    # can judge at once (the dstat plugin).
+    backlog: bool = False
+    # The GPUs' hardware health (temperatures, ECC, energy, ...), which nothing but a face
+    # shows (the daemon with its hardware group off: not).
+    hardware: bool = True
+
+
+def live_monitor(options: LiveOptions) -> Monitor:
+    """NVML + host (+ the tree of ``options.pid``): the samplers of a live source.
 
     The process tree is opened first, so a wrong pid is reported before NVML starts.
-    ``backlog``: the first poll hands over the driver's whole sample buffer (~20 s), so
-    the detector can judge at once (the dstat plugin).
     """
     from gpumon.sample.host import HostSampler, ProcessTreeSampler
     from gpumon.sample.monitor import Monitor
     from gpumon.sample.nvml import NvmlSampler
     from gpumon.sample.outside import OutsideScanner
 
-    tree = None if pid is None else ProcessTreeSampler(pid)
+    o = options
+    tree = None if o.pid is None else ProcessTreeSampler(o.pid)
+    command = o.command
     if command is None and tree is not None:
         command = tree.cmdline()
-    nvml = NvmlSampler(start_s=float("-inf") if backlog else None, hardware=hardware)
+    nvml = NvmlSampler(start_s=float("-inf") if o.backlog else None, hardware=o.hardware)
     return Monitor(
         nvml,
-        HostSampler() if host else None,
+        HostSampler() if o.host else None,
         tree,
-        tree_gpus_only=tree_gpus_only,
-        interval_s=interval_s,
+        tree_gpus_only=o.tree_gpus_only,
+        interval_s=o.interval_s,
         command=command,
         # Whose load it is, when the host is busy and a job is watched.
-        outside=OutsideScanner() if host and tree is not None else None,
+        outside=OutsideScanner() if o.host and tree is not None else None,
     )
 
 

@@ -8,11 +8,12 @@ reader had to translate.  Everything here is a pure function of a value: no face
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Final
 
 from gpumon.detect import RunSummary
 from gpumon.detect.activities import RoleShares, StackWindow
+from gpumon.evidence_fields import EVIDENCE_FIELDS
 from gpumon.model import Cause, Evidence, State
 from gpumon.terminal import printable
 
@@ -100,12 +101,13 @@ def speedup_sentence(summary: RunSummary) -> str | None:
 
 # --- evidence --------------------------------------------------------------------------------
 
-# How each kind of evidence value is written.
-_KINDS: Final = {
+# How each format of evidence value is written (gpumon.evidence_fields names the format).
+_KINDS: Final[dict[str, Callable[[float], str]]] = {
     "ratio": share,  # 0-1
     "pct": lambda v: f"{v:.0f}%",  # 0-100
     "s": duration,
     "W": lambda v: f"{v:.0f} W",
+    "bytes": fmt_bytes,
     "Bps": lambda v: fmt_bytes(v, "/s"),
     "int": lambda v: f"{v:.0f}",
     "f2": lambda v: f"{v:.2f}",
@@ -126,61 +128,14 @@ ACTIVITY_WORDS: Final = {
     "idle": "idle",
 }
 
-# Evidence keys in the order people read them (most telling first), with their labels.
-EVIDENCE: Final[tuple[tuple[str, str, str], ...]] = (
-    ("duty_cycle", "duty cycle", "ratio"),
-    ("burst_p50_s", "burst p50", "s"),
-    ("gap_p50_s", "gap p50", "s"),
-    ("gap_p90_s", "gap p90", "s"),
-    ("period_s", "period", "s"),
-    ("workers_cpu_pct", "CPU per worker", "pct"),
-    ("workers", "workers", "int"),
-    ("main_cpu_pct", "main CPU", "pct"),
-    ("tree_cpu_pct", "job CPU", "pct"),
-    ("outside_cpu_pct", "CPU outside the job", "pct"),
-    ("outside_top", "busiest outside the job", ""),
-    ("host_cpu_pct", "host CPU", "pct"),
-    ("iowait_pct", "iowait", "pct"),
-    ("read_bytes_per_s", "read", "Bps"),
-    ("power_watts", "power", "W"),
-    ("power_share_of_peak", "power/peak", "ratio"),
-    ("sm_active_ratio", "SM active", "ratio"),
-    ("tensor_active_ratio", "tensor active", "ratio"),
-    ("sm_occupancy_ratio", "SM occupancy", "ratio"),
-    ("straggler_gpu", "straggler", "gpu"),
-    ("skew_s", "skew", "s"),
-    ("effective_gpus", "effective GPUs", "f2"),
-    ("mem_headroom_ratio", "mem headroom", "ratio"),
-    ("max_core_pct", "busiest core", "pct"),
-    ("lost_gpu_seconds", "lost GPU-s", "f1"),
-    ("main_activity", "main process", "act"),
-    ("main_activity_share", "of its gaps", "ratio"),
-    ("main_where", "in", ""),
-    ("workers_activity", "workers", "act"),
-    ("workers_activity_share", "of their gaps", "ratio"),
-    ("workers_where", "in", ""),
-    ("straggler_where", "straggler in", ""),
+# Evidence keys in the order people read them (most telling first), with their labels
+# and formats: the worded rows of the one table of evidence fields.
+EVIDENCE: Final[tuple[tuple[str, str, str], ...]] = tuple(
+    (f.name, f.label, f.fmt) for f in EVIDENCE_FIELDS if f.label is not None
 )
 # Evidence kept for machines (JSON, the log) but not worth a person's attention.
-QUIET_EVIDENCE: Final = frozenset(
-    {
-        "samples",
-        "sample_period_s",
-        "mem_used_bytes",
-        "mem_total_bytes",
-        "power_limit_watts",
-        "power_peak_watts",
-        "burst_p90_s",
-        "cpu_count",
-        "window_s",
-        "gpus",
-        "processes",
-        "larger_batch_fits",
-        "duration_s",
-        "stack_seconds",
-    }
-)
-_KNOWN: Final = {k for k, _, _ in EVIDENCE} | QUIET_EVIDENCE
+QUIET_EVIDENCE: Final = frozenset(f.name for f in EVIDENCE_FIELDS if f.label is None)
+_KNOWN: Final = {f.name for f in EVIDENCE_FIELDS}
 
 
 def evidence_value(value: object, kind: str) -> str:

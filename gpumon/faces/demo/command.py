@@ -324,7 +324,7 @@ def run(args: argparse.Namespace) -> int:
             pid=session.root_pid, interval=interval, plain=not tui, summary_json=args.summary_json
         )
         # The watch face asks for a session as it would for a live one: it gets the replay.
-        status = watch(options, session_factory=lambda **kw: session)
+        status = watch(options, session_factory=lambda _options, **_settings: session)
         if not session.finished:
             reason = "demo stopped"
     finally:

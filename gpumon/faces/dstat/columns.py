@@ -202,9 +202,9 @@ def default_session() -> Session:
     ``backlog`` keeps the driver's buffered history on the first tick, so the detector
     has a full window to judge from the start.
     """
-    from gpumon.engine import Session
+    from gpumon.engine import LiveOptions, Session
 
-    return Session.live(host=False, backlog=True)
+    return Session.live(LiveOptions(host=False, backlog=True))
 
 
 def _stderr(message: str) -> None:

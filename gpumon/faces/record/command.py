@@ -13,7 +13,7 @@ import argparse
 import sys
 import threading
 
-from gpumon.engine import Session, StackOptions
+from gpumon.engine import LiveOptions, Session, StackOptions
 from gpumon.errors import UsageError
 from gpumon.faces.common import interval, positive_float, write_tick
 from gpumon.faces.trace_output import trace_writer
@@ -73,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
         Session.check_stacks(stacks)
     # Judged only to know when a GPU waits, where the stacks are read.
     session = Session.live(
-        pid=args.pid, interval_s=args.interval, judge=stacks is not None, stacks=stacks
+        LiveOptions(pid=args.pid, interval_s=args.interval), judge=stacks is not None, stacks=stacks
     )
     stop = StopFlag().install()
     # The pid's exit (or a stop) ends the wait between ticks at once.

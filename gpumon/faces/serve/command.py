@@ -19,7 +19,7 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 from gpumon import __version__
-from gpumon.engine import Session
+from gpumon.engine import LiveOptions, Session
 from gpumon.errors import ConfigError, GpumonError
 from gpumon.faces.common import interval
 from gpumon.faces.serve import config as serve_config
@@ -201,11 +201,10 @@ def _serve(args: argparse.Namespace) -> int:
             say.warning(f"{exc} Serving without stacks.")
             stacks = None
     session = Session.live(  # no driver: status 3
-        interval_s=cfg.interval_s,
+        LiveOptions(interval_s=cfg.interval_s, hardware=reads_hardware(cfg)),
         jobs=job_options(cfg),
         config=detector_config(cfg),
         stacks=stacks,
-        hardware=reads_hardware(cfg),
     )
     daemon = Daemon(session, cfg)  # port in use -> one sentence, exit 1
     state = daemon.state

@@ -22,12 +22,11 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-from gpumon.engine import DetectorConfig, Session, StackOptions
+from gpumon.engine import DetectorConfig, LiveOptions, Session, StackOptions
 from gpumon.errors import GpumonError, ProcessGoneError, UsageError
 from gpumon.faces.common import (
     HANG_AFTER_MAX_S,
@@ -211,6 +210,31 @@ def _share(text: str) -> float:
     return value
 
 
+class SessionFactory(Protocol):
+    """How watch asks for its session: ``Session.live``, or the demo's replay."""
+
+    def __call__(
+        self,
+        options: LiveOptions,
+        /,
+        *,
+        config: DetectorConfig | None = None,
+        stacks: StackOptions | None = None,
+    ) -> Session: ...
+
+
+def _detector_config(args: WatchOptions) -> DetectorConfig | None:
+    """The detector's settings --window and --hang-after change (None: the defaults)."""
+    if args.window is None and args.hang_after is None:
+        return None
+    base = DetectorConfig()
+    return dataclasses.replace(
+        base,
+        window_s=base.window_s if args.window is None else args.window,
+        hang_after_s=base.hang_after_s if args.hang_after is None else args.hang_after,
+    )
+
+
 class _Run:
     """One watch from start to summary; the pieces the loop and the ending share."""
 
@@ -218,7 +242,7 @@ class _Run:
         self,
         args: WatchOptions,
         command: tuple[str, ...],
-        session_factory: Callable[..., Session] = Session.live,
+        session_factory: SessionFactory = Session.live,
     ) -> None:
         self.args = args
         self.session_factory = session_factory
@@ -242,26 +266,21 @@ class _Run:
     def start(self) -> None:
         # The face only asks the session; it decides nothing itself.
         pid = self.args.pid
-        extra: dict[str, Any] = {}
-        if self.args.hang_after is not None:
-            extra["config"] = DetectorConfig(hang_after_s=self.args.hang_after)
+        config = _detector_config(self.args)
+        stacks = None
         if self.args.stacks:
-            extra["stacks"] = StackOptions(every_s=self.args.stacks_every)
-            Session.check_stacks(extra["stacks"])  # before the command starts
+            stacks = StackOptions(every_s=self.args.stacks_every)
+            Session.check_stacks(stacks)  # before the command starts
         if self.command is not None:
             # NVML first: without a driver, say so before the command has started.
             Session.check_driver()
             self.child = Child(self.command, capture=self.tui)
             pid = self.child.pid
         try:
-            session = self.session_factory(
-                pid=pid,
-                interval_s=self.args.interval,
-                tree_gpus_only=True,
-                command=self.command,
-                window_s=self.args.window,
-                **extra,
+            options = LiveOptions(
+                pid=pid, command=self.command, interval_s=self.args.interval, tree_gpus_only=True
             )
+            session = self.session_factory(options, config=config, stacks=stacks)
         except BaseException:
             if self.child is not None:
                 self.child.send(15)
@@ -434,8 +453,8 @@ def run(args: argparse.Namespace) -> int:
     return watch(WatchOptions.from_args(args))
 
 
-def watch(args: WatchOptions, *, session_factory: Callable[..., Session] = Session.live) -> int:
-    """Watch a run; its exit status.  ``session_factory`` (``Session.live``'s signature)
+def watch(args: WatchOptions, *, session_factory: SessionFactory = Session.live) -> int:
+    """Watch a run; its exit status.  ``session_factory`` (``Session.live``, by default)
     is the seam the demo uses to feed the same face from a replayed trace."""
     command = args.command
     if args.pid is not None and command:
