@@ -206,9 +206,15 @@ def _serve(args: argparse.Namespace) -> int:
         config=detector_config(cfg),
         stacks=stacks,
     )
-    daemon = Daemon(session, cfg)  # port in use -> one sentence, exit 1
-    state = daemon.state
+    # A stop asked for from the moment the port and the log exist ends the run cleanly (a
+    # SIGTERM between opening the port and the loop killed the process outright).
     stop = StopFlag().install()
+    try:
+        daemon = Daemon(session, cfg)  # port in use -> one sentence, exit 1
+    except BaseException:
+        stop.restore()
+        raise
+    state = daemon.state
     hup_previous = _install_hup(daemon.log)
     daemon.start(listen=f"{cfg.address}:{daemon.port}", interval_s=cfg.interval_s)
     scheme = "https" if cfg.tls else "http"
