@@ -29,6 +29,7 @@ from gpumon.detect.rules import (
     Candidate,
     GpuContext,
     GpuDecision,
+    GpuReadings,
     bursty,
     enter_work,
     judge_before_work,
@@ -541,7 +542,7 @@ class Detector:
         starting = any(not now.seen_work for now in self._decided.values())
         self._calm = 0 if (switched or self._pending or starting) else self._calm + 1
 
-    def _isolated(self, tr: GpuTrack, now: GpuDecision, t: float, w: Window) -> bool:
+    def _isolated(self, tr: GpuReadings, now: GpuDecision, t: float, w: Window) -> bool:
         """A dip, not a pattern: the window's idle time sits in one gap (open or just
         closed), and at most one gap completed in the isolation window."""
         if w.duty is not None:

@@ -1,12 +1,13 @@
 """The per-GPU rules: each reads one GPU at one eval and returns a candidate state, or None.
 
-A rule reads a ``GpuContext``: the GPU's readings (``c.tr``, a ``GpuTrack`` that only its
-own ingest writes), what the detector has decided about it so far (``c.now``, a frozen
-``GpuDecision``), its window, the time and the config; it returns a ``Candidate`` (the
-state it proposes and why) or None, and writes nothing.  The detector asks them in order
-(``judge_before_work``, then ``judge_work``); the first that answers decides, and
-hysteresis turns a candidate into an episode.  Between the two, ``enter_work`` says
-whether the GPU's work has begun or resumed; the detector applies what it returns.
+A rule reads a ``GpuContext``: the GPU's readings (``c.tr``: the ``GpuReadings`` of its
+``GpuTrack``, which only the track's own ingest writes), what the detector has decided
+about it so far (``c.now``, a frozen ``GpuDecision``), its window, the time and the
+config; it returns a ``Candidate`` (the state it proposes and why) or None, and writes
+nothing.  The detector asks them in order (``judge_before_work``, then ``judge_work``);
+the first that answers decides, and hysteresis turns a candidate into an episode.
+Between the two, ``enter_work`` says whether the GPU's work has begun or resumed; the
+detector applies what it returns.
 
 Each rule is one statement a person could make about a GPU ("a GPU that fell off the bus is
 unknown", "gaps that recur at a regular interval are starvation even at a high duty
@@ -17,10 +18,56 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from typing import Protocol
 
 from gpumon.detect.config import DetectorConfig
-from gpumon.detect.gpu import GpuTrack, Window
+from gpumon.detect.gpu import Rhythm, Window
+from gpumon.detect.rings import History, Ring
 from gpumon.model import Cause, Reason, State
+
+
+class GpuReadings(Protocol):
+    """What the rules may read of one GPU's track (``gpu.GpuTrack``), all read-only."""
+
+    @property
+    def period_s(self) -> float | None: ...  # the driver's sample period (None: unknown)
+    @property
+    def samples(self) -> int: ...  # utilisation readings folded in
+    @property
+    def first_t(self) -> float | None: ...  # when its stream began
+    @property
+    def first_active_t(self) -> float | None: ...  # its first sample with any activity
+    @property
+    def run_busy(self) -> bool: ...  # busy in the run of samples now
+    @property
+    def run_start(self) -> float: ...  # when that run began
+    @property
+    def was_act(self) -> bool: ...  # active in the latest sample
+    @property
+    def act_on(self) -> float: ...  # when that stretch of activity began
+    @property
+    def cum_gaps(self) -> int: ...  # gaps completed since the stream began
+    @property
+    def bursts(self) -> Ring: ...  # recent burst lengths
+    @property
+    def gaps(self) -> Ring: ...  # recent gap lengths
+    @property
+    def long_gaps(self) -> Ring: ...  # (start, end) of recent rhythm-sized gaps
+    @property
+    def hist(self) -> History: ...  # running totals at each eval
+    @property
+    def mem_used_bytes(self) -> int | None: ...
+    @property
+    def lost(self) -> bool: ...  # NVML said GpuIsLost on the latest tick
+
+    def window(self, t: float, span_s: float) -> Window: ...
+    def rhythm(self) -> Rhythm | None: ...
+    def rhythm_shorter_than(self, limit_s: float) -> bool: ...
+    def open_gap_s(self) -> float: ...
+    def gap_p90_s(self, t: float) -> float | None: ...
+    def mem_at(self, t: float) -> int | None: ...
+    def held(self) -> bool | None: ...
+    def no_context(self) -> bool: ...
 
 
 @dataclass(slots=True, frozen=True, kw_only=True)
@@ -56,14 +103,14 @@ class GpuDecision:
 
 
 # Whether the GPU's latest idle time is one dip, not a pattern (the detector's judgment).
-Isolated = Callable[[GpuTrack, GpuDecision, float, Window], bool]
+Isolated = Callable[[GpuReadings, GpuDecision, float, Window], bool]
 
 
 @dataclass(slots=True, kw_only=True)
 class GpuContext:
     """What the rules read about one GPU at one eval (built once, shared by the rules)."""
 
-    tr: GpuTrack  # its readings: read, never written, by the rules
+    tr: GpuReadings  # its readings: read, never written, by the rules
     now: GpuDecision  # what the detector has decided about it so far
     w: Window
     t: float
@@ -246,7 +293,7 @@ def provisional(c: GpuContext, w: Window) -> Candidate:
     )
 
 
-def unbroken_since_first_activity(tr: GpuTrack) -> bool:
+def unbroken_since_first_activity(tr: GpuReadings) -> bool:
     """Busy without a break since its first activity (its ramp-up sample aside): a GPU
     that has not yet waited once does not look starved, whatever its first partial sample
     does to the duty."""
