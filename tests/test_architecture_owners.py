@@ -8,8 +8,9 @@
   ``Candidate`` (or, ``enter_work``, a new ``GpuDecision``) and the detector applies it;
 - the run rules (``detect/multi.py``) write only the run context's candidates and its
   outputs, never its tracks, decisions or windows;
-- the records the detector hands on are built by keyword (``kw_only``), and what a rule
-  proposes and what the detector decided are frozen values.
+- the records the detector hands on are built by keyword (``kw_only``); what the detector
+  decided is a frozen value, and what a rule proposes (a ``Candidate``, built on every eval
+  for every GPU, where frozen would cost 4x) is never assigned into once built.
 """
 
 from __future__ import annotations
@@ -31,9 +32,9 @@ KEYWORD_RECORDS = {
     "detect/detector.py": ("DetectorUpdate", "GpuTotals"),
     "detect/summary.py": ("GpuFacts",),
     "detect/multi.py": ("RunContext",),
-    "detect/gpu.py": ("Window", "Rhythm"),
+    "detect/gpu.py": ("Rhythm",),  # (a Window is built by position in the hot path)
 }
-FROZEN_VALUES = {"detect/rules.py": ("Candidate", "GpuDecision")}
+FROZEN_VALUES = {"detect/rules.py": ("GpuDecision",)}
 
 
 def parse(path: Path) -> ast.Module:
@@ -206,3 +207,18 @@ def test_proposals_and_decisions_are_values() -> None:
         tree = parse(PACKAGE / rel)
         for name in names:
             assert "frozen" in _dataclass_flags(class_named(tree, name)), f"{rel}: {name}"
+    candidate = class_named(parse(DETECT / "rules.py"), "Candidate")
+    fields = {
+        n.target.id
+        for n in candidate.body
+        if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)
+    }
+    assert {"state", "since_s", "backdate_s", "clear"} <= fields
+    wrong = []
+    for path in sorted(DETECT.rglob("*.py")):
+        for node in ast.walk(parse(path)):
+            for t in targets(node):
+                root = chain(t)[0]
+                if isinstance(t, ast.Attribute) and t.attr in fields and root != "self":
+                    wrong.append(f"{path.name}:{node.lineno}: {ast.unparse(t)}")
+    assert not wrong, "a candidate is replaced, never changed:\n" + "\n".join(wrong)

@@ -70,7 +70,7 @@ class GpuReadings(Protocol):
     def no_context(self) -> bool: ...
 
 
-@dataclass(slots=True, frozen=True, kw_only=True)
+@dataclass(slots=True, kw_only=True)  # a value: never changed once built (frozen costs 4x)
 class Candidate:
     """A state a rule proposes, with why; hysteresis decides whether it becomes an episode."""
 
