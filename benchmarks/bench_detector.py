@@ -98,7 +98,16 @@ def _final_episodes(opened: list[tuple[float, Episode]], last: list[Episode]) ->
         ends = {e.gpu: e.end_s for e in last}
         for a, b in zip(eps, [*eps[1:], None], strict=True):
             end = b.start_s if b is not None else ends.get(gpu, a.start_s)
-            out.append(Episode(a.gpu, a.uuid, a.state, a.cause, a.start_s, end))
+            out.append(
+                Episode(
+                    gpu=a.gpu,
+                    uuid=a.uuid,
+                    state=a.state,
+                    cause=a.cause,
+                    start_s=a.start_s,
+                    end_s=end,
+                )
+            )
     return out
 
 

@@ -154,7 +154,7 @@ def snapshot(job: Job) -> tuple[Snapshot, list[ProcTreeSample], dict[int | None,
     tree = ProcTreeSample(time.monotonic(), job.pid, tuple(procs))
     gpu = GpuSample(time.monotonic(), 0, "GPU-0", util_pct=20.0,
                     processes=(GpuProcess(job.pid),))  # fmt: skip
-    waiting = Episode(0, "GPU-0", State.STARVED, None, 0.0, None)
+    waiting = Episode(gpu=0, uuid="GPU-0", state=State.STARVED, cause=None, start_s=0.0, end_s=None)
     return Snapshot(time.monotonic(), (gpu,)), [tree], {0: waiting}
 
 

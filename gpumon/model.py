@@ -491,7 +491,7 @@ class Advice:
         return self.text
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Episode:
     """A stretch of time one GPU (or the run, gpu=None) spent in one state."""
 
@@ -511,7 +511,7 @@ class Episode:
         return None if self.end_s is None else self.end_s - self.start_s
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class GpuVerdict:
     """The detector's current view of one GPU."""
 
@@ -526,7 +526,7 @@ class GpuVerdict:
     reason: Reason | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Verdict:
     """The detector's current view of the run: every GPU and the run as a whole."""
 

@@ -232,7 +232,7 @@ def w(pid: int, role: ProcessRole, act: Activity, seconds: float, place: str = "
 # --- the judgments -------------------------------------------------------------------------------
 
 CFG = DetectorConfig()
-STARVED = Candidate(State.STARVED, Cause.UNKNOWN, None, None, 10.0, 2.0)
+STARVED = Candidate(state=State.STARVED, cause=Cause.UNKNOWN, since_s=10.0, backdate_s=2.0)
 
 
 def reading(main: tuple[Activity, float] | None, workers: tuple[Activity, float] | None = None,
@@ -250,9 +250,14 @@ def test_a_wait_spent_writing_a_checkpoint_is_a_checkpoint_not_starvation() -> N
     )
     assert c.backdate_s == STARVED.backdate_s
     # All-GPU pauses and a long idle wait with memory held after work: the same.
-    pauses = Candidate(State.SYNC_STALL, None, Reason.SYNC_PAUSES, "checkpoint or host sync", 10.0)
+    pauses = Candidate(
+        state=State.SYNC_STALL,
+        reason=Reason.SYNC_PAUSES,
+        detail="checkpoint or host sync",
+        since_s=10.0,
+    )
     assert judge(pauses, reading((Activity.CHECKPOINT, 0.7)), CFG, True).reason is Reason.CHECKPOINT
-    held = Candidate(State.IDLE, None, Reason.MEMORY_HELD, None, 10.0, 40.0)
+    held = Candidate(state=State.IDLE, reason=Reason.MEMORY_HELD, since_s=10.0, backdate_s=40.0)
     assert judge(held, reading((Activity.EVALUATION, 0.9)), CFG, True).reason is Reason.EVALUATION
     assert judge(held, reading((Activity.EVALUATION, 0.9)), CFG, False) is held  # before work
 
@@ -260,9 +265,11 @@ def test_a_wait_spent_writing_a_checkpoint_is_a_checkpoint_not_starvation() -> N
 def test_too_little_or_too_mixed_a_reading_changes_nothing() -> None:
     assert judge(STARVED, reading((Activity.CHECKPOINT, 0.4)), CFG, True) is STARVED
     assert judge(STARVED, reading((Activity.CHECKPOINT, 0.9), seconds=0.5), CFG, True) is STARVED
-    healthy = Candidate(State.HEALTHY, None, None, None, 10.0)
+    healthy = Candidate(state=State.HEALTHY, since_s=10.0)
     assert judge(healthy, reading((Activity.CHECKPOINT, 0.9)), CFG, True) is healthy
-    hang = Candidate(State.SYNC_STALL, None, Reason.HANG, "no GPU has computed", 10.0)
+    hang = Candidate(
+        state=State.SYNC_STALL, reason=Reason.HANG, detail="no GPU has computed", since_s=10.0
+    )
     assert judge(hang, reading((Activity.CHECKPOINT, 0.9)), CFG, True) is hang
 
 
@@ -417,7 +424,9 @@ def gpu(t: float, util: float) -> GpuSample:
 
 
 def episode(state: State, reason: Reason | None = None) -> Episode:
-    return Episode(0, "GPU-0", state, None, 0.0, None, reason=reason)
+    return Episode(
+        gpu=0, uuid="GPU-0", state=state, cause=None, start_s=0.0, end_s=None, reason=reason
+    )
 
 
 def test_stacks_are_read_only_while_a_gpu_waits() -> None:

@@ -223,7 +223,13 @@ def test_a_cpu_surge_with_writes_is_still_a_checkpoint() -> None:
 def test_stacks_in_a_checkpoint_keep_pauses_a_checkpoint() -> None:
     """Pauses read as the input pipeline's, whose stacks show the main process in
     torch.save for most of them, are a checkpoint (the stacks say what the host cannot)."""
-    cand = Candidate(State.STARVED, Cause.CPU, Reason.SYNC_PAUSES, "the job's CPU", 10.0)
+    cand = Candidate(
+        state=State.STARVED,
+        cause=Cause.CPU,
+        reason=Reason.SYNC_PAUSES,
+        detail="the job's CPU",
+        since_s=10.0,
+    )
     r = Reading((Activity.CHECKPOINT, 0.9), None, "train.py:88 save", None, 6.0)
     got = judge(cand, r, DetectorConfig(), True)
     assert (got.state, got.reason) == (State.SYNC_STALL, Reason.CHECKPOINT)

@@ -53,7 +53,15 @@ class StubDetector:
             return DetectorUpdate()
         return DetectorUpdate(
             opened=tuple(
-                Episode(i, f"GPU-{i}", s, None, 0.0, None, reason=reason)
+                Episode(
+                    gpu=i,
+                    uuid=f"GPU-{i}",
+                    state=s,
+                    cause=None,
+                    start_s=0.0,
+                    end_s=None,
+                    reason=reason,
+                )
                 for i, (s, reason) in self.states.items()
             )
         )

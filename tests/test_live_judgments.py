@@ -180,7 +180,9 @@ def test_per_gpu_lost_gpu_seconds_add_up_to_the_runs() -> None:
 
 
 def _episode(state: State, cause: Cause | None, advice: tuple[Advice, ...], secs: float) -> Episode:
-    return Episode(0, "GPU-0", state, cause, 0.0, secs, advice=advice)
+    return Episode(
+        gpu=0, uuid="GPU-0", state=state, cause=cause, start_s=0.0, end_s=secs, advice=advice
+    )
 
 
 def test_advice_says_each_lever_once_and_covers_every_cause_of_the_run() -> None:

@@ -7,6 +7,7 @@ and shows it answering (and, beside it, the case it must leave to another rule).
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass, replace
 
 import pytest
 
@@ -57,20 +58,40 @@ def track(
     return tr
 
 
-def context(tr: GpuTrack, span: float = 8.0, state: State | None = None) -> R.GpuContext:
-    t = tr.last_tick_t or 0.0
-    if state is not None:
-        tr.state = state
+@dataclass
+class Judged:
+    """A track's readings with what the detector has decided about it."""
+
+    tr: GpuTrack
+    now: R.GpuDecision
+
+
+def context(gpu: GpuTrack | Judged, span: float = 8.0, state: State | None = None) -> R.GpuContext:
+    g = gpu if isinstance(gpu, Judged) else Judged(gpu, R.GpuDecision())
+    now = g.now if state is None else replace(g.now, state=state)
+    t = g.tr.last_tick_t or 0.0
     return R.GpuContext(
-        tr, tr.window(t, span), t, CFG, lambda t, s, current: Cause.UNKNOWN, lambda *a: False
+        tr=g.tr,
+        now=now,
+        w=g.tr.window(t, span),
+        t=t,
+        cfg=CFG,
+        cause_of=lambda t, s, current: Cause.UNKNOWN,
+        isolated=lambda *a: False,
     )
 
 
-def working(tr: GpuTrack, since: float = 1.0, state: State = State.HEALTHY) -> GpuTrack:
+def working(tr: GpuTrack, since: float = 1.0, state: State = State.HEALTHY) -> Judged:
     """Past start-up, in ``state``."""
-    tr.seen_work, tr.work_start_s, tr.work_began_s, tr.state = True, since, since, state
-    tr.reason = None
-    return tr
+    now = R.GpuDecision(
+        state=state, reason=None, seen_work=True, work_start_s=since, work_began_s=since
+    )
+    return Judged(tr, now)
+
+
+def classify(c: R.GpuContext) -> R.Candidate:
+    """The rules in order, as the detector asks them for a GPU past start-up."""
+    return R.judge_before_work(c) or R.judge_work(c)
 
 
 def square(period: float, duty: float, low: float = 0.0) -> Callable[[float], float]:
@@ -94,7 +115,17 @@ def test_no_reading_is_unknown_never_idle() -> None:
     tr = GpuTrack(0, "GPU-0", CFG)
     tr.record(0.0)
     tr.record(30.0)
-    c = R.no_data(R.GpuContext(tr, tr.window(30.0, 8.0), 30.0, CFG, None, None))  # type: ignore[arg-type]
+    c = R.no_data(
+        R.GpuContext(
+            tr=tr,
+            now=R.GpuDecision(),
+            w=tr.window(30.0, 8.0),
+            t=30.0,
+            cfg=CFG,
+            cause_of=None,  # type: ignore[arg-type]
+            isolated=None,  # type: ignore[arg-type]
+        )
+    )
     assert c is not None and (c.state, c.reason) == (State.UNKNOWN, Reason.NO_DATA)
 
 
@@ -104,10 +135,12 @@ def test_no_reading_is_unknown_never_idle() -> None:
 def test_start_up_ends_at_the_first_sustained_work() -> None:
     tr = track(lambda t: 0.0 if t < 10 else 98.0, 20)
     c = context(tr)
-    R.enter_work(c)
+    now = R.enter_work(c)
     # (within the window it can see: the last 8 s, plus one partial sample)
-    assert tr.seen_work and tr.work_start_s is not None and 10 <= tr.work_start_s <= 12.5
-    assert R.before_work(c) is None
+    assert now is not None and now.seen_work
+    assert now.work_start_s is not None and 10 <= now.work_start_s <= 12.5
+    assert now.work_began_s == now.work_start_s and not c.now.seen_work  # (a value, not a write)
+    assert R.before_work(replace(c, now=now)) is None
 
 
 def test_a_gpu_that_never_works_is_start_up_then_just_idle() -> None:
@@ -152,7 +185,7 @@ def test_periodic_gaps_are_starvation_even_at_a_high_duty_cycle() -> None:
 
 def test_rare_checkpoints_are_not_a_rhythm_of_starvation() -> None:
     tr = working(track(square(150.0, 1 - 4.0 / 150), 600))
-    assert tr.rhythm() is not None  # regular, but under 3 % of the time
+    assert tr.tr.rhythm() is not None  # regular, but under 3 % of the time
     assert R.periodic_gaps(context(tr)) is None
 
 
@@ -166,7 +199,7 @@ def test_irregular_gaps_are_no_rhythm() -> None:
 
 def test_a_rhythm_that_stopped_no_longer_starves() -> None:
     tr = working(track(lambda t: square(27.0, 0.8)(t) if t < 150 else 98.0, 260))
-    assert tr.rhythm() is not None
+    assert tr.tr.rhythm() is not None
     assert R.periodic_gaps(context(tr)) is None
 
 
@@ -228,19 +261,27 @@ def test_what_is_left_is_starved_with_the_hosts_cause() -> None:
 
 def test_classify_asks_the_rules_in_order() -> None:
     lost = context(track(steady(98), 20, lost_at=19))
-    assert R.classify(lost).reason is Reason.GPU_LOST  # before anything else
-    assert R.classify(context(working(track(steady(98), 60)))).state is State.HEALTHY
+    found = R.judge_before_work(lost)
+    assert found is not None and found.reason is Reason.GPU_LOST  # before anything else
+    c = context(working(track(steady(98), 60)))
+    assert R.judge_before_work(c) is None and R.judge_work(c).state is State.HEALTHY
 
 
 # --- run-level rules -----------------------------------------------------------------------
 
 
-def run(tracks: list[GpuTrack], span: float = 8.0) -> RunContext:
-    t = max(tr.last_tick_t or 0.0 for tr in tracks)
-    wins = {tr.index: tr.window(t, span) for tr in tracks}
-    cands = {tr.index: R.classify(context(tr, span)) for tr in tracks}
+def run(gpus: list[Judged], span: float = 8.0) -> RunContext:
+    t = max(g.tr.last_tick_t or 0.0 for g in gpus)
     return RunContext(
-        t, t - 1, {tr.index: tr for tr in tracks}, wins, cands, None, CFG, PauseTracker(CFG)
+        t=t,
+        prev_eval_s=t - 1,
+        tracks={g.tr.index: g.tr for g in gpus},
+        decided={g.tr.index: g.now for g in gpus},
+        wins={g.tr.index: g.tr.window(t, span) for g in gpus},
+        cands={g.tr.index: classify(context(g, span)) for g in gpus},
+        run_peak_watts=None,
+        cfg=CFG,
+        pauses=PauseTracker(CFG),
     )
 
 

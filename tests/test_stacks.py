@@ -365,7 +365,9 @@ def test_the_engine_says_a_refusal_once_and_reads_no_more(
     me = ProcessSample(os.getpid(), os.getppid(), "python", 1.0, 1, None, None, "running")
     tree = ProcTreeSample(0.0, os.getpid(), (me,))
     snap = Snapshot(0.0, (GpuSample(0.0, 0, "GPU-0", util_pct=10.0),))
-    waiting = {0: Episode(0, "GPU-0", State.STARVED, None, 0.0, None)}
+    waiting = {
+        0: Episode(gpu=0, uuid="GPU-0", state=State.STARVED, cause=None, start_s=0.0, end_s=None)
+    }
     try:
         with caplog.at_level("WARNING", logger="gpumon"):
             deadline = time.monotonic() + 20

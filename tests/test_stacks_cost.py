@@ -108,7 +108,9 @@ def test_the_watch_learns_what_a_window_really_costs() -> None:
     me = ProcessSample(os.getpid(), 1, "python", 50.0, 1, None, None, "running")
     tree = ProcTreeSample(0.0, os.getpid(), (me,))
     snap = Snapshot(0.0, (GpuSample(0.0, 0, "GPU-0", processes=(GpuProcess(os.getpid()),)),))
-    waiting = {0: Episode(0, "GPU-0", State.STARVED, None, 0.0, None)}
+    waiting = {
+        0: Episode(gpu=0, uuid="GPU-0", state=State.STARVED, cause=None, start_s=0.0, end_s=None)
+    }
     try:
         watch.read(snap, [tree], waiting)  # the first window, sized by the model
         assert sampler.busy and watch.cost_scale == 2.0

@@ -109,8 +109,23 @@ def starved_verdict(t: float = 10.0) -> Verdict:
         "window_s": 8.0,
         "some_new_key": 1.5,
     }
-    gv = GpuVerdict(0, UUID, State.STARVED, Cause.CPU, 4.0, ev, ADVICE)
-    return Verdict(t, State.STARVED, Cause.CPU, (gv,), {"effective_gpus": 0.31}, ADVICE)
+    gv = GpuVerdict(
+        gpu=0,
+        uuid=UUID,
+        state=State.STARVED,
+        cause=Cause.CPU,
+        since_s=4.0,
+        evidence=ev,
+        advice=ADVICE,
+    )
+    return Verdict(
+        t_s=t,
+        state=State.STARVED,
+        cause=Cause.CPU,
+        gpus=(gv,),
+        evidence={"effective_gpus": 0.31},
+        advice=ADVICE,
+    )
 
 
 def state_with(verdict: Verdict | None, snap: Snapshot | None = None) -> WatchState:

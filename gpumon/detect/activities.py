@@ -37,7 +37,7 @@ import re
 from bisect import bisect_left
 from collections import OrderedDict, deque
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
 from gpumon.detect.config import DetectorConfig
@@ -612,9 +612,7 @@ def judge(cand: Candidate, r: Reading, cfg: DetectorConfig, worked: bool) -> Can
     if act in (Activity.CHECKPOINT, Activity.EVALUATION):
         reason = Reason.CHECKPOINT if act is Activity.CHECKPOINT else Reason.EVALUATION
         what = f"the main process in {r.main_where or act.value}, {share:.0%} of the gaps"
-        return Candidate(
-            State.SYNC_STALL, None, reason, what, cand.since_s, cand.backdate_s, cand.clear
-        )
+        return replace(cand, state=State.SYNC_STALL, cause=None, reason=reason, detail=what)
     if cand.state is not State.STARVED or cand.cause is Cause.CONTENTION:
         return cand
     cause = cand.cause
@@ -633,9 +631,7 @@ def judge(cand: Candidate, r: Reading, cfg: DetectorConfig, worked: bool) -> Can
         detail = f"the main process {verb} in {r.main_where}, {share:.0%} of the gaps"
     if cause is cand.cause and detail is cand.detail:
         return cand
-    return Candidate(
-        cand.state, cause, cand.reason, detail, cand.since_s, cand.backdate_s, cand.clear
-    )
+    return replace(cand, cause=cause, detail=detail)
 
 
 def straggler_gpus(

@@ -1,11 +1,12 @@
 """The burst/stall detector: snapshots in, episodes out; incremental and bounded.
 
-Per tick, each GPU's driver points are folded into running totals (``gpu.GpuTrack``).
-Once per ``eval_interval_s`` the per-GPU rules (``rules``) propose a state for every GPU
-from its window, the run-level rules (``multi``: busy-waiting peers, all-GPU pauses)
-override where they apply, and hysteresis turns candidates into episodes whose start is
-backdated to the candidate's onset.  Closed episodes feed the run summary (``summary``),
-which every face reads.
+Per tick, each GPU's driver points are folded into running totals (``gpu.GpuTrack``: its
+readings, which only the track writes).  Once per ``eval_interval_s`` the per-GPU rules
+(``rules``) propose a state for every GPU from its readings, its window and what was
+decided about it so far (``rules.GpuDecision``, which only the detector writes); the
+run-level rules (``multi``: busy-waiting peers, all-GPU pauses) override where they apply,
+and hysteresis turns candidates into episodes whose start is backdated to the candidate's
+onset.  Closed episodes feed the run summary (``summary``), which every face reads.
 """
 
 from __future__ import annotations
@@ -27,8 +28,12 @@ from gpumon.detect.pauses import PauseTracker
 from gpumon.detect.rules import (
     Candidate,
     GpuContext,
+    GpuDecision,
+    GpuReadings,
     bursty,
-    classify,
+    enter_work,
+    judge_before_work,
+    judge_work,
     unbroken_since_first_activity,
 )
 from gpumon.detect.summary import AdviceWeights, GpuFacts, RunSummary, Tally, summarize
@@ -47,7 +52,7 @@ from gpumon.model import (
 )
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class DetectorUpdate:
     """What changed in one update: episodes opened/closed, bursts and gaps completed."""
 
@@ -57,7 +62,7 @@ class DetectorUpdate:
     gaps: tuple[tuple[int, float], ...] = ()
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class GpuTotals:
     """One GPU's running totals since the stream began (what a report sums over time)."""
 
@@ -66,6 +71,17 @@ class GpuTotals:
     covered_s: float  # seconds those readings cover
     busy_s: float  # utilisation-weighted busy seconds within them
     lost_s: float = 0.0  # GPU-seconds idle or busy-waiting while a process held it
+
+
+@dataclass(slots=True)
+class GpuSpent:
+    """How one GPU's time was spent, as the detector counts it from its decisions: the
+    seconds lost while held, and those covered and computing while it worked (for the
+    speed-up if fed)."""
+
+    lost_s: float = 0.0  # GPU-seconds idle or busy-waiting while held (the run's sum)
+    work_cov: float = 0.0
+    work_busy: float = 0.0
 
 
 def note_of(reason: Reason | None, detail: str | None) -> str | None:
@@ -78,7 +94,6 @@ def note_of(reason: Reason | None, detail: str | None) -> str | None:
 _ALL_STATES = tuple(State)
 _WORK = (State.HEALTHY, State.STARVED, State.SYNC_STALL)
 _NO_UPDATE = DetectorUpdate()
-_STARTUP = Candidate(State.IDLE, None, Reason.START_UP)
 # Reasons that mark a phase of a GPU's life, not a finding.
 _PHASES = (Reason.START_UP, Reason.JUDGING)
 # Reasons an episode changes with, even in the same state (a wait that becomes a hang, or
@@ -124,7 +139,9 @@ class Detector:
     ) -> None:
         self.cfg = config or DetectorConfig()
         self._ident = {g.index: g for g in gpus}
-        self._tracks: dict[int, GpuTrack] = {}
+        self._tracks: dict[int, GpuTrack] = {}  # what each GPU shows (its readings)
+        self._decided: dict[int, GpuDecision] = {}  # what was decided about each GPU
+        self._spent: dict[int, GpuSpent] = {}
         self._host = HostTrack(self.cfg.ring_evals)
         self._run_peak_watts: float | None = None
         self._last_eval: float | None = None
@@ -171,6 +188,7 @@ class Detector:
         gap_w = 0.0
         gap_n = 0
         tracks = self._tracks
+        decided, spent = self._decided, self._spent
         peak = self._run_peak_watts
         lost = self._lost
         for g in snapshot.gpus:
@@ -185,14 +203,15 @@ class Detector:
                 gap_w += 1.0 - busy / cov
                 gap_n += 1
                 waiting = g.gpu in self._busywait
+                sp = spent[g.gpu]
                 if tr.held():
                     wasted = (cov - busy if cov > busy else 0.0) + (busy if waiting else 0.0)
-                    tr.lost_s += wasted
+                    sp.lost_s += wasted
                     lost += wasted
-                if tr.state in _WORK:
-                    tr.work_cov += cov
+                if decided[g.gpu].state in _WORK:
+                    sp.work_cov += cov
                     if not waiting:
-                        tr.work_busy += busy
+                        sp.work_busy += busy
             p = tr.power_watts
             if p is not None and (peak is None or p > peak):
                 peak = p
@@ -224,7 +243,12 @@ class Detector:
             self._last_eval = t
         if not (bursts or gaps or self._opened or self._closed):
             return _NO_UPDATE  # the common tick: nothing to report (frozen, so shared)
-        return DetectorUpdate(tuple(self._opened), tuple(self._closed), tuple(bursts), tuple(gaps))
+        return DetectorUpdate(
+            opened=tuple(self._opened),
+            closed=tuple(self._closed),
+            bursts=tuple(bursts),
+            gaps=tuple(gaps),
+        )
 
     def conclude(self) -> DetectorUpdate:
         """The stream has ended: judge what never could be (a short log, a GPU still being
@@ -235,7 +259,7 @@ class Detector:
         if t is not None and not self._concluded:
             self._concluded = True
             self._judge_short(t)
-        return DetectorUpdate(tuple(self._opened), tuple(self._closed))
+        return DetectorUpdate(opened=tuple(self._opened), closed=tuple(self._closed))
 
     def finish(self) -> DetectorUpdate:
         """End of stream: conclude (if not yet), then close every open episode at the last
@@ -246,7 +270,7 @@ class Detector:
         if t is not None:
             for key in list(self._episodes):
                 self._close(key, t)
-        return DetectorUpdate(tuple(self._opened), tuple(self._closed))
+        return DetectorUpdate(opened=tuple(self._opened), closed=tuple(self._closed))
 
     def verdict(self) -> Verdict:
         """The current view: each GPU's state with fresh evidence and advice, and the run's."""
@@ -254,31 +278,39 @@ class Detector:
         gv = []
         for idx in sorted(self._tracks):
             ep = self._episodes.get(idx)
-            tr = self._tracks[idx]
+            tr, now = self._tracks[idx], self._decided[idx]
             state = ep.state if ep else State.UNKNOWN
             cause = ep.cause if ep else None
             reason = ep.reason if ep else None
             note = ep.note if ep else "no evaluation yet"
-            if ep is not None and reason is not None and tr.reason is reason and tr.detail:
-                note = note_of(reason, tr.detail)  # its numbers now, not at its start
+            if ep is not None and reason is not None and now.reason is reason and now.detail:
+                note = note_of(reason, now.detail)  # its numbers now, not at its start
             ev = self._gpu_evidence(tr, t) if t is not None else {}
             gv.append(
                 GpuVerdict(
-                    idx,
-                    tr.uuid,
-                    state,
-                    cause,
-                    ep.start_s if ep else None,
-                    ev,
-                    self._advice_for(state, cause, ev, reason),
-                    note,
-                    reason,
+                    gpu=idx,
+                    uuid=tr.uuid,
+                    state=state,
+                    cause=cause,
+                    since_s=ep.start_s if ep else None,
+                    evidence=ev,
+                    advice=self._advice_for(state, cause, ev, reason),
+                    note=note,
+                    reason=reason,
                 )
             )
         run = self._episodes.get(None)
         rev = self._run_evidence(t) if t is not None else {}
         if run is None:
-            return Verdict(t, State.UNKNOWN, None, tuple(gv), rev, (), "no evaluation yet")
+            return Verdict(
+                t_s=t,
+                state=State.UNKNOWN,
+                cause=None,
+                gpus=tuple(gv),
+                evidence=rev,
+                advice=(),
+                note="no evaluation yet",
+            )
         adv: list[Advice] = []
         for v in gv:
             for a in v.advice:
@@ -288,7 +320,16 @@ class Detector:
         if run.reason is not None and run.reason is not Reason.START_UP:
             # The run's reason in a GPU's current words (its numbers now, as the GPU's).
             note = next((v.note for v in gv if v.reason is run.reason and v.note), note)
-        return Verdict(t, run.state, run.cause, tuple(gv), rev, tuple(adv), note, run.reason)
+        return Verdict(
+            t_s=t,
+            state=run.state,
+            cause=run.cause,
+            gpus=tuple(gv),
+            evidence=rev,
+            advice=tuple(adv),
+            note=note,
+            reason=run.reason,
+        )
 
     def summary(self) -> RunSummary:
         """The run so far, as every face reports it (open episodes counted up to now)."""
@@ -303,15 +344,15 @@ class Detector:
                 advice.add(ep, t)
         facts = [
             GpuFacts(
-                idx,
-                tr.uuid,
-                tallies.get(idx, Tally()),
-                tr.samples,
-                tr.cum_cov,
-                tr.cum_busy,
-                tr.work_cov,
-                tr.work_busy,
-                tr.lost_s,
+                gpu=idx,
+                uuid=tr.uuid,
+                tally=tallies.get(idx, Tally()),
+                samples=tr.samples,
+                covered_s=tr.cum_cov,
+                busy_s=tr.cum_busy,
+                work_covered_s=self._spent[idx].work_cov,
+                work_busy_s=self._spent[idx].work_busy,
+                lost_gpu_seconds=self._spent[idx].lost_s,
             )
             for idx, tr in self._tracks.items()
         ]
@@ -344,7 +385,13 @@ class Detector:
         driver sample a second time.
         """
         return {
-            idx: GpuTotals(tr.uuid, tr.samples, tr.cum_cov, tr.cum_busy, tr.lost_s)
+            idx: GpuTotals(
+                uuid=tr.uuid,
+                samples=tr.samples,
+                covered_s=tr.cum_cov,
+                busy_s=tr.cum_busy,
+                lost_s=self._spent[idx].lost_s,
+            )
             for idx, tr in self._tracks.items()
         }
 
@@ -364,8 +411,8 @@ class Detector:
             index,
             uuid,
             self.cfg,
-            ident.power_limit_watts if ident else None,
-            ident.mem_total_bytes if ident else None,
+            power_limit_watts=ident.power_limit_watts if ident else None,
+            mem_total_bytes=ident.mem_total_bytes if ident else None,
         )
         if self._last_eval is not None:
             tr.record(self._last_eval)
@@ -375,6 +422,8 @@ class Detector:
             # reaches over that history instead of waiting for a window of live time.
             tr.record(min(t, points[0][0] - (points[1][0] - points[0][0])))
         self._tracks[index] = tr
+        self._decided[index] = GpuDecision()
+        self._spent[index] = GpuSpent()
         return tr
 
     def _window_s(self, tr: GpuTrack) -> float:
@@ -386,7 +435,7 @@ class Detector:
         w = min(w, cfg.window_max_s)
         if tr.period_s is not None and tr.period_s * 4 > w:
             w = tr.period_s * 4  # at least four samples, however coarse the log
-        ws = tr.work_start_s
+        ws = self._decided[tr.index].work_start_s
         if ws is not None and self._t is not None and self._t - ws < w:
             w = max(2 * cfg.eval_interval_s, self._t - ws)  # never reach into start-up
         return w
@@ -407,11 +456,12 @@ class Detector:
         for idx, tr in self._tracks.items():
             cov0, busy0, held0 = self._at_eval.get(idx, (0.0, 0.0, None))
             cov = tr.cum_cov - cov0
+            now = self._decided[idx]
             if cov <= 0 or tr.held() is not held0:
                 steady = False
-            elif tr.state is State.HEALTHY and tr.reason is None:
+            elif now.state is State.HEALTHY and now.reason is None:
                 steady = (tr.cum_busy - busy0) / cov >= cfg.healthy_duty
-            elif tr.state is State.IDLE and tr.reason is not Reason.START_UP:
+            elif now.state is State.IDLE and now.reason is not Reason.START_UP:
                 steady = (tr.cum_busy - busy0) / cov < cfg.idle_duty
             else:
                 steady = False
@@ -420,8 +470,32 @@ class Detector:
                 return False
         return True
 
-    def _context(self, tr: GpuTrack, w: Window, t: float) -> GpuContext:
-        return GpuContext(tr, w, t, self.cfg, self._cause, self._isolated)
+    def _classify(self, tr: GpuTrack, w: Window, t: float) -> Candidate:
+        """Ask one GPU's rules in order (rules.py); the work they find begun or resumed is
+        applied between those that need no work and those that judge it."""
+        c = GpuContext(
+            tr=tr,
+            now=self._decided[tr.index],
+            w=w,
+            t=t,
+            cfg=self.cfg,
+            cause_of=self._cause,
+            isolated=self._isolated,
+        )
+        found = judge_before_work(c)
+        if found is not None:
+            return found
+        now = enter_work(c)
+        if now is not None:
+            if not c.now.seen_work and now.work_start_s is not None:
+                # Its first work: start-up's blips are no pattern, and its window reaches
+                # back no further than the work.
+                tr.reset_cycles()
+                c.w = tr.window(t, max(self.cfg.eval_interval_s * 2, t - now.work_start_s))
+                if c.w.duty is not None:
+                    c.duty = c.w.duty
+            self._decided[tr.index] = c.now = now
+        return judge_work(c)
 
     def _evaluate(self, t: float) -> None:
         self._skipped = 0
@@ -434,18 +508,19 @@ class Detector:
         for idx, tr in self._tracks.items():
             w = tr.window(t, self._window_s(tr))
             wins[idx] = w
-            cands[idx] = classify(self._context(tr, w, t))
+            cands[idx] = self._classify(tr, w, t)
         prev = self._last_eval if self._last_eval is not None else t
         rc = RunContext(
-            t,
-            prev,
-            self._tracks,
-            wins,
-            cands,
-            self._run_peak_watts,
-            self.cfg,
-            self._pauses,
-            self._waited_on,
+            t=t,
+            prev_eval_s=prev,
+            tracks=self._tracks,
+            decided=self._decided,
+            wins=wins,
+            cands=cands,
+            run_peak_watts=self._run_peak_watts,
+            cfg=self.cfg,
+            pauses=self._pauses,
+            waited_on_s=self._waited_on,
             spinning_since=self._spinning_since,
             pauses_filled=self._pauses_filled if self._host.seen else None,
         )
@@ -465,10 +540,10 @@ class Detector:
         self._run_state(t, switched)
         # Calm: nothing pending, nothing changed, and every GPU past start-up (its end is
         # not backdated, so it is looked for at the full rate).
-        starting = any(not tr.seen_work for tr in self._tracks.values())
+        starting = any(not now.seen_work for now in self._decided.values())
         self._calm = 0 if (switched or self._pending or starting) else self._calm + 1
 
-    def _isolated(self, tr: GpuTrack, t: float, w: Window) -> bool:
+    def _isolated(self, tr: GpuReadings, now: GpuDecision, t: float, w: Window) -> bool:
         """A dip, not a pattern: the window's idle time sits in one gap (open or just
         closed), and at most one gap completed in the isolation window."""
         if w.duty is not None:
@@ -478,15 +553,15 @@ class Detector:
             quiet = (1.0 - w.active) * w.coverage * w.span_s  # samples with no activity
             if idle > min(last, quiet) + 1.0 * per + 0.5:
                 return False  # idle spread over many short gaps (or partial samples)
-            began = tr.work_began_s
-            if tr.startup_gaps and began is not None and t - began < w.span_s + idle:
+            began = now.work_began_s
+            if now.startup_gaps and began is not None and t - began < w.span_s + idle:
                 # Idle just before, and less than a window of work since: start-up's
                 # idleness is no gap, but a dip this soon cannot be told from a pattern.
                 return False
         span = max(self.cfg.dip_isolation_s, w.span_s)
         old = tr.hist.at_or_before(t - span)
         # Gaps before the GPU's first work are its start-up's, not dips.
-        base = max(int(old[3]) if old is not None else 0, tr.startup_gaps)
+        base = max(int(old[3]) if old is not None else 0, now.startup_gaps)
         return tr.cum_gaps - base <= 1
 
     def _pauses_filled(self, t: float) -> tuple[Cause, str] | None:
@@ -518,7 +593,8 @@ class Detector:
         if iowait is not None and iowait >= cfg.io_iowait_pct:
             return None  # waiting on the disk (a checkpoint's writes, unread)
         current = next(
-            (tr.cause for tr in self._tracks.values() if tr.reason is Reason.SYNC_PAUSES), None
+            (now.cause for now in self._decided.values() if now.reason is Reason.SYNC_PAUSES),
+            None,
         )
         return host_cause(paused, cfg, current, self._host.cpu_count), surge
 
@@ -561,8 +637,9 @@ class Detector:
         ):
             self._pending.pop(key, None)
             self._refresh_evidence(key, tr, t)
-            if c.reason is not None:
-                tr.reason, tr.detail = c.reason, c.detail
+            now = self._decided[key]
+            if c.reason is not None and (c.reason, c.detail) != (now.reason, now.detail):
+                self._decided[key] = replace(now, reason=c.reason, detail=c.detail)
             return None
         pend = self._pending.get(key)
         if pend is None or pend.state is not c.state or pend.cause != c.cause:
@@ -570,10 +647,11 @@ class Detector:
             if ep is not None and c.state is ep.state and c.cause != ep.cause:
                 # The cause alone changes: it began within the host readings that named
                 # it, not a window of the GPU's rhythm back (minutes, for slow cycles).
-                pend.backdate_s = min(pend.backdate_s, self._cause_span_s)
+                pend = replace(pend, backdate_s=min(pend.backdate_s, self._cause_span_s))
             self._pending[key] = pend
         elif c.clear:
-            pend.clear = True  # the case became clear while pending
+            # The case became clear while pending.
+            self._pending[key] = pend = replace(pend, clear=True)
         # Evals come every tick that is >= 0.9 interval on: jittered tick times must not
         # cost a whole extra interval, so the confirmation time allows the same slack.
         if (
@@ -605,22 +683,28 @@ class Detector:
         self._evidence[key] = ev
         self._evidence_age[key] = 0
         new = Episode(
-            key,
-            uuid,
-            c.state,
-            c.cause,
-            start,
-            None,
-            ev,
-            self._advice_for(c.state, c.cause, ev, c.reason),
-            note_of(c.reason, c.detail),
-            c.reason,
+            gpu=key,
+            uuid=uuid,
+            state=c.state,
+            cause=c.cause,
+            start_s=start,
+            end_s=None,
+            evidence=ev,
+            advice=self._advice_for(c.state, c.cause, ev, c.reason),
+            note=note_of(c.reason, c.detail),
+            reason=c.reason,
         )
         self._episodes[key] = new
         self._opened.append(new)
-        tr.state, tr.cause = c.state, c.cause
-        tr.reason, tr.detail = c.reason, c.detail
-        tr.resume_armed = c.state is State.IDLE and tr.seen_work
+        now = self._decided[key]
+        self._decided[key] = replace(
+            now,
+            state=c.state,
+            cause=c.cause,
+            reason=c.reason,
+            detail=c.detail,
+            resume_armed=c.state is State.IDLE and now.seen_work,
+        )
 
     def _confirm_s(self, ep: Episode, c: Candidate, tr: GpuTrack) -> float:
         cfg = self.cfg
@@ -739,16 +823,16 @@ class Detector:
             detail = next((ep.note for ep in states if ep.reason is reason), None)
             detail = detail.split(": ", 1)[1] if detail and ": " in detail else None
         new = Episode(
-            None,
-            None,
-            st,
-            cause,
-            start,
-            None,
-            ev,
-            self._advice_for(st, cause, ev, reason),
-            note_of(reason, detail),
-            reason,
+            gpu=None,
+            uuid=None,
+            state=st,
+            cause=cause,
+            start_s=start,
+            end_s=None,
+            evidence=ev,
+            advice=self._advice_for(st, cause, ev, reason),
+            note=note_of(reason, detail),
+            reason=reason,
         )
         self._episodes[None] = new
         self._opened.append(new)
@@ -781,12 +865,22 @@ class Detector:
             mem0, mem = tr.first_active_mem, tr.mem_used_bytes
             if mem0 is not None and mem is not None and mem > cfg.warmup_mem_growth * max(mem0, 1):
                 continue  # memory still filling up: the job is warming up, not yet working
-            w = Window(cov, 1.0, duty, gaps + (0 if tr.run_busy else 1), bursts, None, 1.0)
+            w = Window(
+                span_s=cov,
+                coverage=1.0,
+                duty=duty,
+                gaps=gaps + (0 if tr.run_busy else 1),
+                bursts=bursts,
+                power_watts=None,
+                active=1.0,
+            )
             detail = f"judged at its end on {n} samples ({cov:.0f} s of work)"
             if duty < cfg.idle_duty:
                 continue
             if duty >= cfg.healthy_duty:
-                c = Candidate(State.HEALTHY, None, Reason.SHORT_LOG, detail, t)
+                c = Candidate(
+                    state=State.HEALTHY, reason=Reason.SHORT_LOG, detail=detail, since_s=t
+                )
             elif (
                 tr.held() is not True
                 and not bursty(w)
@@ -795,16 +889,25 @@ class Detector:
             ):
                 # Flat, low and coarse with no sign of a process: could be small work (as
                 # the coarse rule says); above it the GPU plainly works below capacity.
-                c = Candidate(State.UNKNOWN, None, Reason.SHORT_LOG, detail, t)
+                c = Candidate(
+                    state=State.UNKNOWN, reason=Reason.SHORT_LOG, detail=detail, since_s=t
+                )
             else:
                 cause = self._cause(t, t - tr.first_active_t)
-                c = Candidate(State.STARVED, cause, Reason.SHORT_LOG, detail, t)
+                c = Candidate(
+                    state=State.STARVED,
+                    cause=cause,
+                    reason=Reason.SHORT_LOG,
+                    detail=detail,
+                    since_s=t,
+                )
             start = max(ep.start_s, tr.first_active_t)
             self._close(idx, start)
             self._pending.pop(idx, None)
             self._open(idx, tr.uuid, tr, c, start, t)
             if c.state in _WORK:  # its work, for the speed-up if fed
-                tr.work_cov, tr.work_busy = cov, tr.cum_busy - base[1]
+                sp = self._spent[idx]
+                sp.work_cov, sp.work_busy = cov, tr.cum_busy - base[1]
             switched.append(start)
         if switched:
             self._run_state(t, switched)
@@ -828,7 +931,8 @@ class Detector:
         start = min(ep.start_s, tr.first_t)  # the whole log (start-up opens at an eval)
         self._close(idx, start)
         self._pending.pop(idx, None)
-        self._open(idx, tr.uuid, tr, Candidate(State.IDLE, None, reason, detail, t), start, t)
+        idle = Candidate(state=State.IDLE, reason=reason, detail=detail, since_s=t)
+        self._open(idx, tr.uuid, tr, idle, start, t)
         return start
 
     # --- evidence ------------------------------------------------------------------------
@@ -885,7 +989,7 @@ class Detector:
         for idx, cand in rc.cands.items():
             tr = self._tracks[idx]
             r = activities.reading(self._stack_window(tr, t), self._pids(idx))
-            rc.cands[idx] = activities.judge(cand, r, self.cfg, tr.seen_work)
+            rc.cands[idx] = activities.judge(cand, r, self.cfg, self._decided[idx].seen_work)
         if rc.straggler is not None or len(self._tracks) < 2:
             return
         found = activities.straggler_gpus(
@@ -898,11 +1002,16 @@ class Detector:
             return  # its GPU works: the ranks wait, but not on this GPU's rank
         rc.straggler = strag
         detail = f"its peers wait in a collective while its rank is in {place}"
-        rc.cands[strag] = Candidate(State.SYNC_STALL, None, Reason.STRAGGLER, detail, t)
+        rc.cands[strag] = Candidate(
+            state=State.SYNC_STALL, reason=Reason.STRAGGLER, detail=detail, since_s=t
+        )
         for i in waiting:
             if rc.cands[i].state in (State.STARVED, State.SYNC_STALL):
                 rc.cands[i] = Candidate(
-                    State.SYNC_STALL, None, Reason.BUSY_WAIT, f"its rank waits on GPU {strag}'s", t
+                    state=State.SYNC_STALL,
+                    reason=Reason.BUSY_WAIT,
+                    detail=f"its rank waits on GPU {strag}'s",
+                    since_s=t,
                 )
 
     def _outside_evidence(self, ev: Evidence, t: float, span: float) -> None:

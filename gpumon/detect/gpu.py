@@ -1,4 +1,9 @@
-"""Per-GPU stream state: driver points folded into running totals and burst/gap runs.
+"""Per-GPU readings: driver points folded into running totals and burst/gap runs.
+
+A ``GpuTrack`` holds what one GPU showed, and only its own methods write it (``ingest``
+each tick, ``record`` at each eval, ``reset_cycles`` when the detector says work began);
+what the detector decides about the GPU lives apart (``rules.GpuDecision``), and
+tests/test_architecture.py holds every other module to reading a track, never writing it.
 
 The per-point loop is the hot path (millions of points per analysed trace): it touches
 only local floats and appends a tuple per completed burst or gap, never per point.
@@ -13,7 +18,7 @@ from dataclasses import dataclass
 
 from gpumon.detect.config import DetectorConfig
 from gpumon.detect.rings import History, Ring, quantile
-from gpumon.model import Cause, GpuSample, Point, Reason, State
+from gpumon.model import GpuSample, Point
 
 # Not held, and less memory in use than any CUDA context takes (see GpuTrack._holding).
 _NO_CONTEXT = "no context"
@@ -22,7 +27,7 @@ _NO_CONTEXT = "no context"
 H_T, H_COV, H_BUSY, H_GAPS, H_PW, H_PWCOV, H_BURSTS, H_ACT = range(8)
 
 
-@dataclass(slots=True)
+@dataclass(slots=True)  # by position in ``GpuTrack.window``, the hot path (keywords cost 2x)
 class Window:
     """What one GPU did over the last window: the numbers every rule reads."""
 
@@ -35,7 +40,7 @@ class Window:
     active: float  # share of covered time with any activity (util >= 5 %), 0-1
 
 
-@dataclass(slots=True)  # immutable by convention (a frozen one costs 2x to build)
+@dataclass(slots=True, kw_only=True)  # immutable by convention (a frozen one costs 2x to build)
 class Rhythm:
     """Gaps that recur at a regular interval: the signature of a periodic stall."""
 
@@ -48,7 +53,8 @@ class Rhythm:
 
 
 class GpuTrack:
-    """Everything the detector remembers about one GPU: bounded, updated per tick."""
+    """What one GPU has shown: bounded, written only by its own ingest (per tick) and
+    record (per eval); the detector and its rules read it."""
 
     def __init__(
         self,
@@ -69,10 +75,6 @@ class GpuTrack:
         self.cum_cov = 0.0
         self.cum_busy = 0.0  # util-weighted busy seconds
         self.cum_act = 0.0  # seconds with any activity (util >= 5 %)
-        # Covered and computing seconds while working (for the speed-up if fed).
-        self.work_cov = 0.0
-        self.work_busy = 0.0
-        self.lost_s = 0.0  # GPU-seconds idle or busy-waiting while held (the run's sum)
         self.was_act = False
         self.act_on = 0.0  # start of the current stretch of activity
         self.cum_gaps = 0
@@ -110,21 +112,9 @@ class GpuTrack:
         self.hist = History(cfg.ring_evals)
         self.hist_long = History(cfg.ring_long)
         self._long_t = float("-inf")
-        # Classification state (owned by the detector's rules).
-        self.state = State.IDLE
-        self.cause: Cause | None = None
-        self.reason: Reason | None = Reason.START_UP
-        self.detail: str | None = None
-        self.seen_work = False
-        self.work_start_s: float | None = None  # start of the current stretch of work
-        self.work_began_s: float | None = None  # the first work after start-up
-        # Gaps completed by then: the idle before a GPU's first work is start-up, never a
-        # gap (a healthy run's first dip is isolated however soon after start-up it comes).
-        self.startup_gaps = 0
         # Memory in use at recent ticks (the last ``warmup_mem_window_s``, and the one
         # before): whether a job is still filling its memory, however often it is sampled.
         self._mem_marks: deque[tuple[float, int]] = deque()
-        self.resume_armed = False  # idle after work: the next burst restarts the window
         self.first_t: float | None = None
 
     # --- ingestion -----------------------------------------------------------------------
@@ -387,7 +377,7 @@ class GpuTrack:
             if far is not None and far[H_T] < old[H_T]:
                 old = far
         if old is None:
-            return Window(span_s, 0.0, None, 0, 0, None, 0.0)
+            return Window(span_s, 0.0, None, 0, 0, None, 0.0)  # (fields in order)
         span = t - old[H_T]
         if span <= 0:
             span = span_s
@@ -645,4 +635,11 @@ def find_rhythm(gaps: list[tuple[float, float]], cfg: DetectorConfig) -> Rhythm 
     run = gaps[n - best_k :]
     ivs = sorted(ivs[: best_k - 1])
     lens = sorted([b - a for a, b in run])
-    return Rhythm(ivs[len(ivs) // 2], lens[len(lens) // 2], best_k, run[0][0], run[-1][1], best_cv)
+    return Rhythm(
+        period_s=ivs[len(ivs) // 2],
+        gap_s=lens[len(lens) // 2],
+        gaps=best_k,
+        first_start_s=run[0][0],
+        last_end_s=run[-1][1],
+        cv=best_cv,
+    )

@@ -28,17 +28,20 @@ from dataclasses import dataclass, field
 from gpumon.detect.config import DetectorConfig
 from gpumon.detect.gpu import GpuTrack, Window, sm_active_peak
 from gpumon.detect.pauses import PauseTracker
-from gpumon.detect.rules import Candidate
+from gpumon.detect.rules import Candidate, GpuDecision
 from gpumon.model import Cause, Reason, State
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class RunContext:
-    """All GPUs at one eval: their tracks, windows and candidates (rules rewrite these)."""
+    """All GPUs at one eval: their readings, what the detector has decided about each so
+    far, their windows and candidates (the run rules rewrite the candidates, and the
+    fields marked out, nothing else)."""
 
     t: float
     prev_eval_s: float
-    tracks: dict[int, GpuTrack]
+    tracks: dict[int, GpuTrack]  # their readings: read, never written, by the rules
+    decided: dict[int, GpuDecision]
     wins: dict[int, Window]
     cands: dict[int, Candidate]
     run_peak_watts: float | None
@@ -64,7 +67,7 @@ class RunContext:
             self._working = [
                 i
                 for i, tr in self.tracks.items()
-                if tr.seen_work and wins[i].duty is not None and tr.held() is not False
+                if self.decided[i].seen_work and wins[i].duty is not None and tr.held() is not False
             ]
         return self._working
 
@@ -74,7 +77,12 @@ RunRule = Callable[[RunContext], None]
 
 def _stall(c: RunContext, i: int, reason: Reason, detail: str | None, clear: bool) -> None:
     c.cands[i] = Candidate(
-        State.SYNC_STALL, None, reason, detail, c.t, c.wins[i].span_s * 0.5, clear
+        state=State.SYNC_STALL,
+        reason=reason,
+        detail=detail,
+        since_s=c.t,
+        backdate_s=c.wins[i].span_s * 0.5,
+        clear=clear,
     )
 
 
@@ -116,7 +124,7 @@ def _spinning(c: RunContext, idx: int, sm_peak: float | None) -> bool:
     """Pinned at high utilisation while few of its SMs are active (GPM) or, without GPM,
     at low power, now and over the last few seconds."""
     cfg, tr, w = c.cfg, c.tracks[idx], c.wins[idx]
-    if not tr.seen_work or w.duty is None or w.duty * 100 < cfg.busywait_util_pct - 10:
+    if not c.decided[idx].seen_work or w.duty is None or w.duty * 100 < cfg.busywait_util_pct - 10:
         return False
     if not tr.spinning_now(c.run_peak_watts, sm_peak):
         return False  # SMs busy or real power now, or neither read: never taken for a wait
@@ -249,7 +257,11 @@ def waited_on_rhythm(c: RunContext) -> None:
             continue
         detail = f"its peers wait through its {rh.gap_s:.0f} s gaps every {rh.period_s:.0f} s"
         c.cands[i] = Candidate(
-            State.SYNC_STALL, None, Reason.STRAGGLER, detail, c.t, cand.backdate_s
+            state=State.SYNC_STALL,
+            reason=Reason.STRAGGLER,
+            detail=detail,
+            since_s=c.t,
+            backdate_s=cand.backdate_s,
         )
         if c.straggler is None:
             c.straggler = i
@@ -262,7 +274,14 @@ def all_gpu_pauses(c: RunContext) -> None:
     every rank's loader starting over at an epoch's start -- starved, its cause read from
     the host over the pauses as for any starvation."""
     working = c.working()
-    if not c.pauses.step(c.t, c.prev_eval_s, [c.tracks[i] for i in working], c.run_peak_watts):
+    began = [s for i in working if (s := c.decided[i].work_began_s) is not None]
+    if not c.pauses.step(
+        c.t,
+        c.prev_eval_s,
+        [c.tracks[i] for i in working],
+        c.run_peak_watts,
+        max(began, default=None),
+    ):
         return
     since = max(0.0, c.t - c.pauses.first_s)  # from the first pause on
     filled = c.pauses_filled(c.t) if c.pauses_filled is not None else None
@@ -271,10 +290,21 @@ def all_gpu_pauses(c: RunContext) -> None:
             continue  # its peers pause for it: it stays the straggler
         if filled is not None:
             cause, detail = filled
-            c.cands[i] = Candidate(State.STARVED, cause, Reason.SYNC_PAUSES, detail, c.t, since)
+            c.cands[i] = Candidate(
+                state=State.STARVED,
+                cause=cause,
+                reason=Reason.SYNC_PAUSES,
+                detail=detail,
+                since_s=c.t,
+                backdate_s=since,
+            )
             continue
         c.cands[i] = Candidate(
-            State.SYNC_STALL, None, Reason.SYNC_PAUSES, "checkpoint or host sync", c.t, since
+            state=State.SYNC_STALL,
+            reason=Reason.SYNC_PAUSES,
+            detail="checkpoint or host sync",
+            since_s=c.t,
+            backdate_s=since,
         )
 
 
@@ -300,7 +330,14 @@ def hang(c: RunContext) -> None:
         return
     detail = f"no GPU has computed for {_minutes(stuck)}"
     for i in working:
-        c.cands[i] = Candidate(State.SYNC_STALL, None, Reason.HANG, detail, t, stuck, True)
+        c.cands[i] = Candidate(
+            state=State.SYNC_STALL,
+            reason=Reason.HANG,
+            detail=detail,
+            since_s=t,
+            backdate_s=stuck,
+            clear=True,
+        )
 
 
 def _minutes(seconds: float) -> str:

@@ -27,9 +27,15 @@ class PauseTracker:
         self.skew_s: float | None = None  # how far apart the GPUs entered the last pause
 
     def step(
-        self, t: float, prev_eval: float, working: Sequence[GpuTrack], run_peak_watts: float | None
+        self,
+        t: float,
+        prev_eval: float,
+        working: Sequence[GpuTrack],
+        run_peak_watts: float | None,
+        began_s: float | None,
     ) -> bool:
-        """Fold one eval in; True while the pauses amount to a sync stall."""
+        """Fold one eval in; True while the pauses amount to a sync stall.  ``began_s``: when
+        the last of these GPUs began its work (the tail of start-up is no pause)."""
         cfg = self.cfg
         sm_peak = sm_active_peak(working)
         paused = len(working) >= 2 and all(
@@ -43,7 +49,7 @@ class PauseTracker:
             if t - self.open_since + self._slack(working) >= cfg.sync_pause_min_s:
                 self.pauses.append((self.open_since, t))
             self.open_since = None
-        self.active = self._pattern(t, working)
+        self.active = self._pattern(t, working, began_s)
         return self.active
 
     def recent(self, t: float) -> list[tuple[float, float]]:
@@ -77,13 +83,12 @@ class PauseTracker:
         # Spinning through the pause counts as paused: pinned, few SMs or little power.
         return u >= cfg.busywait_util_pct and bool(tr.spinning_now(run_peak_watts, sm_peak))
 
-    def _pattern(self, t: float, working: Sequence[GpuTrack]) -> bool:
+    def _pattern(self, t: float, working: Sequence[GpuTrack], began_s: float | None) -> bool:
         cfg = self.cfg
         lo = t - cfg.sync_window_s
         # Pauses since the last GPU began its work: the tail of start-up is no pause.
-        begun = [tr.work_began_s for tr in working if tr.work_began_s is not None]
-        if begun:
-            lo = max(lo, max(begun))
+        if began_s is not None:
+            lo = max(lo, began_s)
         spans = [(a, b) for a, b in self.pauses if b > lo]
         if self.open_since is not None:
             if t - self.open_since > cfg.sync_pause_max_s:

@@ -177,7 +177,7 @@ class GpuRun:
     lost_gpu_seconds: float = 0.0
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class GpuFacts:
     """What the detector knows of one GPU at summary time (its tally and totals)."""
 

@@ -490,8 +490,8 @@ class JobTracker:
 def run_level(update: DetectorUpdate) -> DetectorUpdate:
     """A job detector's per-GPU episodes repeat the node detector's: keep the job's own."""
     return DetectorUpdate(
-        tuple(e for e in update.opened if e.gpu is None),
-        tuple(e for e in update.closed if e.gpu is None),
+        opened=tuple(e for e in update.opened if e.gpu is None),
+        closed=tuple(e for e in update.closed if e.gpu is None),
     )
 
 

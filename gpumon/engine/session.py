@@ -81,10 +81,10 @@ def merge_updates(updates: Sequence[DetectorUpdate]) -> DetectorUpdate:
     if len(updates) == 1:
         return updates[0]
     return DetectorUpdate(
-        tuple(e for u in updates for e in u.opened),
-        tuple(e for u in updates for e in u.closed),
-        tuple(b for u in updates for b in u.bursts),
-        tuple(g for u in updates for g in u.gaps),
+        opened=tuple(e for u in updates for e in u.opened),
+        closed=tuple(e for u in updates for e in u.closed),
+        bursts=tuple(b for u in updates for b in u.bursts),
+        gaps=tuple(g for u in updates for g in u.gaps),
     )
 
 
