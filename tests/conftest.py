@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import signal
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -42,6 +43,13 @@ def pytest_configure(config: pytest.Config) -> None:
         "owns_machine: runs with no other test at once (the live lab; a test that sets "
         "machine-wide state others depend on, such as the pid cursor)",
     )
+    # A suite started in the background of a script (``cmd &`` without job control) gets
+    # SIGINT and SIGQUIT ignored, and every process it starts inherits that: a test's
+    # Ctrl-C would then never reach gpumon or dstat.  Their processes get a terminal's.
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if signal.getsignal(signal.SIGQUIT) is signal.SIG_IGN:
+        signal.signal(signal.SIGQUIT, signal.SIG_DFL)
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's, which reads the groups into node ids
