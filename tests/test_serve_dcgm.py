@@ -60,8 +60,12 @@ def check_the_dashboard(prom: Prometheus, variables: dict[str, list[str]]) -> No
         values[var["name"]] = label_values(prom, fill(var["query"], values))
     assert values == variables
     for q in QUERIES["queries"]:
-        result = prom.query(fill(q["expr"], values))
-        assert result, f"{q['panel']}: no series for {q['expr']}"
+        # A rate over a recorded series needs two of the rules' evaluations: waited for
+        # (Prometheus may run late on a busy machine), and said by panel if it never comes.
+        try:
+            result = prom.wait_for(fill(q["expr"], values))
+        except AssertionError as exc:
+            raise AssertionError(f"{q['panel']}: no series for {q['expr']} ({exc})") from None
         for series in result:
             labels = series["metric"]  # type: ignore[index]
             missing = [name for name in q["labels"] if not labels.get(name)]
