@@ -11,6 +11,7 @@ $GPUMON_IMAGE_CACHE (default /var/tmp/gpumon-image-cache) for the runs after it.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import shutil
@@ -55,19 +56,24 @@ def image(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Builder, s
     builder = Builder()
     name, _ = daemonset_image_and_args()
     context = tmp_path_factory.mktemp("image-context")
-    t0 = time.monotonic()
-    try:
-        builder.wheelhouse(context / "dist" / "wheelhouse")
-        builder.build(name, context)
-    except BuildError as exc:
-        pytest.fail(str(exc))
-    builder.timings["total"] = round(time.monotonic() - t0, 1)
-    builder.timings["size_mb"] = builder.size_mb(name)
-    # For whoever tunes CI time: what this run cost (cold: debootstrap and import too).
-    (builder.cache / "last-build.json").write_text(json.dumps(builder.timings) + "\n")
-    yield builder, name
-    with contextlib.suppress(BuildError):
-        builder.buildah("rmi", "--prune")  # earlier builds' layers, no longer tagged
+    builder.cache.mkdir(parents=True, exist_ok=True)
+    # The image's tag and storage are the machine's (a cache): a second suite running at
+    # once would rebuild and prune them under this one's containers, so it waits its turn.
+    with open(builder.cache / "suite.lock", "a") as lock:
+        fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+        t0 = time.monotonic()
+        try:
+            builder.wheelhouse(context / "dist" / "wheelhouse")
+            builder.build(name, context)
+        except BuildError as exc:
+            pytest.fail(str(exc))
+        builder.timings["total"] = round(time.monotonic() - t0, 1)
+        builder.timings["size_mb"] = builder.size_mb(name)
+        # For whoever tunes CI time: what this run cost (cold: debootstrap and import too).
+        (builder.cache / "last-build.json").write_text(json.dumps(builder.timings) + "\n")
+        yield builder, name
+        with contextlib.suppress(BuildError):
+            builder.buildah("rmi", "--prune")  # earlier builds' layers, no longer tagged
 
 
 @pytest.fixture
