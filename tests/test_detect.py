@@ -533,6 +533,45 @@ def test_effective_gpus_is_the_sum_of_duty_cycles() -> None:
     assert all(g.state is State.STARVED for g in v.gpus)
 
 
+def _ticks_of_driver_points(
+    points: list[tuple[float, float]], per_tick: list[int]
+) -> list[Snapshot]:
+    """Ticks holding the driver points in the given counts (a watch's quarter-second ticks
+    find one or two points of a 1/6-s buffer each)."""
+    snaps, i = [], 0
+    for n in per_tick:
+        pts = points[i : i + n]
+        i += n
+        t = pts[-1][0] + 0.02
+        g = GpuSample(
+            t, 0, "GPU-0", util_samples=tuple(UtilPoint(a, u) for a, u in pts), util_pct=30.0,
+            power_watts=200.0, power_limit_watts=LIMIT, processes=(GpuProcess(500, 20 * GIB),),
+        )  # fmt: skip
+        snaps.append(Snapshot(t, (g,), None, None))
+    return snaps
+
+
+@pytest.mark.parametrize("first", ["busy", "idle"])
+def test_a_short_streams_duty_cycle_is_its_samples_mean_whatever_its_first(first: str) -> None:
+    # A 1-s, 30 % pattern read every 1/6 s: 100, 80, 0, 0, 0, 0.  The first reading used to
+    # count for a guessed second (six periods): a 2.7-s run that began on a burst said 0.50.
+    cycle = [100.0, 80.0, 0.0, 0.0, 0.0, 0.0]
+    if first == "idle":
+        cycle = cycle[2:] + cycle[:2]
+    utils = (cycle * 3)[:16]
+    points = [(1000.0 + (k + 1) / 6, u) for k, u in enumerate(utils)]
+    det, _, _ = run(_ticks_of_driver_points(points, [1, 1, 2, 1, 2, 1, 2, 1, 2, 1, 2]))
+    (g,) = det.summary().gpus
+    assert g.samples == 16
+    assert g.duty_cycle == pytest.approx(sum(utils) / len(utils) / 100, abs=1e-6)
+
+
+def test_a_lone_reading_is_the_streams_level_whatever_its_length() -> None:
+    det, _, _ = run(_ticks_of_driver_points([(1000.0, 40.0)], [1]))
+    (g,) = det.summary().gpus
+    assert g.samples == 1 and g.duty_cycle == pytest.approx(0.4)
+
+
 def test_straggler_with_busy_waiting_peers() -> None:
     tr = generate("straggler", 3, gpus=4, period_s=1 / 6)
     det = Detector(gpus=tr.header.gpus)

@@ -120,6 +120,17 @@ def gpu_with(pid: int, pattern: Pattern, **kw: object) -> FakeGPU:
     return FakeGPU(pattern=pattern, processes=[Process(pid=pid)], **kw)  # type: ignore[arg-type]
 
 
+def recorded_util_samples(trace: Path, gpu: int) -> list[tuple[float, float]]:
+    """The driver samples a ``--record`` trace holds for one GPU, in order."""
+    out: list[tuple[float, float]] = []
+    for line in trace.read_text().splitlines():
+        tick = json.loads(line)
+        for g in tick.get("gpus", ()):
+            if g.get("gpu") == gpu:
+                out.extend((t, u) for t, u in g.get("util_samples", ()))
+    return out
+
+
 def plain_states(stdout: str) -> list[tuple[int, str, str]]:
     return [(int(m[1]), m[2], m[3]) for m in STATE_LINE.finditer(stdout)]
 
@@ -200,6 +211,16 @@ def test_burst_gap_with_busy_workers_is_starved_by_cpu(fake_nvml, trees, tmp_pat
     assert summary["seconds"]["starved"] > 1.5
     assert [g["gpu"] for g in summary["gpus"]] == [0]
     assert summary["gpus"][0]["uuid"] == FakeGPU().default_uuid(0)
+    # The duty cycle is the driver samples' own: each covers one period, so it is their mean
+    # (the first too), whatever span a loaded machine let the watch judge; a last tick that
+    # finds the buffer silent adds the instantaneous reading.  The 30 % pattern holds it in a
+    # band over any span of two periods or more.
+    samples = [u for _, u in recorded_util_samples(trace, gpu=0)]
+    duty = summary["gpus"][0]["duty_cycle"]
+    assert duty == pytest.approx(sum(samples) / len(samples) / 100, abs=0.03), (
+        summary["gpus"][0],
+        trace.read_text(),
+    )
     assert 0.2 < summary["gpus"][0]["duty_cycle"] < 0.4
     assert summary["lost_gpu_seconds"] > 1.5
     assert any(

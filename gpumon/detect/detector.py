@@ -195,11 +195,8 @@ class Detector:
             tr = tracks.get(g.gpu)
             if tr is None:
                 tr = self._new_track(g.gpu, g.uuid, snapshot.t_s, g.util_samples)
-            cov0, busy0 = tr.cum_cov, tr.cum_busy
-            tr.ingest(g, bursts, gaps)
-            cov = tr.cum_cov - cov0
+            cov, busy = tr.ingest(g, bursts, gaps)
             if cov > 0:
-                busy = tr.cum_busy - busy0
                 gap_w += 1.0 - busy / cov
                 gap_n += 1
                 waiting = g.gpu in self._busywait
@@ -347,9 +344,9 @@ class Detector:
                 gpu=idx,
                 uuid=tr.uuid,
                 tally=tallies.get(idx, Tally()),
-                samples=tr.samples,
-                covered_s=tr.cum_cov,
-                busy_s=tr.cum_busy,
+                samples=(totals := tr.totals())[0],
+                covered_s=totals[1],
+                busy_s=totals[2],
                 work_covered_s=self._spent[idx].work_cov,
                 work_busy_s=self._spent[idx].work_busy,
                 lost_gpu_seconds=self._spent[idx].lost_s,
@@ -387,9 +384,9 @@ class Detector:
         return {
             idx: GpuTotals(
                 uuid=tr.uuid,
-                samples=tr.samples,
-                covered_s=tr.cum_cov,
-                busy_s=tr.cum_busy,
+                samples=(totals := tr.totals())[0],
+                covered_s=totals[1],
+                busy_s=totals[2],
                 lost_s=self._spent[idx].lost_s,
             )
             for idx, tr in self._tracks.items()

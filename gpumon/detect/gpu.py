@@ -116,11 +116,20 @@ class GpuTrack:
         # before): whether a job is still filling its memory, however often it is sampled.
         self._mem_marks: deque[tuple[float, int]] = deque()
         self.first_t: float | None = None
+        # A stream's first reading, while it is the only one: how long a reading lasts is
+        # unknown until the second, so it is folded in with that one (see ``_fold``).
+        self._lone_first: tuple[Point, bool] | None = None
+        self._lead: tuple[float, float] = (0.0, 0.0)  # (covered, busy) s before first_t
 
     # --- ingestion -----------------------------------------------------------------------
 
-    def ingest(self, g: GpuSample, out_bursts: list, out_gaps: list) -> None:
-        """Fold one tick of one GPU in; completed bursts/gaps go to the two lists."""
+    def ingest(self, g: GpuSample, out_bursts: list, out_gaps: list) -> tuple[float, float]:
+        """Fold one tick of one GPU in; completed bursts/gaps go to the two lists.
+
+        Returns the seconds covered and busy it added within the run's own time: the
+        duty cycle counts the first reading's whole period, but time lost or worked is
+        counted from the stream's start, as the time in each state is."""
+        cov0, busy0 = self.cum_cov, self.cum_busy
         if self.first_t is None:  # the stream's start: its first tick, or its backlog's
             pts = g.util_samples
             self.first_t = g.t_s if len(pts) < 2 else min(g.t_s, 2 * pts[0][0] - pts[1][0])
@@ -129,8 +138,8 @@ class GpuTrack:
             self.has_fine = True
         elif (
             self.has_fine
-            and self.last_t is not None
-            and g.t_s - self.last_t < 2.5 * (self.period_s or 1.0)
+            and (last := self._last_point_t()) is not None
+            and g.t_s - last < 2.5 * (self.period_s or 1.0)
         ):
             pts = ()  # the driver's next sample is simply not due yet
         else:
@@ -155,6 +164,9 @@ class GpuTrack:
         if pts:
             # A stand-in point for a quiet buffer says nothing about the driver's period.
             self._fold(pts, self.cfg, out_bursts, out_gaps, pts is not g.util_samples)
+        lead_cov, lead_busy = self._lead
+        self._lead = (0.0, 0.0)
+        added = (self.cum_cov - cov0 - lead_cov, self.cum_busy - busy0 - lead_busy)
         # Tick-level readings.
         t_s = g.t_s
         last_tick = None if self.latest is None else self.latest.t_s
@@ -190,6 +202,7 @@ class GpuTrack:
         listed = raw is True and (self.processes or 0) > 0
         if listed or self._held_ticks >= 3 or self.samples <= 3 or self._held is None:
             self._held = raw
+        return added
 
     # Readings of the latest tick (None before the first, or where not read).
 
@@ -224,6 +237,23 @@ class GpuTrack:
         """NVML said GpuIsLost on the latest tick."""
         return self.latest is not None and self.latest.lost
 
+    def totals(self) -> tuple[int, float, float]:
+        """(readings, seconds covered, busy seconds) for a summary.  A lone first reading,
+        still waiting to learn its length, is the stream's only one: its level is the
+        stream's whatever its weight, so it counts as one period of the default length."""
+        if self._lone_first is None or self.samples:
+            return self.samples, self.cum_cov, self.cum_busy
+        (_, u), _ = self._lone_first
+        if not 0.0 <= u <= 100.0:
+            return self.samples, self.cum_cov, self.cum_busy
+        return 1, 1.0, u * 0.01
+
+    def _last_point_t(self) -> float | None:
+        """Time of the latest reading taken in, folded or still waiting to be."""
+        if self.last_t is None and self._lone_first is not None:
+            return self._lone_first[0][0]
+        return self.last_t
+
     def _looks_powered_down(self, p: float | None) -> bool:
         if p is None:
             return False
@@ -238,6 +268,19 @@ class GpuTrack:
         out_gaps: list[tuple[int, float]],
         stand_in: bool = False,
     ) -> None:
+        if self.last_t is None and self.period_s is None:
+            # A reading covers the time since the one before.  The first has none before
+            # it, and a lone first reading does not say how long readings last: counted as
+            # a guessed second it weighed six times a driver sample, a short run's duty
+            # cycle skewed towards whatever the GPU did first.  It waits for the second.
+            if self._lone_first is None and len(pts) == 1:
+                self._lone_first = (pts[0], stand_in)
+                return
+            if self._lone_first is not None:
+                first, first_stand_in = self._lone_first
+                self._lone_first = None
+                pts = (first, *pts)
+                stand_in = stand_in and first_stand_in
         thr = cfg.busy_util_pct
         last_t = self.last_t
         n = len(pts)
@@ -268,6 +311,11 @@ class GpuTrack:
             last_t = first_t - period
             run_busy = first_u >= thr
             run_start = last_t
+            if self.first_t is not None and 0.0 <= first_u <= 100.0:
+                # The part of the first reading's period before the stream began (a lone
+                # first reading's, all of it): its level is known, but no run time holds it.
+                lead = min(period, max(0.0, self.first_t - last_t))
+                self._lead = (lead, lead * first_u * 0.01)
         for t, u in pts:
             dt = t - last_t
             if dt <= 0.0:
