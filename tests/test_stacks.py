@@ -455,7 +455,11 @@ def test_watch_names_the_decode_of_a_starved_gpu(
     assert max(stacks["main"]["activities"], key=stacks["main"]["activities"].get) == "loader_wait"
     workers = stacks["workers"]
     assert max(workers["activities"], key=workers["activities"].get) == "decode"
-    assert "decode_image" in workers["top"][0]["where"]
+    # The place the decoding took most is decode_image.  (Over all activities a worker
+    # blocked in Queue.put can top the list: on a busy machine the main process takes the
+    # decoded samples late, as a real loader's queue fills.)
+    decoding = [s for s in workers["top"] if s["activity"] == "decode"]
+    assert decoding and "decode_image" in decoding[0]["where"], workers
     advice = [a for a in summary["advice"] if a.startswith("the workers spend the gaps decoding")]
     assert advice and "decode_image" in advice[0], summary["advice"]
     assert "stacks           during the gaps, main process: waiting on the loader" in r.stdout
