@@ -23,8 +23,10 @@ activity makes, by the rules of ``derive`` (a person could state them):
   (``loader_io``, ``checkpoint``): ``io``; something outside the job (``remote``):
   ``unknown``.  A job held back by processes outside it is ``contention``, whatever it
   waited on: the job's processes waited on the run queue at least 30 % of the time they
-  wanted a CPU (schedstat) while processes outside the job used at least 60 % of the
-  machine (workers whose reads come back to a CPU they wait for are slowed by the CPUs as
+  wanted a CPU (schedstat), and for at least a tenth of the time its main process waited,
+  while processes outside the job used at least 60 % of the machine (a job that sleeps
+  on a remote source wants so little CPU that what it waits for it is no part of its GPU's
+  wait; workers whose reads come back to a CPU they wait for are slowed by the CPUs as
   much as by the disk); with them between 40 and 60 % the truth cannot tell
   (``ambiguous``: the phase is not scored);
 - every rank spinning and none computing (a phase of nothing but spin): **sync_stall**
@@ -64,6 +66,7 @@ IDLE_BUSY = 0.05
 SPIN_STALL = 0.25
 HEALTHY_COMPUTE = 0.85
 CONTENDED_WAIT = 0.3  # share of its wanted CPU time the job spent on the run queue
+CONTENDED_OF_WAITS = 0.1  # ... and that queueing against the time its main process waited
 OUTSIDE_SHARE = (0.4, 0.6)  # machine share used outside the job: the job's / can't tell / theirs
 CPU_BOUND = ("cpu", "gil")  # causes that contention can take the place of
 
@@ -128,7 +131,8 @@ def derive(p: PhaseTotals) -> Label:
     why = max(waits, key=lambda k: waits[k]) if waits else None
     cause = WAIT_CAUSE.get(why or "", "unknown")
     out, wait = p.outside_share, p.wait_share
-    if out is not None and wait is not None and wait >= CONTENDED_WAIT:
+    queued = p.job_wait_s >= CONTENDED_OF_WAITS * sum(waits.values())
+    if out is not None and wait is not None and wait >= CONTENDED_WAIT and queued:
         if out >= OUTSIDE_SHARE[1]:  # held back by other processes
             cause = "contention"
         elif out >= OUTSIDE_SHARE[0]:  # by its own and others' alike: no truth to score
@@ -381,6 +385,8 @@ class TruthLog:
                     "last_at_barrier": tot.last_at_barrier,
                     "outside_share": _r3(tot.outside_share),
                     "wait_share": _r3(tot.wait_share),
+                    "job_run_s": round(tot.job_run_s, 3),
+                    "job_wait_s": round(tot.job_wait_s, 3),
                 },
             }
         )
