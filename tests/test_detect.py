@@ -7,6 +7,7 @@ import ast
 import math
 import pickle
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -570,6 +571,18 @@ def test_a_lone_reading_is_the_streams_level_whatever_its_length() -> None:
     det, _, _ = run(_ticks_of_driver_points([(1000.0, 40.0)], [1]))
     (g,) = det.summary().gpus
     assert g.samples == 1 and g.duty_cycle == pytest.approx(0.4)
+
+
+def test_a_lone_first_reading_is_start_up_not_no_data() -> None:
+    # The reading waits for the second to learn its length, but it is a reading: the
+    # stream has begun, and the first judgment says start-up, as before the wait.
+    snaps = _ticks_of_driver_points([(1000.0, 0.0)], [1])
+    for t in (1000.6, 1001.2, 1001.8):  # the buffer's next sample not seen yet
+        g0 = replace(snaps[0].gpus[0], t_s=t, util_samples=())
+        snaps.append(Snapshot(t, (g0,), None, None))
+    det, _, opened = run(snaps)
+    (g,) = det.verdict().gpus
+    assert (g.state, g.reason) == (State.IDLE, Reason.START_UP), (g, opened)
 
 
 def test_straggler_with_busy_waiting_peers() -> None:

@@ -54,7 +54,7 @@ def gpu_evidence(
         ev["pause_p50_s"] = round(rh.gap_s, 1)
     if tr.period_s is not None:
         ev["sample_period_s"] = round(tr.period_s, 3)
-    ev["samples"] = tr.samples
+    ev["samples"] = tr.readings
     if w.power_watts is not None:
         ev["power_watts"] = round(w.power_watts, 1)
         ref = tr.power_ref_watts(run_peak_watts)

@@ -237,6 +237,11 @@ class GpuTrack:
         """NVML said GpuIsLost on the latest tick."""
         return self.latest is not None and self.latest.lost
 
+    @property
+    def readings(self) -> int:
+        """Utilisation readings taken in: those folded, and a lone first one waiting."""
+        return self.samples + (self._lone_first is not None)
+
     def totals(self) -> tuple[int, float, float]:
         """(readings, seconds covered, busy seconds) for a summary.  A lone first reading,
         still waiting to learn its length, is the stream's only one: its level is the

@@ -34,6 +34,8 @@ class GpuReadings(Protocol):
     @property
     def samples(self) -> int: ...  # utilisation readings folded in
     @property
+    def readings(self) -> int: ...  # ... and a lone first one, waiting for its length
+    @property
     def first_t(self) -> float | None: ...  # when its stream began
     @property
     def first_active_t(self) -> float | None: ...  # its first sample with any activity
@@ -166,7 +168,7 @@ def stream_begins(c: GpuContext) -> Candidate | None:
     if (
         (c.duty is None or c.w.coverage < cfg.min_coverage)
         and not c.now.seen_work
-        and tr.samples > 0
+        and tr.readings > 0
         and tr.first_t is not None
         and c.t - tr.first_t < cfg.window_s
     ):
@@ -178,7 +180,7 @@ def no_data(c: GpuContext) -> Candidate | None:
     """No reading, or readings covering too little of the window: unknown, never idle."""
     if c.duty is not None and c.w.coverage >= c.cfg.min_coverage:
         return None
-    if c.tr.samples == 0:
+    if c.tr.readings == 0:
         return Candidate(state=State.UNKNOWN, reason=Reason.NO_DATA, since_s=c.t)
     return Candidate(
         state=State.UNKNOWN,
