@@ -22,6 +22,8 @@ import psutil
 import pytest
 from fakenvml import FakeGPU, Pattern, Process, Scenario
 
+from gpumon import open_trace
+
 pytestmark = pytest.mark.slow
 
 PROCTREE = Path(__file__).parent / "helpers" / "proctree.py"
@@ -121,14 +123,15 @@ def gpu_with(pid: int, pattern: Pattern, **kw: object) -> FakeGPU:
 
 
 def recorded_util_samples(trace: Path, gpu: int) -> list[tuple[float, float]]:
-    """The driver samples a ``--record`` trace holds for one GPU, in order."""
-    out: list[tuple[float, float]] = []
-    for line in trace.read_text().splitlines():
-        tick = json.loads(line)
-        for g in tick.get("gpus", ()):
-            if g.get("gpu") == gpu:
-                out.extend((t, u) for t, u in g.get("util_samples", ()))
-    return out
+    """The driver samples a ``--record`` trace holds for one GPU, in order (read by gpumon's
+    own trace reader, as analyze reads it)."""
+    return [
+        (p[0], p[1])
+        for snap in open_trace(trace)
+        for g in snap.gpus
+        if g.gpu == gpu
+        for p in g.util_samples
+    ]
 
 
 def plain_states(stdout: str) -> list[tuple[int, str, str]]:

@@ -246,7 +246,7 @@ class GpuTrack:
         """(readings, seconds covered, busy seconds) for a summary.  A lone first reading,
         still waiting to learn its length, is the stream's only one: its level is the
         stream's whatever its weight, so it counts as one period of the default length."""
-        if self._lone_first is None or self.samples:
+        if self._lone_first is None:  # (it is folded in with the second reading)
             return self.samples, self.cum_cov, self.cum_busy
         (_, u), _ = self._lone_first
         if not 0.0 <= u <= 100.0:
