@@ -80,3 +80,20 @@ def test_a_clock_stepped_forward_delivers_no_sample_twice(nvml) -> None:
     nvml.set(_scenario(+3600.0))
     after = _points(sampler, 1.5)
     _check_no_loss_no_repeat(before + after, before[-1][0])
+
+
+def test_an_anchored_clock_never_places_a_sample_after_it_is_read() -> None:
+    """A driver clock that is no system clock is anchored: its newest sample taken as 'now'.
+    Anchored while the reading thread lagged its read (a busy machine), later samples
+    would land in the future; each read bounds the anchor again."""
+    from gpumon.sample.nvml import SampleClock
+
+    clock = SampleClock()
+    first_us = int((time.clock_gettime(time.CLOCK_REALTIME) - 7200.0) * 1e6)  # no clock we know
+    clock.offset_s(first_us)
+    assert clock.clock_name == "anchored"
+    # The thread was 0.4 s late reading the first sample: a sample stamped now reads
+    # 0.4 s after the first one's anchor put it.
+    for newest_us in (first_us + 400_000, first_us + 500_000):
+        offset = clock.offset_s(newest_us)
+        assert newest_us / 1e6 - offset <= time.monotonic()

@@ -145,7 +145,8 @@ class SampleClock:
     NVML documents the timestamps only as "CPU timestamp in microseconds"; drivers have
     been seen using CLOCK_REALTIME and CLOCK_BOOTTIME.  The clock is chosen from the first
     samples (the one whose 'now' is just after the newest sample), re-chosen if converted
-    times land in the future; if none fits, the newest sample is anchored to 'now'.
+    times land in the future; if none fits, the newest sample is anchored to 'now' (and
+    re-anchored whenever a newer one would land after the moment it is read).
     """
 
     _CLOCKS: tuple[tuple[str, int], ...] = (
@@ -185,6 +186,10 @@ class SampleClock:
                 return offset
             self._clock_id = None  # the clock jumped or was misjudged: choose again
         elif self._anchor_offset_s is not None:
+            # The newest sample is at most 'now': an anchor set while the reading thread
+            # lagged its read (a busy machine) would place later samples in the future.
+            # Raised to each tick's bound, it never does, and nears the true offset.
+            self._anchor_offset_s = max(self._anchor_offset_s, newest_s - time.monotonic())
             return self._anchor_offset_s
         for name, clock_id in self._CLOCKS:
             age = time.clock_gettime(clock_id) - newest_s
