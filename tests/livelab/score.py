@@ -17,7 +17,10 @@ faces (the detector's 8 s window and one evaluation), ``BACKDATED_MARGIN_S`` for
 episode faces (backdated to their onsets), and ``TARGET_STARTUP_S`` after a run's first
 sample, whatever the run does from it (the issue's target for a GPU busy from its first
 sample); nor in the second before a change (``GUARD_S``: a phase's last kernel ends a
-moment before its loop says so).  What is computed, per face:
+moment before its loop says so).  Near the seconds the truth's CPU reads show other
+processes holding the job back (``held_back``: other work on a shared machine comes and
+goes within a phase), contention is a right cause too, and a turn to it and back no flap.
+What is computed, per face:
 
 - precision and recall per state, cause accuracy (starved seconds on which face and
   truth agree on starved: the share with the right cause), reason accuracy where the truth
@@ -46,7 +49,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from livelab.truth import Label, read_truth
+from livelab.truth import Label, PhaseTotals, held_back, read_truth
 
 STATES = ("healthy", "starved", "sync_stall", "idle", "unknown")
 LIVE_FACES = ("watch", "serve")
@@ -64,6 +67,9 @@ STALE_S = 3.0  # a live observation older than this is no reading
 HOLD_S = 3.0  # latency: the right state shown and kept this long
 # Reasons the truth knows and the faces name (watch's note is for people: not scored).
 REASONS_SCORED = ("memory allocated, no work", "no process", "straggler", "busy-wait", "hang")
+# The truth's CPU, read over this many seconds, tells which seconds other processes held
+# the job back (the load on a shared machine comes and goes within a phase).
+HELD_WINDOW_S = 3.0
 
 TARGET_PR = 0.95
 TARGET_CAUSE = 0.95
@@ -128,6 +134,9 @@ class Run:
     # Per GPU, the end of the first second the truth saw it work: before a kernel (or a
     # spin) has run, no driver sample can show work, however loaded the machine kept it.
     first_work: dict[int, float] = field(default_factory=dict)
+    # Per GPU, the seconds (their starts) that processes outside the job held it back, by
+    # the truth's own rule over HELD_WINDOW_S: a face may say contention near them.
+    held_back: dict[int, list[float]] = field(default_factory=dict)
 
     @property
     def go_t(self) -> float:
@@ -168,8 +177,12 @@ def read_run(run_dir: Path) -> Run:
     invalid: list[dict[str, Any]] = []
     exits: dict[int, float] = {}
     first_work: dict[int, float] = {}
+    held: dict[int, list[float]] = {}
     for path in sorted(run_dir.glob("truth-rank*.jsonl")):
-        for rec in read_truth(path):
+        records = read_truth(path)
+        for gpu, seconds in _held_back_seconds(records).items():
+            held.setdefault(gpu, []).extend(seconds)
+        for rec in records:
             gpu = int(rec["gpu"])
             if "event" not in rec and rec.get("compute", 0) + rec.get("spin", 0) > 0:
                 first_work[gpu] = min(first_work.get(gpu, float("inf")), float(rec["t"]) + 1.0)
@@ -251,7 +264,51 @@ def read_run(run_dir: Path) -> Run:
         spans,
         serve_jobs,
         first_work,
+        held,
     )
+
+
+def _held_back_seconds(records: list[dict[str, Any]]) -> dict[int, list[float]]:
+    """Per GPU, the truth's seconds that processes outside the job held it back: over the
+    HELD_WINDOW_S ending with the second, its CPU reads and its main process's waits make
+    ``contention`` (or ``ambiguous``) by the rule that labels whole phases."""
+    reads: dict[int, list[dict[str, Any]]] = {}
+    waits: dict[int, dict[float, float]] = {}
+    for rec in records:
+        gpu = int(rec["gpu"])
+        if rec.get("event") == "cpu":
+            reads.setdefault(gpu, []).append(rec)
+        elif "event" not in rec:
+            waits.setdefault(gpu, {})[float(rec["t"])] = sum(rec.get("wait", {}).values())
+    out: dict[int, list[float]] = {}
+    for gpu, per_second in waits.items():
+        for sec in sorted(per_second):
+            lo, hi = sec + 1.0 - HELD_WINDOW_S, sec + 1.0
+            p = PhaseTotals(waits={"main": sum(w for s, w in per_second.items() if lo <= s < hi)})
+            for r in reads.get(gpu, []):
+                if lo < float(r["t"]) <= hi:
+                    p.job_run_s += r["job_run_s"]
+                    p.job_wait_s += r["job_wait_s"]
+                    p.host_busy_s += r["host_busy_s"]
+                    p.host_total_s += r["host_total_s"]
+            if held_back(p) is not None:
+                out.setdefault(gpu, []).append(sec)
+    return out
+
+
+def _held_near(run: Run, gpu: int, t: float) -> bool:
+    """Whether others held the job back near ``t``: within the live margin before it (a
+    live face judges a window), or the backdated margin after (an episode is backdated)."""
+    return any(
+        t - LIVE_MARGIN_S <= s + 1.0 and s <= t + BACKDATED_MARGIN_S
+        for s in run.held_back.get(gpu, [])
+    )
+
+
+def _cause_fits(run: Run, gpu: int, t: float, said: str | None, want: str | None) -> bool:
+    """The cause a face said is the truth's, or contention where others held the job back
+    near ``t`` (whatever the phase was designed to wait on)."""
+    return said == want or (said == "contention" and _held_near(run, gpu, t))
 
 
 # --------------------------------------------------------------------------- per second
@@ -416,9 +473,10 @@ def score_face(run: Run, face: str, phases: set[str] | None = None) -> FaceScore
             want = seg.label
             fs.pairs[(want.state, o.state)] += 1
             if want.state == "starved" and o.state == "starved":
+                fits = _cause_fits(run, gpu, t, o.cause, want.cause)
                 fs.cause_total += 1
-                fs.cause_right += int(o.cause == want.cause)
-                fs.cause_pairs[(str(want.cause), str(o.cause))] += 1
+                fs.cause_right += int(fits)
+                fs.cause_pairs[(str(o.cause if fits else want.cause), str(o.cause))] += 1
             if face != "watch" and want.reason in REASONS_SCORED and o.state == want.state:
                 fs.reason_total += 1
                 fs.reason_right += int(o.reason == want.reason)
@@ -432,10 +490,10 @@ def score_face(run: Run, face: str, phases: set[str] | None = None) -> FaceScore
     return fs
 
 
-def _shows(o: Obs | None, want: Label) -> bool:
+def _shows(run: Run, gpu: int, t: float, o: Obs | None, want: Label) -> bool:
     if o is None or o.state != want.state:
         return False
-    return want.state != "starved" or o.cause == want.cause
+    return want.state != "starved" or _cause_fits(run, gpu, t, o.cause, want.cause)
 
 
 def _latency(run: Run, face: str, gpu: int, seg: Seg, first: bool) -> dict[str, Any]:
@@ -444,7 +502,7 @@ def _latency(run: Run, face: str, gpu: int, seg: Seg, first: bool) -> dict[str, 
     t, step = start, 0.25
     shown_at = None
     while t < seg.end:
-        if _shows(face_at(run, face, gpu, t), seg.label):
+        if _shows(run, gpu, t, face_at(run, face, gpu, t), seg.label):
             if shown_at is None:
                 shown_at = t
             if t - shown_at >= min(HOLD_S, seg.end - shown_at - step):
@@ -485,8 +543,13 @@ def _changes(run: Run, face: str, gpu: int, segs: list[Seg], fs: FaceScore) -> N
                 continue
             if prev is not None and o.state != prev.state:
                 sc += 1
-            if prev is not None and o.state == prev.state == "starved" and o.cause != prev.cause:
-                cc += 1
+            if (
+                prev is not None
+                and o.state == prev.state == "starved"
+                and not _cause_fits(run, gpu, t, o.cause, prev.cause)
+                and not _cause_fits(run, gpu, t, prev.cause, o.cause)
+            ):
+                cc += 1  # (a turn to or from contention where others held the job back: theirs)
             prev = o
         fs.state_changes += sc
         fs.cause_changes += cc
@@ -539,7 +602,12 @@ def _settled(run: Run, other: str, name: str, lag_s: float = 0.0) -> Check:
                 back += 1.0
             same += int(
                 any(
-                    w.state == x.state and (w.state != "starved" or w.cause == x.cause)
+                    w.state == x.state
+                    and (
+                        w.state != "starved"
+                        or _cause_fits(run, gpu, t, w.cause, x.cause)
+                        or _cause_fits(run, gpu, t, x.cause, w.cause)
+                    )
                     for x in told
                 )
             )

@@ -32,6 +32,11 @@ activity makes, by the rules of ``derive`` (a person could state them):
 - every rank spinning and none computing (a phase of nothing but spin): **sync_stall**
   (hang).
 
+Twice a second a ``cpu`` line records the CPU the job ran and waited for and the machine's
+busy CPU since the last: the load on a shared machine comes and goes within a phase, and
+the scorer tells the seconds other processes held the job back (by ``held_back``, the rule
+above, over a few seconds) from the rest.
+
 A phase is designed to be one of these, far from the lines; ``phase_end`` says whether the
 measured label matches the design (``valid``), so a phase that an overloaded machine kept
 from doing what it was designed to do is reported, not scored as if it had (contention
@@ -129,15 +134,21 @@ def derive(p: PhaseTotals) -> Label:
         return Label("healthy")
     waits = p.waits or {}
     why = max(waits, key=lambda k: waits[k]) if waits else None
-    cause = WAIT_CAUSE.get(why or "", "unknown")
+    return Label("starved", held_back(p) or WAIT_CAUSE.get(why or "", "unknown"))
+
+
+def held_back(p: PhaseTotals) -> str | None:
+    """``contention`` where processes outside the job held it back (the module docstring's
+    rule), ``ambiguous`` where its own and others' alike did, else None."""
     out, wait = p.outside_share, p.wait_share
-    queued = p.job_wait_s >= CONTENDED_OF_WAITS * sum(waits.values())
-    if out is not None and wait is not None and wait >= CONTENDED_WAIT and queued:
-        if out >= OUTSIDE_SHARE[1]:  # held back by other processes
-            cause = "contention"
-        elif out >= OUTSIDE_SHARE[0]:  # by its own and others' alike: no truth to score
-            cause = "ambiguous"
-    return Label("starved", cause)
+    queued = p.job_wait_s >= CONTENDED_OF_WAITS * sum((p.waits or {}).values())
+    if out is None or wait is None or wait < CONTENDED_WAIT or not queued:
+        return None
+    if out >= OUTSIDE_SHARE[1]:  # held back by other processes
+        return "contention"
+    if out >= OUTSIDE_SHARE[0]:  # by its own and others' alike: no truth to score
+        return "ambiguous"
+    return None
 
 
 def matches(label: Label, design: Label | None) -> bool:
@@ -308,6 +319,17 @@ class TruthLog:
         compute, spin, waits = self._shares(a, b)
         t = self._totals
         run, wait, busy, total = self._meter.read()
+        # The CPU over [a, b] too, for the scorer: the load on a shared machine can change
+        # within a phase (its seconds held back by others are told apart from the rest).
+        self.event(
+            "cpu",
+            start=a * 1e-9,
+            t=b * 1e-9,
+            job_run_s=round(run, 4),
+            job_wait_s=round(wait, 4),
+            host_busy_s=round(busy, 3),
+            host_total_s=round(total, 3),
+        )
         t.job_run_s += run
         t.job_wait_s += wait
         t.host_busy_s += busy
