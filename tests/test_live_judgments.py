@@ -205,8 +205,29 @@ def test_advice_says_each_lever_once_and_covers_every_cause_of_the_run() -> None
     # One per lever; io held too little to say.  The worker count is one lever whichever
     # cause named it (the GIL's wording held longest), so the run names one count.
     assert advice == (gil[0], gil[1], pin)
-    assert [a.lever for a in advice] == [Lever.WORKERS, Lever.OFFLOAD, Lever.PINNING]
+    assert [a.lever for a in advice] == [Lever.WORKERS, Lever.GIL, Lever.PINNING]
     assert len([a for a in advice if "num_workers" in a.text]) == 1
+
+
+def test_a_run_starved_on_its_workers_then_on_its_main_process_is_told_of_both() -> None:
+    """Saturated workers most of the run, then the loading in the main process (workers
+    turned off): the one worker count is the CPU's wording (it held longer), and the GIL's
+    own remedy still has its line -- before, both of its lines lost their levers to the
+    CPU's and the summary never named the main process."""
+    w = AdviceWeights()
+    saturated = {"workers": 2.0, "workers_cpu_pct": 99.0, "duty_cycle": 0.3, "cpu_count": 16,
+                 "host_cpu_pct": 20.0}  # fmt: skip
+    alone = {"duty_cycle": 0.3, "cpu_count": 16, "host_cpu_pct": 10.0}
+    cpu = advice_for(State.STARVED, Cause.CPU, saturated)
+    gil = advice_for(State.STARVED, Cause.GIL, alone)
+    w.add(_episode(State.STARVED, Cause.CPU, cpu, 60), 60)
+    w.add(_episode(State.STARVED, Cause.GIL, gil, 30), 30)
+    advice = w.for_verdict(State.STARVED, Cause.CPU)
+    levers = [a.lever for a in advice]
+    assert len(levers) == len(set(levers))  # each lever once
+    (workers,) = [a for a in advice if a.lever is Lever.WORKERS]
+    assert workers == cpu[0] and "from 2 to" in workers.text  # one count: the CPU's
+    assert [a.lever for a in advice if "main process" in a.text] == [Lever.GIL]
 
 
 # --- causes: the job's own, and hysteresis ---------------------------------------------------

@@ -103,21 +103,22 @@ def worker_prescription(ev: Evidence) -> str | None:
 
 
 def gil_prescription(ev: Evidence) -> Advice:
-    """One process does the loading while the rest idle: hand it to worker processes
+    """The main process does the loading while the rest idle: hand it to worker processes
     (as many as ``worker_count`` says), or, where the job has workers already and they
     idle, move the work the main process does per batch into them.
 
     Advice that names a worker count pulls the one lever of workers, whatever the cause:
     a run starved on saturated workers and, for a while, on its main process gets one
-    count."""
-    head = "one process is pinned at ~100 % of one core while the rest idle: "
+    count (``advice_for`` then says the GIL's own remedy on its own lever)."""
+    head = "the main process is pinned at ~100 % of one core while the rest idle: "
     n = worker_count(ev)
     workers = _num(ev, "workers")
     if workers is not None and workers >= 0.5:
         return _say(
             Lever.GIL,
             head + f"its {round(workers)} DataLoader workers wait while it works; move what "
-            "it does per batch (transforms, collate_fn) into the workers' Dataset.__getitem__",
+            "it does per batch (transforms, collate_fn) off the GIL into the workers' "
+            "Dataset.__getitem__, or onto the GPU (e.g. NVIDIA DALI)",
             workers=round(workers),
         )
     if n is None:
@@ -304,14 +305,18 @@ def advice_for(
                     )
                 )
         elif cause is Cause.GIL:
-            out += [
-                gil_prescription(ev),
-                _say(
-                    Lever.OFFLOAD,
-                    "move Python-side preprocessing off the GIL (worker processes) or onto "
-                    "the GPU (e.g. NVIDIA DALI)",
-                ),
-            ]
+            loading = gil_prescription(ev)
+            out.append(loading)
+            if loading.lever is not Lever.GIL:
+                # A worker count is the workers' lever, which another cause of the same
+                # run may word (one count per run): the GIL's remedy keeps a line of its own.
+                out.append(
+                    _say(
+                        Lever.GIL,
+                        "move Python-side preprocessing off the main process's GIL (worker "
+                        "processes) or onto the GPU (e.g. NVIDIA DALI)",
+                    )
+                )
         elif cause is Cause.CONTENTION:
             out.append(contention_prescription(ev))
         elif cause is Cause.IO:
