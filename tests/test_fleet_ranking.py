@@ -11,7 +11,7 @@ from test_cli import gpumon, one_sentence
 
 from gpumon.engine import judge_job
 from gpumon.faces.report.command import parse_time
-from gpumon.faces.report.fleet import JobTotals, NodeTime, job_of, readings
+from gpumon.faces.report.fleet import JobTotals, NodeTime, coverage, job_of, readings
 from gpumon.faces.report.kept import Kept
 from gpumon.faces.report.queries import JobSelector
 from gpumon.faces.report.ranking import (
@@ -87,6 +87,22 @@ def test_a_kept_report_made_before_the_job_counters_still_counts() -> None:
     del k.report["lost_by_cause"]
     (c,) = count([], [k], *WEEK)
     assert c.totals.lost == {("starved", "io"): 3.0 * HOUR}
+
+
+def test_the_records_count_whole_intervals_within_the_range_the_counters_its_ends() -> None:
+    # Records every 300 s, the newest at 1000 s; the range [290, 1100]: the records at 700
+    # and 1000 (intervals 400-700, 700-1000) lie inside it; 290-400 and 1000-1100 do not.
+    cov = coverage(290.0, 1100.0, newest=1000.0, every=300.0)
+    assert (cov.records, cov.count) == ((400.0, 1000.0), 2)
+    assert cov.counters == ((290.0, 400.0), (1000.0, 1100.0))
+    # A range that starts on a record's interval and ends on a record: no ends to count.
+    cov = coverage(400.0, 1000.0, newest=1000.0, every=300.0)
+    assert (cov.records, cov.count, cov.counters) == ((400.0, 1000.0), 2, ())
+    # No record interval fits (a range shorter than one, or no interval known yet): the
+    # counters count it all.
+    for newest, every in ((1000.0, 900.0), (1000.0, None), (None, 300.0), (1200.0, 300.0)):
+        cov = coverage(290.0, 1100.0, newest=newest, every=every)
+        assert (cov.records, cov.counters) == (None, ((290.0, 1100.0),)), (newest, every)
 
 
 def test_rows_by_job_user_namespace_and_cause() -> None:

@@ -4,9 +4,13 @@ then how each of the jobs it shows went.
 1. **The ranking**: one query of the fleet records (gpumon-rules.yml's ``gpumon-fleet``
    group: per job, user, state and cause, a sample of GPU-seconds lost every 5 minutes)
    summed over the range, and one of the GPU time they had: a few series per job,
-   whatever the number of GPUs or samples.  Where the records are not there (the group
-   not loaded, ``--no-recording-rules``), the same from the daemons' per-job counters
-   (``increase`` over the range of every job's series on every node).
+   whatever the number of GPUs or samples.  A record sums the interval before it, so only
+   the records whose intervals lie within the range are summed (``coverage``); the range's
+   ends around them, less than an interval each, are read from the counters -- or a
+   report of the last 10 minutes would count up to 5 minutes too few or too many.  Where
+   the records are not there (the group not loaded, ``--no-recording-rules``), all of it
+   from the daemons' per-job counters (``increase`` over the range of every job's series
+   on every node).
 2. **Each job shown**: the job's own counters on each of its nodes (GPU time and lost time
    per state and cause, its GPUs there), three queries that read only that job's series,
    turned into readings for ``gpumon.detect.from_metrics.judge_job`` -- the judge
@@ -69,6 +73,30 @@ def window(since: float, until: float) -> str:
     return f"{max(1000, round((until - since) * 1000))}ms"
 
 
+@dataclass(frozen=True, slots=True)
+class Coverage:
+    """How a range splits between the fleet records and the counters: ``records`` (start,
+    end] is whole record intervals, ``count`` of them; the ends (``counters``) are not."""
+
+    records: tuple[float, float] | None
+    count: int
+    counters: tuple[tuple[float, float], ...]
+
+
+def coverage(since: float, until: float, newest: float | None, every: float | None) -> Coverage:
+    """The records within [since, until] whose intervals (``every`` seconds before each,
+    the newest at ``newest``) lie wholly inside it, and the ends left to the counters;
+    all of it to the counters where no record interval fits."""
+    if newest is None or every is None or every <= 0 or not since < newest <= until:
+        return Coverage(None, 0, ((since, until),))
+    count = math.floor((newest - since) / every + 1e-9)
+    if count < 1:
+        return Coverage(None, 0, ((since, until),))
+    start = newest - count * every
+    ends = tuple((a, b) for a, b in ((since, start), (newest, until)) if b - a >= 1.0)
+    return Coverage((start, newest), count, ends)
+
+
 def job_of(labels: Mapping[str, str]) -> JobSelector | None:
     """The job a fleet series names; a Slurm job or a pod whatever node it was on."""
     lb = dict(labels)
@@ -89,15 +117,13 @@ class FleetQueries:
 
     def totals(self, since: float, until: float) -> list[JobTotals]:
         """Every job's lost and used GPU time in [since, until]."""
-        w = window(since, until)
         lost: list[Series] = []
+        used: list[Series] = []
         if self.use_rules:
-            lost = self.client.query(f"sum by ({BY}) (sum_over_time({LOST_RECORD}[{w}]))", until)
-            used = self.client.query(f"sum by ({BY}) (sum_over_time({USED_RECORD}[{w}]))", until)
+            lost, used = self._recorded(since, until)
         if not lost:
             self.source = "raw series"
-            lost = self.client.query(f"sum by ({BY}) (increase({LOST_COUNTER}[{w}]))", until)
-            used = self.client.query(f"sum by ({BY}) (increase({USED_COUNTER}[{w}]))", until)
+            lost, used = self._counted(since, until)
         jobs: dict[JobSelector, JobTotals] = {}
         for rows, attr in ((lost, "lost"), (used, "used")):
             for s in rows:
@@ -111,6 +137,58 @@ class FleetQueries:
                 got: dict[Why, float] = getattr(entry, attr)
                 got[why] = got.get(why, 0.0) + s.value
         return list(jobs.values())
+
+    def _recorded(self, since: float, until: float) -> tuple[list[Series], list[Series]]:
+        """Lost and used GPU time in [since, until] from the fleet records, where no whole
+        record interval lies from the counters; ([], []) where there is neither."""
+        cov = self._coverage(since, until)
+        ends = [self._counted(a, b) for a, b in cov.counters]
+        if cov.counters and not any(lost for lost, _ in ends):
+            # No counters where the records do not reach (a store fed the records alone):
+            # every record in the range, though the first one's interval may start before.
+            return self._sum_records(since, until, 0)
+        if cov.records is None:  # no whole record interval in the range: the counters alone
+            self.source = "raw series"
+            return ends[0]
+        lost, used = self._sum_records(*cov.records, cov.count)
+        for more_lost, more_used in ends if lost else ():
+            lost, used = [*lost, *more_lost], [*used, *more_used]
+        return lost, used
+
+    def _sum_records(
+        self, since: float, until: float, count: int
+    ) -> tuple[list[Series], list[Series]]:
+        """The records in (since, until] summed; with ``count``, the range is that many
+        whole intervals: read less half of one, so that it never holds the record at its
+        start, whatever the rounding of their timestamps."""
+        start = since + (until - since) / count / 2 if count else since
+        w = window(start, until)
+        lost = self.client.query(f"sum by ({BY}) (sum_over_time({LOST_RECORD}[{w}]))", until)
+        if not lost:
+            return [], []
+        used = self.client.query(f"sum by ({BY}) (sum_over_time({USED_RECORD}[{w}]))", until)
+        return lost, used
+
+    def _coverage(self, since: float, until: float) -> Coverage:
+        """Where the records hold [since, until]: the newest record before ``until`` and
+        the interval between records (from the one before it)."""
+
+        def newest(at: float) -> float | None:
+            got = self.client.query(f"max(timestamp({LOST_RECORD}))", at)
+            return next((s.value for s in got if math.isfinite(s.value)), None)
+
+        last = newest(until)
+        before = None if last is None else newest(last - 0.001)
+        every = None if last is None or before is None else last - before
+        return coverage(since, until, last, every)
+
+    def _counted(self, since: float, until: float) -> tuple[list[Series], list[Series]]:
+        """Lost and used GPU time in [since, until] from the daemons' counters."""
+        w = window(since, until)
+        return (
+            self.client.query(f"sum by ({BY}) (increase({LOST_COUNTER}[{w}]))", until),
+            self.client.query(f"sum by ({BY}) (increase({USED_COUNTER}[{w}]))", until),
+        )
 
     # --- 2: each job shown --------------------------------------------------------------
 
