@@ -481,6 +481,51 @@ def test_peers_that_spin_for_part_of_each_step_name_the_gpu_they_wait_on(gpm: bo
     assert {even[i].state for i in range(4)} == {State.HEALTHY}, even
 
 
+def _opened_after_idle(level: Callable[[int], float], tick_s: float, gpm: bool) -> dict:
+    """Four GPUs idle 3.3 s, then pinned, GPU ``i`` computing at ``level(i)``: when (from the
+    work's start) each state first opened on GPU 0."""
+    start = 3.3
+    det = Detector(
+        CFG, tuple(GpuIdentity(i, f"GPU-{i}", power_limit_watts=700.0) for i in range(4))
+    )
+
+    def at(i: int, x: float) -> float:
+        return level(i) if x >= start else 0.0
+
+    opened: dict = {}
+    work = dict.fromkeys(range(4), lambda x: 100.0 if x >= start else 0.0)
+    for snap in ticks(work, 15, tick_s=tick_s, power=lambda i, x: 60 + 640 * at(i, x)):
+        x = snap.t_s - T0
+        gpus = tuple(
+            replace(g, power_watts=None, sm_active_ratio=at(g.gpu, x)) if gpm else g
+            for g in snap.gpus
+        )
+        for e in det.update(Snapshot(snap.t_s, gpus, snap.host)).opened:
+            if e.gpu == 0:
+                opened.setdefault((e.state, e.reason), x - start)
+    return opened
+
+
+@pytest.mark.parametrize("tick_s", [0.5, 1.0], ids=["watch", "serve"])
+def test_peers_spinning_on_one_gpu_from_the_start_of_work_are_found_within_4_s(
+    tick_s: float,
+) -> None:
+    """The ranks start after a few idle seconds and spin on GPU 2 from their first step:
+    their windows, aligned to evals, reach back into the idle before the work, so a rule
+    asking for 90 % over them waited until they no longer did (4.7-5.2 s); an unbroken
+    busy run with SM activity read is pinned, and a clear case is confirmed at the next
+    eval even while the first judgment is pending."""
+    opened = _opened_after_idle(lambda i: 0.85 if i == 2 else 0.4, tick_s, gpm=True)
+    assert opened.get((State.SYNC_STALL, Reason.BUSY_WAIT), 99.0) <= 4.0, opened
+    # Peers computing alike (no one waits) stay healthy from the same start.
+    even = _opened_after_idle(lambda i: 0.8 if i == 2 else 0.72, tick_s, gpm=True)
+    assert {s for s, _ in even} <= {State.IDLE, State.HEALTHY}, even
+    # Without SM activity, power still tells it, a few seconds later (the idle in a
+    # window would lower a spinning GPU's mean power: no shortcut taken on it).
+    power = _opened_after_idle(lambda i: 0.85 if i == 2 else 0.4, tick_s, gpm=False)
+    assert power.get((State.SYNC_STALL, Reason.BUSY_WAIT), 99.0) <= 6.0, power
+
+
 def test_gpus_held_by_no_one_are_idle_from_a_short_logs_first_table() -> None:
     """Two nvidia-smi tables 14 s apart (a pasted pair): six GPUs at 0 % with 7 MiB (no
     context: held by no one), one holding 5.7 GB at 0 %, one at 3-7 %.  The GPUs no one holds

@@ -570,9 +570,10 @@ def test_periodic_faces_tell_one_story(lab) -> None:
 
 
 STRAGGLER_MISS = KnownMiss(
-    "the peers computing ~40 % and spinning ~60 % of every step from the first sample are "
-    "shown healthy (busy from their first sample) for 4-12 s before the busy-wait on the "
-    "straggler is found from SM activity (serve, reading a tick a second, the later)",
+    "the peers computing ~40 % and spinning ~60 % of every step from the first sample: watch "
+    "finds the busy-wait within the 3 s target now (CI seed), serve, reading a tick a second, "
+    "still shows them healthy for 3-4 s past it on held-out seeds, and on the CI seed when "
+    "runs share the machine (recall 0.89-0.91)",
     (_recall_miss("sync_stall", "healthy"), _precision_miss("healthy")),
 )
 

@@ -176,6 +176,9 @@ class DetectorConfig:
     # data-parallel rank doing the same work at 60 % of another's rate waits 40 %).
     partial_wait_sm_share: float = 0.6
     partial_wait_power_share: float = 0.65
+    # ... and every one of them this much further below: no borderline case, confirmed at
+    # the next eval (even while the run's first judgment is pending).
+    partial_wait_clear_margin: float = 0.1
     # A stream that ends before its work could be judged (a log of a few samples) is judged
     # at its end on all it shows, if it has at least this many samples of work.
     short_log_min_samples: int = 3

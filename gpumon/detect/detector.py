@@ -467,9 +467,11 @@ class Detector:
                 return False
         return True
 
-    def _classify(self, tr: GpuTrack, w: Window, t: float) -> Candidate:
+    def _classify(self, tr: GpuTrack, w: Window, t: float) -> tuple[Candidate, Window]:
         """Ask one GPU's rules in order (rules.py); the work they find begun or resumed is
-        applied between those that need no work and those that judge it."""
+        applied between those that need no work and those that judge it.  Returns the
+        candidate and the window it was judged on (from the work, where it just began:
+        the run rules read the same)."""
         c = GpuContext(
             tr=tr,
             now=self._decided[tr.index],
@@ -481,7 +483,7 @@ class Detector:
         )
         found = judge_before_work(c)
         if found is not None:
-            return found
+            return found, c.w
         now = enter_work(c)
         if now is not None:
             if not c.now.seen_work and now.work_start_s is not None:
@@ -492,7 +494,7 @@ class Detector:
                 if c.w.duty is not None:
                     c.duty = c.w.duty
             self._decided[tr.index] = c.now = now
-        return judge_work(c)
+        return judge_work(c), c.w
 
     def _evaluate(self, t: float) -> None:
         self._skipped = 0
@@ -503,9 +505,7 @@ class Detector:
         cands: dict[int, Candidate] = {}
         wins: dict[int, Window] = {}
         for idx, tr in self._tracks.items():
-            w = tr.window(t, self._window_s(tr))
-            wins[idx] = w
-            cands[idx] = self._classify(tr, w, t)
+            cands[idx], wins[idx] = self._classify(tr, tr.window(t, self._window_s(tr)), t)
         prev = self._last_eval if self._last_eval is not None else t
         rc = RunContext(
             t=t,
@@ -712,9 +712,11 @@ class Detector:
         if ep.reason in _PHASES:
             # Work has begun: healthy at once when the GPU has been busy without a break
             # since its first activity, for the seconds a first judgment needs (busy from
-            # its first sample); else at the next eval; starved once it outlasts the ramp.
+            # its first sample); else at the next eval; starved once it outlasts the ramp;
+            # a clear case (peers spinning on one GPU, every one far below the line) at the
+            # next eval: the first judgment is no time to hold back what is plain.
             if c.state is not State.HEALTHY:
-                return cfg.confirm_s
+                return cfg.eval_interval_s if c.clear else cfg.confirm_s
             return 0.0 if _busy_from_the_first(tr, cfg) else cfg.eval_interval_s
         if c.state is ep.state and c.cause != ep.cause and c.reason == ep.reason:
             return cfg.confirm_cause_s  # the cause alone changes: it has hysteresis too

@@ -124,7 +124,9 @@ def _spinning(c: RunContext, idx: int, sm_peak: float | None) -> bool:
     """Pinned at high utilisation while few of its SMs are active (GPM) or, without GPM,
     at low power, now and over the last few seconds."""
     cfg, tr, w = c.cfg, c.tracks[idx], c.wins[idx]
-    if not c.decided[idx].seen_work or w.duty is None or w.duty * 100 < cfg.busywait_util_pct - 10:
+    if not c.decided[idx].seen_work or w.duty is None:
+        return False
+    if w.duty * 100 < cfg.busywait_util_pct - 10 and not _busy_run(c, idx):
         return False
     if not tr.spinning_now(c.run_peak_watts, sm_peak):
         return False  # SMs busy or real power now, or neither read: never taken for a wait
@@ -143,13 +145,23 @@ def _spinning(c: RunContext, idx: int, sm_peak: float | None) -> bool:
 
 def _pinned_window(c: RunContext, idx: int) -> Window | None:
     """The GPU's last ``busywait_window_s`` (a short window will do: power is a 1 s mean),
-    if its utilisation over it reads pinned; else None."""
+    if its utilisation over it reads pinned (or it is in a busy run: ``_busy_run``); else
+    None."""
     cfg, w = c.cfg, c.wins[idx]
     if w.span_s > cfg.busywait_window_s:
         w = c.tracks[idx].window(c.t, cfg.busywait_window_s)
-    if w.duty is None or w.duty * 100 < cfg.busywait_util_pct:
+    if w.duty is None or (w.duty * 100 < cfg.busywait_util_pct and not _busy_run(c, idx)):
         return None
     return w
+
+
+def _busy_run(c: RunContext, idx: int) -> bool:
+    """Busy without a break for ``busy_run_s`` at least, on a GPU whose SM activity reads:
+    pinned, though its windows (aligned to evals) still reach into the idle before the run
+    (a run's first seconds).  Not on power alone: the idle in the window would lower its
+    mean power, which reads as spinning."""
+    tr = c.tracks[idx]
+    return tr.sm_active_ratio is not None and tr.run_busy and c.t - tr.run_start >= c.cfg.busy_run_s
 
 
 def partial_busy_wait(c: RunContext) -> None:
@@ -184,10 +196,11 @@ def partial_busy_wait(c: RunContext) -> None:
     c.straggler = s
     c.busywait = set(waiting)
     told = "SM activity" if gpm else "power"
+    clear = all(level[i] <= (share - cfg.partial_wait_clear_margin) * top for i in waiting)
     for i in waiting:
         part = 100 * level[i] / top
-        _stall(c, i, Reason.BUSY_WAIT, f"pinned, at {part:.0f} % of GPU {s}'s {told}", False)
-    _stall(c, s, Reason.STRAGGLER, "its peers busy-wait on it for part of each step", False)
+        _stall(c, i, Reason.BUSY_WAIT, f"pinned, at {part:.0f} % of GPU {s}'s {told}", clear)
+    _stall(c, s, Reason.STRAGGLER, "its peers busy-wait on it for part of each step", clear)
 
 
 def _computing(c: RunContext, idx: int) -> float:
