@@ -12,7 +12,7 @@ from gpumon.detect import advice
 from gpumon.detect.advice import advice_for, straggler_node_advice
 from gpumon.detect.from_metrics import GpuReadings, judge_job
 from gpumon.engine import analyze
-from gpumon.lab.synth import generate
+from gpumon.lab.synth import Phase, generate
 from gpumon.model import Advice, Cause, Evidence, Lever, Reason, State
 
 T = 100.0  # seconds of the job on every GPU
@@ -80,10 +80,22 @@ def _levers(summary_advice: tuple[Advice, ...]) -> list[Lever]:
     return [a.lever for a in summary_advice]
 
 
+# Starved on the GIL twice, a healthy stretch between, first at a duty cycle of 0.4, then
+# of 0.2: the loaders needed to keep the GPU fed are about 1/duty, 3 then 5.  (The machine
+# of seed 4 runs no DataLoader workers: the count is the advice.)
+GIL_TWICE = (
+    Phase("startup", 20.0),
+    Phase("starved", 60.0, Cause.GIL, params={"burst_s": 0.5, "duty": 0.4}),
+    Phase("healthy", 40.0),
+    Phase("starved", 60.0, Cause.GIL, params={"burst_s": 0.5, "duty": 0.2}),
+)
+
+
 def _run_starved_on_the_gil() -> tuple[tuple[Advice, ...], set[str]]:
-    """Starved on the GIL, the worker count varying with the load: several wordings of one
-    lever (the summary's advice, and the episodes' texts of the workers' lever)."""
-    tr = generate("starved_gil", seed=2, gpus=2, duration_s=240.0)
+    """Starved on the GIL, the worker count differing from one stretch to the next: several
+    wordings of one lever (the summary's advice, and the episodes' texts of the workers'
+    lever)."""
+    tr = generate("starved_gil", seed=4, gpus=2, duration_s=180.0, phases=GIL_TWICE)
     res = analyze(tr.header, tr.snapshots)
     episodes = [ep for g in res.gpus.values() for ep in g.episodes]
     said = {a.text for ep in episodes for a in ep.advice if a.lever is Lever.WORKERS}
