@@ -25,7 +25,15 @@ TRACK_MODULE = DETECT / "gpu.py"
 # The track's methods that fold readings in; the detector (and the track) call them.
 TRACK_WRITERS = ("ingest", "record", "reset_cycles")
 # What the run rules may write of their RunContext: the candidates and the outputs.
-RUN_OUTPUTS = {"cands", "busywait", "straggler", "spinning_since", "waited_on_s", "_working"}
+RUN_OUTPUTS = {
+    "cands",
+    "busywait",
+    "straggler",
+    "spinning_since",
+    "waited_on_s",
+    "computed_s",
+    "_working",
+}
 KEYWORD_RECORDS = {
     "model.py": ("Episode", "GpuVerdict", "Verdict"),
     "detect/rules.py": ("Candidate", "GpuDecision", "GpuContext"),

@@ -236,6 +236,9 @@ def test_burst_gap_with_busy_workers_is_starved_by_cpu(fake_nvml, trees, tmp_pat
     assert r.returncode == 5, r.stderr
     assert f"verdict          starved (cause: {summary['cause']})" in r.stdout
     assert trace.read_text().count("\n") > 10  # --record kept the trace
+    # The recording names the window this watch judged on: analyze of it judges on it too.
+    with open_trace(trace) as recording:
+        assert recording.header.extra["detector"] == {"window_s": 3.0}
 
 
 def test_steady_work_is_healthy_and_fail_on_passes(fake_nvml, trees, tmp_path: Path) -> None:

@@ -96,9 +96,10 @@ _WORK = (State.HEALTHY, State.STARVED, State.SYNC_STALL)
 _NO_UPDATE = DetectorUpdate()
 # Reasons that mark a phase of a GPU's life, not a finding.
 _PHASES = (Reason.START_UP, Reason.JUDGING)
-# Reasons an episode changes with, even in the same state (a wait that becomes a hang, or
-# pauses that the stacks show to be checkpoints).
-_DISTINCT = (*_PHASES, Reason.HANG, Reason.CHECKPOINT, Reason.EVALUATION)
+# Reasons an episode changes with, even in the same state (a wait that becomes a hang,
+# pauses that the stacks show to be checkpoints, a straggler that now waits with its
+# peers, or whose place another GPU took: its advice was about its own slowness).
+_DISTINCT = (*_PHASES, Reason.HANG, Reason.CHECKPOINT, Reason.EVALUATION, Reason.STRAGGLER)
 
 
 def _phase(reason: Reason | None) -> Reason | None:
@@ -157,6 +158,7 @@ class Detector:
         self._pauses = PauseTracker(self.cfg)
         self._straggler: int | None = None
         self._waited_on: dict[int, float] = {}  # GPU -> when last named the straggler
+        self._computed: dict[int, float] = {}  # GPU -> the last eval that saw it compute
         self._opened: list[Episode] = []
         self._closed: list[Episode] = []
         self._multi_cache: tuple[float, Evidence] | None = None
@@ -518,6 +520,7 @@ class Detector:
             cfg=self.cfg,
             pauses=self._pauses,
             waited_on_s=self._waited_on,
+            computed_s=self._computed,
             spinning_since=self._spinning_since,
             pauses_filled=self._pauses_filled if self._host.seen else None,
         )

@@ -22,6 +22,7 @@ Each rule reads every working GPU's window and may replace their candidates:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -49,6 +50,8 @@ class RunContext:
     pauses: PauseTracker
     # When each GPU was last seen waited on (named the straggler): kept across evals.
     waited_on_s: dict[int, float] = field(default_factory=dict)
+    # When each GPU was last seen computing (SMs busy, or real power): kept across evals.
+    computed_s: dict[int, float] = field(default_factory=dict)
     busywait: set[int] = field(default_factory=set)  # out: GPUs spinning on a peer
     straggler: int | None = None  # out: the GPU the others wait on
     # Since when every working GPU has been spinning with none computing (in and out:
@@ -333,11 +336,21 @@ def hang(c: RunContext) -> None:
         spinning = {
             i for i in working if c.tracks[i].sm_active_ratio is not None and _spinning(c, i, peak)
         }
+    computing = [i for i in working if i not in spinning]
+    if computing:
+        sm_peak = sm_active_peak(c.tracks.values())
+        for i in computing:
+            if c.tracks[i].spinning_now(c.run_peak_watts, sm_peak) is False:
+                c.computed_s[i] = t
     if not working or not set(working) <= spinning:
         c.spinning_since = None
         return
     if c.spinning_since is None:
-        c.spinning_since = t - cfg.busywait_window_s  # it was seen spinning over that long
+        # Since the last eval that saw one of them compute, if within the window they were
+        # seen spinning over (a spin is told from the latest tick, its pinned utilisation
+        # from the window): a hang is called once it has lasted hang_after_s, not before.
+        last = max((c.computed_s.get(i, -math.inf) for i in working), default=-math.inf)
+        c.spinning_since = max(t - cfg.busywait_window_s, last)
     stuck = t - c.spinning_since
     if stuck < cfg.hang_after_s:
         return

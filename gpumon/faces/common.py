@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import math
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from gpumon.errors import GpumonError
@@ -84,3 +85,62 @@ def finite_json(obj: object) -> object:
 # Seconds of spinning before a hang, as serve's ``[detector] hang_after_s`` and watch's
 # ``--hang-after`` take them: at least a few ticks of spinning, at most a day.
 HANG_AFTER_MIN_S, HANG_AFTER_MAX_S = 10.0, 86400.0
+
+
+# A recording made with detector settings of its own (watch --window, --hang-after) names
+# them in its header's ``extra`` under this key, so that analyze of it judges as watch did.
+RECORDED_SETTINGS = "detector"
+_SETTING_RANGES = {
+    "window_s": (1e-3, HANG_AFTER_MAX_S),
+    "hang_after_s": (HANG_AFTER_MIN_S, HANG_AFTER_MAX_S),
+}
+
+
+def recorded_settings(window_s: float | None, hang_after_s: float | None) -> dict[str, object]:
+    """The header ``extra`` of a recording judged with these settings (those set only: a
+    recording made with the defaults says nothing, and is analysed with analyze's own)."""
+    chosen = {
+        name: value
+        for name, value in (("window_s", window_s), ("hang_after_s", hang_after_s))
+        if value is not None
+    }
+    return {RECORDED_SETTINGS: chosen} if chosen else {}
+
+
+def settings_in(extra: Mapping[str, object]) -> tuple[dict[str, float], list[str]]:
+    """The detector settings a recording's header names, and what in them was ignored
+    (a header edited by hand, or written by another tool, is read, never trusted)."""
+    named = extra.get(RECORDED_SETTINGS)
+    if named is None:
+        return {}, []
+    if not isinstance(named, Mapping):
+        return {}, [f"{RECORDED_SETTINGS}: not a table of settings"]
+    settings: dict[str, float] = {}
+    ignored = []
+    for name, value in named.items():
+        span = _SETTING_RANGES.get(name)
+        if span is None:
+            ignored.append(f"{name}: not a setting this gpumon knows")
+        elif (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or not (math.isfinite(value) and span[0] <= value <= span[1])
+        ):
+            ignored.append(f"{name}: {value!r} is not {span[0]:g} to {span[1]:g} seconds")
+        else:
+            settings[name] = float(value)
+    return settings, ignored
+
+
+def hang_after_arg(text: str) -> float:
+    """``--hang-after S`` (watch, analyze): seconds, in the range serve's configuration
+    takes."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not (math.isfinite(value) and HANG_AFTER_MIN_S <= value <= HANG_AFTER_MAX_S):
+        raise argparse.ArgumentTypeError(
+            f"must be between {HANG_AFTER_MIN_S:g} and {HANG_AFTER_MAX_S:g} seconds: {text!r}"
+        )
+    return value

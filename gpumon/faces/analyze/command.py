@@ -18,16 +18,27 @@ user sees what could be analysed, and a script sees that the file was not read t
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 from gpumon.errors import GpumonError, TraceFormatError
 from gpumon.faces.analyze.notalog import check_exists, why_not_a_log
-from gpumon.faces.common import finite_json
+from gpumon.faces.common import (
+    HANG_AFTER_MAX_S,
+    HANG_AFTER_MIN_S,
+    finite_json,
+    hang_after_arg,
+    settings_in,
+)
 from gpumon.model import Snapshot
 from gpumon.terminal import printable
 from gpumon.traces.sniff import FORMATS, open_trace
+
+if TYPE_CHECKING:
+    from gpumon.engine import DetectorConfig
 
 # Assumptions a reader had to make (header ``extra``) that change how to read the report;
 # ``notes`` is a list of further sentences.
@@ -70,6 +81,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         "query names (as given to --query-gpu): e.g. "
         "timestamp,index,utilization.gpu,memory.used,memory.total",
     )
+    p.add_argument(
+        "--hang-after",
+        type=hang_after_arg,
+        metavar="S",
+        help="seconds every GPU may spin in a collective with none computing before the run "
+        "is called a hang (default: what a gpumon recording names, as watch --hang-after "
+        f"set it, else the detector's, 300 s; {HANG_AFTER_MIN_S:g} to {HANG_AFTER_MAX_S:g})",
+    )
     p.set_defaults(func=run)
 
 
@@ -92,6 +111,28 @@ def _seconds(text: str) -> float:
     if not (0.001 <= value <= 86400):
         raise argparse.ArgumentTypeError(f"{text} s is not an interval between 1 ms and a day")
     return value
+
+
+def _config(recorded: dict[str, float], hang_after: float | None) -> DetectorConfig | None:
+    """analyze's detector, with the settings the recording names (watch's --window,
+    --hang-after: the story it told) and --hang-after over them; None: the defaults."""
+    from gpumon.engine import OFFLINE_CONFIG
+
+    if not recorded and hang_after is None:
+        return None
+    base = OFFLINE_CONFIG
+    return dataclasses.replace(
+        base,
+        window_s=recorded.get("window_s", base.window_s),
+        hang_after_s=recorded.get(
+            "hang_after_s", base.hang_after_s if hang_after is None else hang_after
+        ),
+    )
+
+
+def _said(settings: dict[str, float]) -> str:
+    words = {"window_s": "window {:g} s", "hang_after_s": "hang after {:g} s"}
+    return ", ".join(words[k].format(v) for k, v in settings.items())
 
 
 class _UntilError:
@@ -132,8 +173,13 @@ def run(args: argparse.Namespace) -> int:
             raise
         raise TraceFormatError(why) from None
     with opened as trace:
+        recorded, ignored = settings_in(trace.header.extra)
+        hang_after = getattr(args, "hang_after", None)
+        if hang_after is not None:  # the command line's over the recording's
+            recorded.pop("hang_after_s", None)
+        config = _config(recorded, hang_after)
         guarded = _UntilError(iter(trace), trace.path)
-        result = analyze(trace.header, iter(guarded))
+        result = analyze(trace.header, iter(guarded), config)
         if result.bad_tick is not None:
             t, what = result.bad_tick
             guarded.error = TraceFormatError(
@@ -153,6 +199,13 @@ def run(args: argparse.Namespace) -> int:
     sys.stdout.flush()
     for warning in trace.warnings:
         print(f"gpumon: warning: {warning}", file=sys.stderr)
+    for what in ignored:
+        print(f"gpumon: warning: the recording's detector setting {what}: ignored", file=sys.stderr)
+    if recorded:
+        print(
+            f"gpumon: note: judged with the recording's settings: {_said(recorded)}",
+            file=sys.stderr,
+        )
     if guarded.count == 0 and guarded.error is None:
         print(f"gpumon: warning: {trace.path}: no samples in this file", file=sys.stderr)
     extra = trace.header.extra

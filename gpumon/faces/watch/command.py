@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
-import math
 import os
 import sys
 import threading
@@ -31,8 +30,10 @@ from gpumon.errors import GpumonError, ProcessGoneError, UsageError
 from gpumon.faces.common import (
     HANG_AFTER_MAX_S,
     HANG_AFTER_MIN_S,
+    hang_after_arg,
     interval,
     positive_float,
+    recorded_settings,
     write_tick,
 )
 from gpumon.faces.watch.child import Child
@@ -83,7 +84,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--hang-after",
-        type=_hang_after,
+        type=hang_after_arg,
         metavar="S",
         help="seconds every GPU may spin in a collective with none computing before the run "
         "is called a hang (default: the detector's, 300 s, as serve's [detector] "
@@ -185,19 +186,6 @@ def _states(text: str) -> tuple[State, ...]:
         return parse_states(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _hang_after(text: str) -> float:
-    """``--hang-after S``: seconds, in the range serve's configuration takes."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if not (math.isfinite(value) and HANG_AFTER_MIN_S <= value <= HANG_AFTER_MAX_S):
-        raise argparse.ArgumentTypeError(
-            f"must be between {HANG_AFTER_MIN_S:g} and {HANG_AFTER_MAX_S:g} seconds: {text!r}"
-        )
-    return value
 
 
 def _share(text: str) -> float:
@@ -584,7 +572,11 @@ def _watch(r: _Run, stop_flag: StopFlag) -> None:
         from gpumon.faces.trace_output import trace_writer
 
         # Never over an existing trace; gzip for a .gz name (as `gpumon record` does).
-        writer = trace_writer(r.args.record, r.session.header())
+        # Settings of its own are named in it: analyze of it judges as this watch does.
+        header = r.session.header()
+        settings = recorded_settings(r.args.window, r.args.hang_after)
+        header = dataclasses.replace(header, extra={**header.extra, **settings})
+        writer = trace_writer(r.args.record, header)
     with ExitStack() as files:
         if writer is not None:
             files.enter_context(writer)
