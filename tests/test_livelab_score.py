@@ -18,6 +18,7 @@ from livelab.score import (
     agreement,
     score_face,
 )
+from livelab.truth import HANG_AFTER_S, PhaseTotals, derive
 
 PHASE_S = 40.0
 
@@ -144,3 +145,14 @@ def test_contention_said_while_others_held_an_io_bound_job_back_is_right() -> No
     # Contention said far from any held second is wrong still.
     late = _run(_lines({35.0: "contention"}, cause="io"), episodes, "io", held_back=[5.0])
     assert score_face(late, "watch").cause_accuracy < 1.0
+
+
+def test_spinning_is_a_hang_only_once_it_has_lasted_the_faces_threshold() -> None:
+    """Every rank spinning, none computing: a wait that may still end (busy-wait) until it
+    has gone on for the threshold the faces are given, a hang from then on."""
+    spin = {"seconds": 8.0, "compute_s": 0.0, "spin_s": 8.0}
+    assert derive(PhaseTotals(**spin)).reason == "busy-wait"
+    assert derive(PhaseTotals(**spin, spun_before_s=HANG_AFTER_S / 2)).reason == "busy-wait"
+    assert derive(PhaseTotals(**spin, spun_before_s=HANG_AFTER_S - 0.2)).reason == "hang"
+    working = {"seconds": 8.0, "compute_s": 4.0, "spin_s": 4.0}  # a rank still computes
+    assert derive(PhaseTotals(**working, spun_before_s=HANG_AFTER_S)).reason == "busy-wait"

@@ -4,7 +4,9 @@ One run of the job is watched by ``gpumon watch --pid PID --plain --summary-json
 R`` (its lines stamped as they arrive; with ``--stacks`` where a test asks), by ``gpumon
 serve`` on a loopback port with ``--log`` (``/metrics`` scraped every second), and
 afterwards by ``gpumon analyze --json R`` of watch's recording: only gpumon's public command
-line, each in its own process, against the fake NVML whose GPUs the job drives.
+line, each in its own process, against the fake NVML whose GPUs the job drives.  Every face
+is given one hang threshold (``truth.HANG_AFTER_S``: watch ``--hang-after``, serve's
+``[detector] hang_after_s`` in ``serve.toml``; analyze reads it from watch's recording).
 Everything lands in the run's folder::
 
     run.json        the scenario, seed, when the job was told to go and when it exited
@@ -43,6 +45,7 @@ from typing import IO, Any
 from fakenvml import FakeGPU, Scenario, fake_env, write_scenario
 
 from livelab import cgroup, emulator
+from livelab.truth import HANG_AFTER_S
 from livelab.workloads import LabScenario
 
 TESTS = Path(__file__).resolve().parent.parent
@@ -193,6 +196,14 @@ def _face(run_dir: Path, face: str, env: dict[str, str], *args: str) -> subproce
         return _start(gpumon(face, *args), env, stdout=out, stderr=err)
 
 
+def _serve_config(run_dir: Path) -> Path:
+    """serve's configuration: the hang threshold every face is given (truth.HANG_AFTER_S;
+    watch takes it as --hang-after, analyze from watch's recording), defaults otherwise."""
+    path = run_dir / "serve.toml"
+    path.write_text(f"[detector]\nhang_after_s = {HANG_AFTER_S:g}\n", encoding="utf-8")
+    return path
+
+
 def _stop(proc: subprocess.Popen[str] | None, sig: int = signal.SIGTERM, wait: float = 10) -> None:
     if proc is None or proc.poll() is not None:
         return
@@ -252,7 +263,7 @@ def run(
         port = free_port()
         serve_args = ["--listen", f"127.0.0.1:{port}", "--interval", str(serve_interval_s)]
         serve = _face(
-            run_dir, "serve", env, "--config", os.devnull, *serve_args,
+            run_dir, "serve", env, "--config", str(_serve_config(run_dir)), *serve_args,
             "--log", str(run_dir / "serve.jsonl"),
         )  # fmt: skip
         _wait_port(port, serve)
@@ -278,7 +289,7 @@ def run(
         watch = _face(
             run_dir, "watch", env, "--pid", str(job_pid), "--plain",
             "--interval", str(watch_interval_s), "--summary-json", str(run_dir / "summary.json"),
-            "--record", str(run_dir / "record.jsonl"),
+            "--record", str(run_dir / "record.jsonl"), "--hang-after", f"{HANG_AFTER_S:g}",
             *stacks,
         )  # fmt: skip
         assert watch.stdout is not None

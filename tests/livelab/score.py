@@ -45,7 +45,7 @@ import json
 import re
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -109,6 +109,10 @@ class Seg:
     label: Label
     phase: str
     valid: bool = True
+    # What the stretch was, seen from after it: spinning that went on into a hang was the
+    # hang from its start, as the faces that place a change where it happened (the summary's
+    # episodes, serve's log) name it; the live faces can say so only past the threshold.
+    hindsight: Label | None = None
 
 
 # --------------------------------------------------------------------------- reading a run
@@ -170,6 +174,18 @@ def _reason(r: str | None) -> str | None:
     return None if r is None else _REASON_ALIASES.get(r, r)
 
 
+def _hang_from_its_start(segs: list[Seg], spun_before: dict[float, float]) -> None:
+    """Mark the stretches of spin a hang followed as the hang (``Seg.hindsight``): a hang
+    phase's truth says how long nothing but spin went on before it began."""
+    for seg in list(segs):
+        if seg.label.reason != "hang":
+            continue
+        began = seg.start - spun_before.get(seg.start, 0.0) - GUARD_S
+        for i, before in enumerate(segs):
+            if began <= before.start and before.end <= seg.start + GUARD_S and before is not seg:
+                segs[i] = replace(before, hindsight=seg.label)
+
+
 def read_run(run_dir: Path) -> Run:
     run_dir = Path(run_dir)
     meta = json.loads((run_dir / "run.json").read_text())
@@ -178,6 +194,7 @@ def read_run(run_dir: Path) -> Run:
     exits: dict[int, float] = {}
     first_work: dict[int, float] = {}
     held: dict[int, list[float]] = {}
+    spun: dict[int, dict[float, float]] = {}  # per GPU, per phase start: spin before it
     for path in sorted(run_dir.glob("truth-rank*.jsonl")):
         records = read_truth(path)
         for gpu, seconds in _held_back_seconds(records).items():
@@ -189,6 +206,7 @@ def read_run(run_dir: Path) -> Run:
             if rec.get("event") == "phase_end":
                 lab = Label(**rec["label"])
                 seg = Seg(float(rec["start"]), float(rec["t"]), lab, rec["phase"], rec["valid"])
+                spun.setdefault(gpu, {})[seg.start] = float(rec["measured"].get("spun_before", 0))
                 truth.setdefault(gpu, []).append(seg)
                 if not rec["valid"]:
                     invalid.append(rec)
@@ -198,6 +216,7 @@ def read_run(run_dir: Path) -> Run:
     observe = float(meta["scenario"].get("observe_after_exit_s") or 0.0)
     for gpu, segs in truth.items():
         segs.sort(key=lambda s: s.start)
+        _hang_from_its_start(segs, spun.get(gpu, {}))
         gone = exits.get(gpu, segs[-1].end if segs else None)
         if gone is not None and observe > 0:
             segs.append(Seg(gone, end_t, Label("idle", None, "no process"), "exited"))
@@ -470,7 +489,7 @@ def score_face(run: Run, face: str, phases: set[str] | None = None) -> FaceScore
             if o is None:
                 fs.missing += 1
                 continue
-            want = seg.label
+            want = seg.label if face in LIVE_FACES or seg.hindsight is None else seg.hindsight
             fs.pairs[(want.state, o.state)] += 1
             if want.state == "starved" and o.state == "starved":
                 fits = _cause_fits(run, gpu, t, o.cause, want.cause)

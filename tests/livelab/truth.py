@@ -30,7 +30,10 @@ activity makes, by the rules of ``derive`` (a person could state them):
   much as by the disk); with them between 40 and 60 % the truth cannot tell
   (``ambiguous``: the phase is not scored);
 - every rank spinning and none computing (a phase of nothing but spin): **sync_stall**
-  (hang).
+  (hang) once the spinning has gone on, without a step computed, for ``HANG_AFTER_S``
+  when the phase begins -- the threshold every face is given (watch's ``--hang-after``,
+  serve's ``[detector] hang_after_s``; analyze reads it from watch's recording) -- and
+  before that **sync_stall** (busy-wait): a wait that may still end.
 
 Twice a second a ``cpu`` line records the CPU the job ran and waited for and the machine's
 busy CPU since the last: the load on a shared machine comes and goes within a phase, and
@@ -67,6 +70,12 @@ WAIT_CAUSE = {
     "remote": "unknown",
 }
 
+#: Seconds every rank spins, none computing, before the run is a hang: the lab gives every
+#: face this threshold (the least they take), so that a phase of minutes can show one.
+HANG_AFTER_S = 10.0
+#: A phase starts within this of the threshold it was designed to start at.
+HANG_AFTER_SLACK_S = 1.0
+
 IDLE_BUSY = 0.05
 SPIN_STALL = 0.25
 HEALTHY_COMPUTE = 0.85
@@ -101,6 +110,7 @@ class PhaseTotals:
     job_wait_s: float = 0.0  # time they were runnable but waited for a CPU
     host_busy_s: float = 0.0  # CPU-seconds the whole machine was busy (/proc/stat)
     host_total_s: float = 0.0  # CPU-seconds the machine had
+    spun_before_s: float = 0.0  # seconds of nothing but spin just before the phase began
 
     @property
     def outside_share(self) -> float | None:
@@ -126,8 +136,9 @@ def derive(p: PhaseTotals) -> Label:
         return Label("idle", None, "memory allocated, no work" if p.mem_held else "no work")
     if p.barriers and p.last_at_barrier >= 0.8 * p.barriers and spin < 0.1:
         return Label("sync_stall", None, "straggler")
-    if spin >= 0.95 and compute < 0.01:
-        return Label("sync_stall", None, "hang")
+    if _only_spin(p):
+        hung = p.spun_before_s >= HANG_AFTER_S - HANG_AFTER_SLACK_S
+        return Label("sync_stall", None, "hang" if hung else "busy-wait")
     if spin >= SPIN_STALL:
         return Label("sync_stall", None, "busy-wait")
     if compute >= HEALTHY_COMPUTE:
@@ -135,6 +146,12 @@ def derive(p: PhaseTotals) -> Label:
     waits = p.waits or {}
     why = max(waits, key=lambda k: waits[k]) if waits else None
     return Label("starved", held_back(p) or WAIT_CAUSE.get(why or "", "unknown"))
+
+
+def _only_spin(p: PhaseTotals) -> bool:
+    """Nothing but spin over the phase: every rank waits, none computes."""
+    dur = max(p.seconds, 1e-9)
+    return p.spin_s / dur >= 0.95 and p.compute_s / dur < 0.01
 
 
 def held_back(p: PhaseTotals) -> str | None:
@@ -264,6 +281,7 @@ class TruthLog:
         self._phase_start_ns = 0
         self._acc_ns = 0  # the phase's totals hold everything before this instant
         self._totals = PhaseTotals()
+        self._spun_s = 0.0  # seconds of nothing but spin up to the current phase
         self.mem_held = False
         self.has_context = True
         self._meter = CpuMeter(os.getpid())
@@ -283,7 +301,7 @@ class TruthLog:
         self.end_phase(now)
         self._phase, self._design = name, design
         self._phase_start_ns = self._acc_ns = now
-        self._totals = PhaseTotals(waits={})
+        self._totals = PhaseTotals(waits={}, spun_before_s=self._spun_s)
         if self._next_s is None:
             self._next_s = now // 1_000_000_000
         self.event("phase_start", phase=name, design=asdict(design), t=now * 1e-9)
@@ -385,6 +403,7 @@ class TruthLog:
         tot = self._totals
         tot.has_context, tot.mem_held = self.has_context, self.mem_held
         label = derive(tot)
+        self._spun_s = self._spun_s + tot.seconds if _only_spin(tot) else 0.0
         design = self._design
         valid = matches(label, design)
         self._write(
@@ -405,6 +424,7 @@ class TruthLog:
                     "waits": {k: round(v, 3) for k, v in (tot.waits or {}).items()},
                     "barriers": tot.barriers,
                     "last_at_barrier": tot.last_at_barrier,
+                    "spun_before": round(tot.spun_before_s, 3),
                     "outside_share": _r3(tot.outside_share),
                     "wait_share": _r3(tot.wait_share),
                     "job_run_s": round(tot.job_run_s, 3),

@@ -41,7 +41,7 @@ from livelab.pipeline import (
     read_seconds,
     torch_loader,
 )
-from livelab.truth import Label, TruthLog
+from livelab.truth import HANG_AFTER_S, Label, TruthLog
 
 HEALTHY = Label("healthy")
 IDLE_HELD = Label("idle", None, "memory allocated, no work")
@@ -291,7 +291,8 @@ def periodic(seed: int, scale: float) -> LabScenario:
 
 def ranks_barrier(seed: int, scale: float) -> LabScenario:
     """Ranks meeting at a barrier after every step, one a straggler (its peers spin); then
-    the ranks stop meeting: every rank spins, none computes (a hang)."""
+    the ranks stop meeting: every rank spins, none computes -- a busy-wait for the faces'
+    hang threshold (``HANG_AFTER_S``), a hang after it."""
     r = _rng("ranks", seed)
     ranks = r.choice((2, 3, 4))
     step = r.uniform(0.12, 0.22)
@@ -310,7 +311,8 @@ def ranks_barrier(seed: int, scale: float) -> LabScenario:
                 straggler_factor=r.uniform(1.8, 2.6),
                 **common,
             ),
-            Phase("hang", 12 * scale, HANG, mode="hang", **common),
+            Phase("spin", HANG_AFTER_S, BUSY_WAIT, mode="hang", **common),
+            Phase("hang", 10 * scale, HANG, mode="hang", **common),
         ),
         ("ranks at a barrier with a straggler", "hang (every rank spinning)"),
         ranks=ranks,
